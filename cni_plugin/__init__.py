@@ -1,0 +1,1 @@
+"""vpc-attach: a CNI plugin that attaches Pods and VMs to tenant VPCs."""

@@ -1,0 +1,368 @@
+"""Attachments in the kernel (SPEC §5): veth and tap, built from the kernel primitives.
+
+`Addressing` turns an IPAM result into what goes on each side; `attach_veth` / `attach_tap`
+create the attachment and record every created object in the rollback; `detach` removes only
+what carries this container's ownership mark; `differences` lists what CHECK finds changed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+
+from pyroute2 import IPRoute
+
+from cni_plugin import naming
+from cni_plugin.deadline import Deadline
+from cni_plugin.kernel import addresses, isolation, links, netns, sysctl, tap
+from cni_plugin.kernel.addresses import IPAddr, IPInterface, RouteSpec
+from cni_plugin.kernel.links import Link, Owner
+from cni_plugin.locks import file_lock
+from cni_plugin.rollback import Rollback, Undo
+from cni_plugin.verbs.request import Invocation
+from netconf.errors import INTERFACE_CONFLICT, TRY_AGAIN_LATER, CniError
+from netconf.result import Interface, IPConfig, Result, Route
+
+# Used when the IPAM result names no gateway: link-local, so no VPC address is consumed.
+DEFAULT_GATEWAYS: dict[int, IPAddr] = {
+    4: ipaddress.IPv4Address("169.254.1.1"),
+    6: ipaddress.IPv6Address("fe80::1"),
+}
+TAP_IPV4_GATEWAY_PREFIX = 25
+DEFAULT_DST = {4: ipaddress.ip_network("0.0.0.0/0"), 6: ipaddress.ip_network("::/0")}
+
+
+@dataclass(frozen=True)
+class Addressing:
+    """The addresses of one attachment: the workload's, and the gateway per IP version."""
+
+    workload: tuple[IPInterface, ...]
+    gateways: dict[int, IPAddr]
+
+    @classmethod
+    def from_result(cls, result: Result) -> Addressing:
+        """IPv6 as IPAM returned it, IPv4 as /32; gateways from IPAM or link-local defaults."""
+        workload: list[IPInterface] = []
+        gateways: dict[int, IPAddr] = {}
+        for ip in result.ips:
+            addr = ip.ip
+            if addr.version == 4:
+                addr = ipaddress.ip_interface(f"{addr.ip}/32")
+            if addr not in workload:
+                workload.append(addr)
+            if ip.gateway and addr.version not in gateways:
+                gateways[addr.version] = ipaddress.ip_address(ip.gateway)
+        for version in {a.version for a in workload}:
+            gateways.setdefault(version, DEFAULT_GATEWAYS[version])
+        return cls(tuple(workload), gateways)
+
+    @property
+    def versions(self) -> set[int]:
+        """IP versions present."""
+        return {a.version for a in self.workload}
+
+    def result_ips(self, interface: int) -> list[IPConfig]:
+        """ips[] of the result, pointing at interface index `interface`."""
+        return [IPConfig(address=str(a), gateway=str(self.gateways[a.version]),
+                         interface=interface) for a in self.workload]
+
+    def result_routes(self) -> list[Route]:
+        """A default route per IP version, via its gateway."""
+        return [Route(dst=str(DEFAULT_DST[v]), gw=str(self.gateways[v]))
+                for v in sorted(self.versions)]
+
+
+@contextmanager
+def host_netlink() -> Iterator[IPRoute]:
+    """A netlink socket in the host netns, closed afterwards."""
+    ipr = netns.open_netlink()
+    try:
+        yield ipr
+    finally:
+        ipr.close()
+
+
+@contextmanager
+def pod_netlink(path: str) -> Iterator[IPRoute]:
+    """A netlink socket in the pod netns at path, closed afterwards."""
+    ipr = netns.open_netlink(path)
+    try:
+        yield ipr
+    finally:
+        ipr.close()
+
+
+def lock_path(inv: Invocation, name: str) -> str:
+    """Lock file for a host object name (a host link, or 'host' for shared state)."""
+    return os.path.join(inv.host.lock_dir, f"{name}.lock")
+
+
+def host_link_name(inv: Invocation) -> str:
+    """G{vpc:9}{att:3}H of this invocation."""
+    return naming.host_link_name(inv.conf.vpc, inv.conf.vpcattachment)
+
+
+def owner_of(inv: Invocation) -> Owner:
+    """The ownership mark this invocation writes and honours."""
+    return Owner(inv.env.container_id, inv.env.ifname)
+
+
+def claim_host_link(ipr: IPRoute, inv: Invocation) -> None:
+    """Make room for our host link: remove our own leftover, refuse anyone else's."""
+    name = host_link_name(inv)
+    existing = links.find(ipr, name)
+    if existing is None:
+        return
+    owner = existing.owner
+    if owner == owner_of(inv):
+        links.delete(ipr, existing)  # a repeated ADD rebuilds from scratch, converging
+    elif owner is not None:
+        raise CniError(TRY_AGAIN_LATER, f"attachment {name!r} is in use by container "
+                       f"{owner.container_id!r} (interface {owner.ifname!r})",
+                       "a DEL for that container must run first")
+    else:
+        raise CniError(INTERFACE_CONFLICT, f"link {name!r} exists and was not created by "
+                       "vpc-attach", f"kind {existing.kind!r}; remove it or pick another "
+                       "vpcattachment")
+
+
+def ensure_vpc_table(ipr: IPRoute, inv: Invocation) -> isolation.VpcTable:
+    """The VPC's isolation (shared, created once under the host-wide lock)."""
+    with file_lock(lock_path(inv, "host"), inv.deadline.remaining()):
+        if inv.conf.isolation == "vrf":
+            return isolation.ensure_vrf(ipr, inv.conf.vpc)
+        return isolation.ensure_table_rules(ipr, inv.conf.vpc, host_link_name(inv))
+
+
+def _undo_link(name: str, owner: Owner) -> Undo:
+    def undo(_: Deadline) -> None:
+        with host_netlink() as ipr:
+            link = links.find(ipr, name)
+            if link is not None and link.owner == owner:
+                links.delete(ipr, link)
+    return undo
+
+
+def _setup_host_side(ipr: IPRoute, inv: Invocation, link: Link, vpc_table: isolation.VpcTable,
+                     plan: Addressing, workload_mac: str | None) -> Link:
+    """Gateways, routes in the VPC table, neighbours, sysctls, isolation, link up."""
+    if vpc_table.vrf_index is not None:
+        links.configure(ipr, link, master=vpc_table.vrf_index)
+    for key, value in sysctl.host_side_sysctls(link.name, 4 in plan.versions,
+                                               6 in plan.versions).items():
+        sysctl.set_sysctl(key, value)
+    links.configure(ipr, link, up=True)
+    for version, gateway in sorted(plan.gateways.items()):
+        if inv.conf.attachment == "tap" and version == 4:
+            addresses.add_address(ipr, link.index, link.name, ipaddress.ip_interface(
+                f"{gateway}/{TAP_IPV4_GATEWAY_PREFIX}"), addresses.IFA_F_NOPREFIXROUTE)
+        else:
+            addresses.add_address(ipr, link.index, link.name,
+                                  ipaddress.ip_interface(f"{gateway}/{gateway.max_prefixlen}"))
+    for workload in plan.workload:
+        addresses.add_route(ipr, host_route(workload, link.index, vpc_table.table), link.name)
+        if workload_mac:
+            addresses.add_permanent_neighbour(ipr, link.index, link.name, workload.ip,
+                                              workload_mac)
+    refreshed = links.by_index(ipr, link.index)
+    return refreshed or link
+
+
+def host_route(workload: IPInterface, oif: int, table: int) -> RouteSpec:
+    """The route to one workload address through its host link in the VPC table."""
+    return RouteSpec(dst=ipaddress.ip_network(f"{workload.ip}/{workload.max_prefixlen}"),
+                     oif=oif, table=table)
+
+
+def pod_routes(plan: Addressing, oif: int) -> list[RouteSpec]:
+    """Inside the pod: an on-link default route per version via its gateway."""
+    return [RouteSpec(dst=DEFAULT_DST[v], oif=oif, gateway=plan.gateways[v], onlink=True)
+            for v in sorted(plan.versions)]
+
+
+def attach_veth(inv: Invocation, plan: Addressing, rollback: Rollback) -> Result:
+    """Create the veth attachment and return the kernel part of the result."""
+    name = host_link_name(inv)
+    owner = owner_of(inv)
+    mtu = inv.conf.mtu
+    with host_netlink() as host_ipr, pod_netlink(inv.env.netns) as pod_ipr:
+        claim_pod_ifname(pod_ipr, inv)
+        claim_host_link(host_ipr, inv)
+        vpc_table = ensure_vpc_table(host_ipr, inv)
+        guest = naming.guest_link_name(inv.conf.vpc, inv.conf.vpcattachment)
+        with netns_fd(inv.env.netns) as fd:
+            links.create_veth(host_ipr, name, guest, fd, mtu)
+        host_link = _require(links.find(host_ipr, name), name)
+        links.configure(host_ipr, host_link, alias=owner.alias)
+        rollback.created(f"veth {name}", _undo_link(name, owner))
+
+        pod_link = _require(links.find(pod_ipr, guest), guest)
+        mac = inv.runtime_value("mac")
+        if isinstance(mac, str) and mac:
+            with links.kernel_errors("set MAC of", guest):
+                pod_ipr.link("set", index=pod_link.index, address=mac)
+        links.configure(pod_ipr, pod_link, name=inv.env.ifname, alias=owner.alias, up=True)
+        for workload in plan.workload:
+            addresses.add_address(pod_ipr, pod_link.index, inv.env.ifname, workload)
+        for route in pod_routes(plan, pod_link.index):
+            addresses.add_route(pod_ipr, route, inv.env.ifname)
+        pod_link = _require(links.by_index(pod_ipr, pod_link.index), inv.env.ifname)
+        host_link = _setup_host_side(host_ipr, inv, host_link, vpc_table, plan, pod_link.mac)
+
+    return Result(
+        interfaces=[
+            Interface(name=host_link.name, mac=host_link.mac, mtu=mtu),
+            Interface(name=pod_link.name, mac=pod_link.mac, mtu=mtu, sandbox=inv.env.netns),
+        ],
+        ips=plan.result_ips(interface=1),
+        routes=plan.result_routes(),
+    )
+
+
+def attach_tap(inv: Invocation, plan: Addressing, rollback: Rollback) -> Result:
+    """Create the host tap for a VM and return the kernel part of the result."""
+    name = host_link_name(inv)
+    owner = owner_of(inv)
+    options = inv.conf.tap_options
+    with host_netlink() as ipr:
+        claim_host_link(ipr, inv)
+        vpc_table = ensure_vpc_table(ipr, inv)
+        tap.create_tap(name, owner=options.owner, group=options.group,
+                       multi_queue=options.multi_queue, vnet_hdr=options.vnet_hdr)
+        link = _require(links.find(ipr, name), name)
+        links.configure(ipr, link, alias=owner.alias, mtu=inv.conf.mtu)
+        rollback.created(f"tap {name}", _undo_link(name, owner))
+        link = _require(links.find(ipr, name), name)
+        link = _setup_host_side(ipr, inv, link, vpc_table, plan, workload_mac=None)
+    return Result(
+        interfaces=[Interface(name=link.name, mac=link.mac, mtu=inv.conf.mtu, sandbox="")],
+        ips=plan.result_ips(interface=0),
+        routes=plan.result_routes(),
+    )
+
+
+def claim_pod_ifname(pod_ipr: IPRoute, inv: Invocation) -> None:
+    """CNI_IFNAME must be free in the pod netns, or be our own leftover (then removed)."""
+    existing = links.find(pod_ipr, inv.env.ifname)
+    if existing is None:
+        return
+    if existing.owner == owner_of(inv):
+        links.delete(pod_ipr, existing)
+        return
+    raise CniError(INTERFACE_CONFLICT, f"interface {inv.env.ifname!r} already exists in netns "
+                   f"{inv.env.netns!r}", "it was not created by vpc-attach for this container")
+
+
+@contextmanager
+def netns_fd(path: str) -> Iterator[int]:
+    """An open fd of the netns at path."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise netns.NetnsGone(path, exc.strerror or str(exc)) from None
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _require(link: Link | None, name: str) -> Link:
+    if link is None:
+        raise CniError(TRY_AGAIN_LATER, f"link {name!r} disappeared while being configured")
+    return link
+
+
+def detach(inv: Invocation) -> None:
+    """Delete this container's host link (veth or tap) and pod interface; others' stay."""
+    owner = owner_of(inv)
+    with host_netlink() as ipr:
+        link = links.find(ipr, host_link_name(inv))
+        if link is not None and link.owner == owner:
+            links.delete(ipr, link)
+    if inv.conf.attachment == "veth" and inv.env.netns and netns.exists(inv.env.netns):
+        with suppress(netns.NetnsGone), pod_netlink(inv.env.netns) as pod_ipr:
+            pod_link = links.find(pod_ipr, inv.env.ifname)
+            if pod_link is not None and pod_link.owner == owner:
+                links.delete(pod_ipr, pod_link)
+
+
+def differences(inv: Invocation, prev: Result) -> list[str]:
+    """Everything ADD is responsible for in the kernel that no longer matches prevResult."""
+    name = host_link_name(inv)
+    plan = Addressing.from_result(prev)
+    diffs: list[str] = []
+    with host_netlink() as ipr:
+        host_link = links.find(ipr, name)
+        if host_link is None:
+            return [f"host link {name!r} is missing"]
+        if host_link.owner != owner_of(inv):
+            diffs.append(f"host link {name!r} belongs to {host_link.alias!r}")
+        pod_mac: str | None = None
+        if inv.conf.attachment == "veth":
+            pod_mac, pod_diffs = _pod_differences(inv, prev, plan)
+            diffs.extend(pod_diffs)
+        diffs.extend(_link_differences(host_link, prev, inv.conf.mtu, "host link"))
+        diffs.extend(_host_differences(ipr, inv, host_link, plan, pod_mac))
+    return diffs
+
+
+def _link_differences(link: Link, prev: Result, mtu: int | None, what: str) -> list[str]:
+    diffs: list[str] = []
+    recorded = next((i for i in prev.interfaces if i.name == link.name), None)
+    if recorded is None:
+        diffs.append(f"{what} {link.name!r} is not in prevResult.interfaces")
+    elif recorded.mac and recorded.mac.lower() != link.mac:
+        diffs.append(f"{what} {link.name!r} has MAC {link.mac}, prevResult says {recorded.mac}")
+    if mtu is not None and link.mtu != mtu:
+        diffs.append(f"{what} {link.name!r} has MTU {link.mtu}, config says {mtu}")
+    if not link.up:
+        diffs.append(f"{what} {link.name!r} is down")
+    return diffs
+
+
+def _pod_differences(inv: Invocation, prev: Result,
+                     plan: Addressing) -> tuple[str | None, list[str]]:
+    ifname = inv.env.ifname
+    with pod_netlink(inv.env.netns) as pod_ipr:
+        pod_link = links.find(pod_ipr, ifname)
+        if pod_link is None:
+            return None, [f"interface {ifname!r} is missing in netns {inv.env.netns!r}"]
+        diffs = _link_differences(pod_link, prev, inv.conf.mtu, "interface")
+        present = set(addresses.addresses(pod_ipr, pod_link.index))
+        for workload in plan.workload:
+            if workload not in present:
+                diffs.append(f"interface {ifname!r} lacks IPv{workload.version} address "
+                             f"{workload}")
+        for route in pod_routes(plan, pod_link.index):
+            if not addresses.has_route(pod_ipr, route):
+                diffs.append(f"route {route.dst} via {route.gateway} dev {ifname} is missing")
+        return pod_link.mac, diffs
+
+
+def _host_differences(ipr: IPRoute, inv: Invocation, link: Link, plan: Addressing,
+                      pod_mac: str | None) -> list[str]:
+    diffs: list[str] = []
+    table = isolation.find_vpc_table(ipr, inv.conf.vpc, inv.conf.isolation)
+    if table is None:
+        return [*diffs, f"VPC {inv.conf.vpc!r} has no routing table ({inv.conf.isolation})"]
+    if inv.conf.isolation == "vrf":
+        vrf = links.find(ipr, naming.vrf_name(inv.conf.vpc))
+        if vrf is None or link.master != vrf.index:
+            diffs.append(f"host link {link.name!r} is not enslaved to its VRF")
+    elif not isolation.has_table_rules(ipr, link.name, table):
+        diffs.append(f"policy rules 'iif {link.name} lookup {table}' are missing")
+    present = set(addresses.addresses(ipr, link.index))
+    for version, gateway in plan.gateways.items():
+        if not any(a.ip == gateway for a in present):
+            diffs.append(f"host link {link.name!r} lacks gateway IPv{version} address {gateway}")
+    neighbours = addresses.permanent_neighbours(ipr, link.index)
+    for workload in plan.workload:
+        if not addresses.has_route(ipr, host_route(workload, link.index, table)):
+            diffs.append(f"route to {workload.ip} via {link.name} in table {table} is missing")
+        if pod_mac and neighbours.get(str(workload.ip)) != pod_mac:
+            diffs.append(f"permanent neighbour {workload.ip} -> {pod_mac} on {link.name} is "
+                         "missing")
+    return diffs

@@ -1,0 +1,1 @@
+"""IPAM: delegation to any IPAM plugin in CNI_PATH, and our own vpc-attach-ipam plugin."""

@@ -1,0 +1,87 @@
+"""Run an IPAM plugin found in CNI_PATH, the way libcni's invoke package does.
+
+The delegate gets the same CNI_* environment (with CNI_COMMAND set to the verb) and the full
+network config on stdin; its answer is one JSON document on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Any
+
+from cni_plugin.deadline import Deadline
+from netconf.errors import INVALID_CONFIG, IO_FAILURE, TRY_AGAIN_LATER, CniError
+from netconf.result import Result
+from netconf.runtime import RuntimeEnv
+
+
+def find_plugin(plugin_type: str, cni_path: tuple[str, ...]) -> str:
+    """Absolute path of the plugin `plugin_type` in CNI_PATH (code 7 naming it if absent)."""
+    for directory in cni_path:
+        candidate = os.path.join(directory, plugin_type)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise CniError(INVALID_CONFIG, f"invalid config key 'ipam.type': plugin {plugin_type!r} "
+                   "not found in CNI_PATH", f"searched: {', '.join(cni_path) or '(empty)'}")
+
+
+def invoke(plugin_type: str, command: str, env: RuntimeEnv, stdin: bytes,
+           deadline: Deadline) -> dict[str, Any] | None:
+    """Run the delegate; its parsed stdout on success, its own CNI error re-raised on failure."""
+    path = find_plugin(plugin_type, env.cni_path)
+    child_env = {**_inherited_env(), **env.to_environ(), "CNI_COMMAND": command}
+    try:
+        proc = subprocess.run([path], input=stdin, env=child_env, capture_output=True,
+                              timeout=deadline.remaining(), check=False)
+    except subprocess.TimeoutExpired:
+        raise CniError(TRY_AGAIN_LATER, f"IPAM plugin {plugin_type!r} timed out on {command}",
+                       f"no answer within {deadline.seconds:g}s") from None
+    except OSError as exc:
+        raise CniError(IO_FAILURE, f"cannot run IPAM plugin {plugin_type!r}: {exc}") from None
+    stdout = proc.stdout.strip()
+    if proc.returncode != 0:
+        raise _delegate_error(plugin_type, command, stdout, proc.stderr)
+    if not stdout:
+        return None
+    try:
+        data = json.loads(stdout)
+    except ValueError:
+        raise CniError(IO_FAILURE, f"IPAM plugin {plugin_type!r} answered {command} with "
+                       "invalid JSON", stdout[:200].decode(errors="replace")) from None
+    return data if isinstance(data, dict) else None
+
+
+def _inherited_env() -> dict[str, str]:
+    # The delegate needs PATH etc., but not our own CNI_* values from the parent process.
+    return {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
+
+
+def _delegate_error(plugin_type: str, command: str, stdout: bytes, stderr: bytes) -> CniError:
+    try:
+        err = json.loads(stdout)
+        code, msg, details = int(err["code"]), str(err["msg"]), str(err.get("details", ""))
+    except (ValueError, KeyError, TypeError):
+        text = (stdout or stderr).decode(errors="replace").strip()[:300]
+        return CniError(IO_FAILURE, f"IPAM plugin {plugin_type!r} failed on {command}", text)
+    return CniError(code, f"IPAM plugin {plugin_type!r}: {msg}", details)
+
+
+def add(plugin_type: str, env: RuntimeEnv, stdin: bytes, deadline: Deadline) -> Result:
+    """Delegated ADD: the allocation as a Result."""
+    data = invoke(plugin_type, "ADD", env, stdin, deadline)
+    if data is None:
+        raise CniError(IO_FAILURE, f"IPAM plugin {plugin_type!r} returned no result")
+    return Result.from_wire(data)
+
+
+def delete(plugin_type: str, env: RuntimeEnv, stdin: bytes, deadline: Deadline) -> None:
+    """Delegated DEL (release this container's allocation)."""
+    invoke(plugin_type, "DEL", env, stdin, deadline)
+
+
+def forward(plugin_type: str, command: str, env: RuntimeEnv, stdin: bytes,
+            deadline: Deadline) -> None:
+    """Delegated CHECK / STATUS / GC."""
+    invoke(plugin_type, command, env, stdin, deadline)

@@ -1,0 +1,1 @@
+"""Kernel primitives: network namespaces, links, addresses, routes, isolation, sysctls."""

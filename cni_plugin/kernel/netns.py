@@ -1,0 +1,81 @@
+"""Network namespaces: netlink sockets bound to a netns without forking.
+
+A netlink socket stays in the namespace it was created in, so the calling thread briefly
+enters the target netns (setns only affects this thread), opens the socket and returns.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from pyroute2 import IPRoute
+
+from netconf.errors import INVALID_ENV, KERNEL_FAILURE, CniError
+
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class NetnsGone(CniError):
+    """The netns path does not exist (or is not a netns)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(INVALID_ENV, f"failed to open netns {path!r}", reason)
+        self.path = path
+
+
+def _setns(fd: int, what: str) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise CniError(KERNEL_FAILURE, f"failed to enter netns {what!r}", os.strerror(err))
+
+
+@contextmanager
+def entered(path: str) -> Iterator[None]:
+    """Run the block with this thread inside the netns at path."""
+    try:
+        target = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise NetnsGone(path, exc.strerror or str(exc)) from None
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        try:
+            _setns(target, path)
+        except CniError as exc:
+            raise NetnsGone(path, exc.details) from None
+        try:
+            yield
+        finally:
+            _setns(home, "host")
+    finally:
+        os.close(target)
+        os.close(home)
+
+
+def open_netlink(path: str | None = None) -> IPRoute:
+    """An IPRoute whose socket lives in the netns at path (host netns when None)."""
+    if path is None:
+        return IPRoute()
+    with entered(path):
+        return IPRoute()
+
+
+def exists(path: str) -> bool:
+    """True when path names a network namespace."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
+
+
+def same_as_host(path: str) -> bool:
+    """True when path is the netns this process runs in (a misconfigured CNI_NETNS)."""
+    try:
+        return os.stat(path).st_ino == os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        return False

@@ -1,0 +1,39 @@
+"""File locks with timeouts: shared host state is serialised, never waited on forever."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from netconf.errors import TRY_AGAIN_LATER, CniError
+
+_POLL_SECONDS = 0.005
+
+
+@contextmanager
+def file_lock(path: str, timeout: float) -> Iterator[None]:
+    """Hold an exclusive flock on path; code 11 if not acquired within timeout seconds."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        give_up = time.monotonic() + timeout
+        delay = _POLL_SECONDS
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                if time.monotonic() >= give_up:
+                    raise CniError(TRY_AGAIN_LATER, f"timed out waiting for lock {path!r}",
+                                   f"waited {timeout:.1f}s; another invocation holds it") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock

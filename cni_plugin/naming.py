@@ -1,0 +1,110 @@
+"""Deterministic names and encodings (pure functions, no I/O).
+
+Everything another component must be able to recompute lives here: kernel interface names,
+Kubernetes object names, route targets and SRv6 SIDs (SPEC §5, §6).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+BASE62_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_BASE62_INDEX = {ch: i for i, ch in enumerate(BASE62_ALPHABET)}
+VPC_LIMIT = 2**48
+ATTACHMENT_LIMIT = 2**16
+VPC_WIDTH = 9
+ATTACHMENT_WIDTH = 3
+ANNOTATION_CID_LENGTH = 41
+
+
+def decode_base62(text: str) -> int:
+    """Value of a base62 string (digits, then lowercase, then uppercase); ValueError if invalid."""
+    if not text:
+        raise ValueError("empty base62 string")
+    value = 0
+    for ch in text:
+        digit = _BASE62_INDEX.get(ch)
+        if digit is None:
+            raise ValueError(f"invalid base62 character {ch!r} in {text!r}")
+        value = value * 62 + digit
+    return value
+
+
+def encode_base62(value: int) -> str:
+    """Shortest base62 string of a non-negative integer."""
+    if value < 0:
+        raise ValueError(f"cannot encode negative value {value}")
+    digits = []
+    while True:
+        value, digit = divmod(value, 62)
+        digits.append(BASE62_ALPHABET[digit])
+        if value == 0:
+            return "".join(reversed(digits))
+
+
+def pad_base62(text: str, width: int) -> str:
+    """The canonical base62 string left-padded with '0' to width (too long is an error)."""
+    canonical = encode_base62(decode_base62(text))
+    if len(canonical) > width:
+        raise ValueError(f"base62 {text!r} does not fit in {width} characters")
+    return canonical.rjust(width, "0")
+
+
+def vrf_name(vpc: str) -> str:
+    """Per-VPC VRF device: G{vpc:9}V."""
+    return f"G{pad_base62(vpc, VPC_WIDTH)}V"
+
+
+def host_link_name(vpc: str, attachment: str) -> str:
+    """Host side of an attachment (veth host end or tap): G{vpc:9}{att:3}H."""
+    return f"G{pad_base62(vpc, VPC_WIDTH)}{pad_base62(attachment, ATTACHMENT_WIDTH)}H"
+
+
+def guest_link_name(vpc: str, attachment: str) -> str:
+    """Container end of the veth before it is moved and renamed: G{vpc:9}{att:3}G."""
+    return f"G{pad_base62(vpc, VPC_WIDTH)}{pad_base62(attachment, ATTACHMENT_WIDTH)}G"
+
+
+def hex_id(base62: str) -> str:
+    """Lowercase hex of a base62 value, as used in object names (10 -> 3e)."""
+    return format(decode_base62(base62), "x")
+
+
+def vrf_instance_name(vpc: str, node: str) -> str:
+    """BGPVRFInstance name: {hex(vpc)}-{node}."""
+    return f"{hex_id(vpc)}-{node}"
+
+
+def advertisement_name(vpc: str, attachment: str) -> str:
+    """BGPAdvertisement name: {hex(vpc)}-{hex(att)}."""
+    return f"{hex_id(vpc)}-{hex_id(attachment)}"
+
+
+def tenant_id(vpc: str, attachment: str) -> str:
+    """Tenant label value: the raw base62 strings joined by '-'."""
+    return f"{vpc}-{attachment}"
+
+
+def route_target(local_asn: int, vpc: str) -> str:
+    """Route target {localASN}:{low 32 bits of vpc}."""
+    return f"{local_asn}:{decode_base62(vpc) & 0xFFFFFFFF}"
+
+
+def annotation_cid(container_id: str) -> str:
+    """The container ID as it appears in annotation keys (first 41 characters)."""
+    return container_id[:ANNOTATION_CID_LENGTH]
+
+
+def srv6_sid(locator: str, node_id: int, vrf_id: int) -> str:
+    """End.DT46 SID: /48 locator, 16-bit node ID, 0xE nibble, 12-bit VRF ID, zeros."""
+    network = ipaddress.IPv6Network(locator, strict=False)
+    if network.prefixlen != 48:
+        raise ValueError(f"SRv6 locator {locator!r} is not a /48")
+    if not 0 <= node_id <= 0xFFFF:
+        raise ValueError(f"node ID {node_id} out of range")
+    if not 0 <= vrf_id <= 0xFFF:
+        raise ValueError(f"VRF ID {vrf_id} out of range")
+    value = int(network.network_address)
+    value |= node_id << 64
+    value |= ((0xE << 12) | vrf_id) << 48
+    return str(ipaddress.IPv6Address(value))

@@ -1,0 +1,1 @@
+"""The CNI verbs as plain functions over typed inputs (SPEC §2)."""

@@ -1,0 +1,71 @@
+"""ADD: parse → delegate IPAM (undo on failure) → kernel → publish → result."""
+
+from __future__ import annotations
+
+from cni_plugin import attachment
+from cni_plugin.attachment import Addressing
+from cni_plugin.ipam import delegate
+from cni_plugin.locks import file_lock
+from cni_plugin.publish import preflight, publish
+from cni_plugin.rollback import Rollback
+from cni_plugin.verbs.request import Invocation, Request
+from netconf.errors import INVALID_CONFIG, CniError
+from netconf.result import Result
+
+
+def add(request: Request) -> Result:
+    """Attach the container and answer its result (in the 1.1.0 shape)."""
+    inv = Invocation.parse(request)
+    preflight(inv)  # publishing settings are checked before any change (SPEC §4)
+    prev = inv.conf.prev()
+    rollback = Rollback()
+    try:
+        allocation = _allocate(inv, prev, rollback)
+        plan = Addressing.from_result(allocation)
+        if inv.conf.attachment == "existing":
+            result = allocation
+        else:
+            with file_lock(attachment.lock_path(inv, attachment.host_link_name(inv)),
+                           inv.deadline.remaining()):
+                attach = attachment.attach_veth if inv.conf.attachment == "veth" \
+                    else attachment.attach_tap
+                result = chain(prev, attach(inv, plan, rollback))
+        publish(inv, result, plan, rollback)
+    except BaseException:
+        rollback.run()
+        raise
+    rollback.forget()
+    return result
+
+
+def _allocate(inv: Invocation, prev: Result | None, rollback: Rollback) -> Result:
+    """The addresses: delegated IPAM (its release recorded for rollback) or prevResult."""
+    if inv.conf.attachment == "existing":
+        if prev is None:
+            raise CniError(INVALID_CONFIG, "missing config key 'prevResult'",
+                           "attachment 'existing' publishes what an earlier plugin created")
+        return prev
+    ipam = inv.conf.ipam
+    if ipam is None:
+        return Result()  # a tap without ipam is L2 only
+    ipam_type = str(ipam["type"])
+    allocation = delegate.add(ipam_type, inv.env, inv.stdin, inv.deadline)
+    rollback.created(f"IPAM allocation ({ipam_type})",
+                     lambda d: delegate.delete(ipam_type, inv.env, inv.stdin, d))
+    return allocation
+
+
+def chain(prev: Result | None, ours: Result) -> Result:
+    """Append our interfaces, ips and routes to prevResult's (a later plugin in a chain)."""
+    if prev is None:
+        return ours
+    merged = prev.copy_deep()
+    offset = len(merged.interfaces)
+    merged.interfaces.extend(ours.interfaces)
+    for ip in ours.ips:
+        moved = ip.model_copy()
+        if moved.interface is not None:
+            moved.interface += offset
+        merged.ips.append(moved)
+    merged.routes.extend(ours.routes)
+    return merged

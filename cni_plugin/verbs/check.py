@@ -1,0 +1,30 @@
+"""CHECK: compare everything ADD is responsible for against prevResult, naming each difference."""
+
+from __future__ import annotations
+
+from cni_plugin import attachment
+from cni_plugin.ipam import delegate
+from cni_plugin.publish import published_differences
+from cni_plugin.verbs.request import Invocation, Request
+from netconf.errors import CHECK_MISMATCH, INCOMPATIBLE_VERSION, INVALID_CONFIG, CniError
+from netconf.versions import CHECK_MIN_VERSION, at_least
+
+
+def check(request: Request) -> None:
+    """Raise CHECK_MISMATCH listing every difference; return quietly when all is well."""
+    inv = Invocation.parse(request)
+    if not at_least(inv.conf.cni_version, CHECK_MIN_VERSION):
+        raise CniError(INCOMPATIBLE_VERSION, "config version does not allow CHECK",
+                       f"cniVersion {inv.conf.cni_version} < {CHECK_MIN_VERSION}")
+    prev = inv.conf.prev()
+    if prev is None:
+        raise CniError(INVALID_CONFIG, "missing config key 'prevResult'", "CHECK needs it")
+    diffs: list[str] = []
+    if inv.conf.attachment != "existing":
+        diffs.extend(attachment.differences(inv, prev))
+    diffs.extend(published_differences(inv, prev))
+    if diffs:
+        raise CniError(CHECK_MISMATCH, f"CHECK found {len(diffs)} difference(s): {diffs[0]}",
+                       "; ".join(diffs))
+    if inv.conf.ipam is not None:
+        delegate.forward(str(inv.conf.ipam["type"]), "CHECK", inv.env, inv.stdin, inv.deadline)

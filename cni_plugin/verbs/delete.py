@@ -1,0 +1,42 @@
+"""DEL: release IPAM first, withdraw what was published, remove our own links. Idempotent."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from cni_plugin import attachment
+from cni_plugin.ipam import delegate
+from cni_plugin.locks import file_lock
+from cni_plugin.publish import unpublish
+from cni_plugin.verbs.request import Invocation, Request
+from netconf.errors import CniError
+
+log = logging.getLogger(__name__)
+
+
+def delete(request: Request) -> None:
+    """Undo ADD for this container; every step runs, the first failure is reported."""
+    inv = Invocation.parse(request)
+    failures: list[CniError] = []
+    if inv.conf.ipam is not None:
+        ipam_type = str(inv.conf.ipam["type"])
+        _best_effort(failures, "release IPAM",
+                     lambda: delegate.delete(ipam_type, inv.env, inv.stdin, inv.deadline))
+    _best_effort(failures, "withdraw published objects", lambda: unpublish(inv))
+    if inv.conf.attachment != "existing":
+        def remove_links() -> None:
+            with file_lock(attachment.lock_path(inv, attachment.host_link_name(inv)),
+                           inv.deadline.remaining()):
+                attachment.detach(inv)
+        _best_effort(failures, "remove links", remove_links)
+    if failures:
+        raise failures[0]
+
+
+def _best_effort(failures: list[CniError], step: str, call: Callable[[], None]) -> None:
+    try:
+        call()
+    except CniError as exc:
+        log.warning("DEL: could not %s: %s (%s)", step, exc.msg, exc.details)
+        failures.append(exc)

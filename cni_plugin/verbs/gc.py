@@ -1,0 +1,63 @@
+"""GC: remove our leftovers of attachments the runtime no longer knows about."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from cni_plugin import attachment
+from cni_plugin.ipam import delegate
+from cni_plugin.kernel import links
+from cni_plugin.publish import collect_garbage
+from cni_plugin.verbs.request import Invocation, Request
+from netconf.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CniError
+from netconf.versions import GC_STATUS_MIN_VERSION, at_least
+
+log = logging.getLogger(__name__)
+VALID_KEYS = ("cni.dev/valid-attachments", "cni.dev/attachments")
+
+
+def valid_attachments(raw: dict[str, Any]) -> set[tuple[str, str]]:
+    """(containerID, ifname) pairs the runtime still uses (code 6 if malformed)."""
+    listed: Any = next((raw[k] for k in VALID_KEYS if k in raw), [])
+    if not isinstance(listed, list):
+        raise CniError(DECODE_FAILURE, f"{VALID_KEYS[0]} must be a list")
+    pairs: set[tuple[str, str]] = set()
+    for item in listed:
+        if not isinstance(item, dict) or not isinstance(item.get("containerID"), str):
+            raise CniError(DECODE_FAILURE, f"invalid {VALID_KEYS[0]} entry {item!r}")
+        pairs.add((item["containerID"], str(item.get("ifname", ""))))
+    return pairs
+
+
+def gc(request: Request) -> None:
+    """Delete this network's host link if its owner is not valid; forward GC to IPAM."""
+    inv = Invocation.parse(request)
+    if not at_least(inv.conf.cni_version, GC_STATUS_MIN_VERSION):
+        raise CniError(INCOMPATIBLE_VERSION, "config version does not allow GC")
+    valid = valid_attachments(inv.raw)
+    failures: list[CniError] = []
+    if inv.conf.attachment != "existing":
+        with attachment.host_netlink() as ipr:
+            link = links.find(ipr, attachment.host_link_name(inv))
+            owner = link.owner if link is not None else None
+            if link is not None and owner is not None and \
+                    (owner.container_id, owner.ifname) not in valid:
+                log.info("GC: deleting %s of stale container %s", link.name, owner.container_id)
+                links.delete(ipr, link)
+    steps: list[Callable[[], None]] = [lambda: collect_garbage(inv, valid),
+                                       lambda: _forward_ipam(inv)]
+    for step in steps:
+        try:
+            step()
+        except CniError as exc:
+            log.warning("GC: %s (%s)", exc.msg, exc.details)
+            failures.append(exc)
+    if failures:
+        raise failures[0]
+
+
+def _forward_ipam(inv: Invocation) -> None:
+    if inv.conf.ipam is not None:
+        delegate.forward(str(inv.conf.ipam["type"]), "GC", inv.env, inv.stdin, inv.deadline)

@@ -1,0 +1,86 @@
+"""What every verb receives: the runtime env, the raw config and the host environment.
+
+Transports (the executable, the node agent) build a `Request`; verbs call `Invocation.parse`
+to validate it into typed models. Nothing here reads stdin or writes stdout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cni_plugin.deadline import Deadline
+from netconf.config import NetConf, decode_json, lookup_ci, parse_netconf
+from netconf.errors import INVALID_ENV, CniError
+from netconf.host import HostSettings, resolve_host_settings
+from netconf.runtime import RuntimeEnv, check_known_args
+
+
+@dataclass(frozen=True)
+class Request:
+    """One invocation as a transport received it."""
+
+    environ: Mapping[str, str]  # the full process environment (CNI_* and VPC_ATTACH_*)
+    stdin: bytes
+
+    @property
+    def command(self) -> str:
+        """CNI_COMMAND, unvalidated."""
+        return self.environ.get("CNI_COMMAND", "")
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """The Kubernetes Pod behind the sandbox, from CNI_ARGS / args.cni."""
+
+    namespace: str | None
+    name: str | None
+    uid: str | None
+    infra_container_id: str | None
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """A validated request: runtime env, stanza, host settings, pod and deadline."""
+
+    env: RuntimeEnv
+    conf: NetConf
+    raw: dict[str, Any]
+    stdin: bytes
+    host: HostSettings
+    pod: PodRef
+    deadline: Deadline = field(compare=False)
+
+    @classmethod
+    def parse(cls, request: Request) -> Invocation:
+        """Validate env, config, CNI_ARGS and host settings (codes 1, 2, 4, 6, 7)."""
+        env = RuntimeEnv.from_environ(request.environ)
+        raw = decode_json(request.stdin)
+        conf = parse_netconf(raw)
+        args = {**env.cni_args, **conf.cni_args()}  # config args.cni wins (SPEC §3)
+        check_known_args(args)
+        host = resolve_host_settings(_stanza_host_keys(conf), request.environ)
+        if env.netns and env.command in ("ADD", "CHECK") and not env.netns.startswith("/"):
+            raise CniError(INVALID_ENV, f"invalid CNI_NETNS {env.netns!r}: not an absolute path")
+        pod = PodRef(args.get("K8S_POD_NAMESPACE"), args.get("K8S_POD_NAME"),
+                     args.get("K8S_POD_UID"), args.get("K8S_POD_INFRA_CONTAINER_ID"))
+        return cls(env=env, conf=conf, raw=raw, stdin=request.stdin, host=host, pod=pod,
+                   deadline=Deadline(host.timeout_seconds))
+
+    @property
+    def namespace(self) -> str:
+        """Namespace of the BGP custom resources."""
+        return self.conf.namespace or self.host.namespace
+
+    def runtime_value(self, key: str) -> Any:
+        """A runtimeConfig value, matched case-insensitively like the Go plugins do."""
+        return lookup_ci(self.conf.runtime_config, key)
+
+
+def _stanza_host_keys(conf: NetConf) -> dict[str, Any]:
+    return {
+        "nodeName": conf.node_name, "kubeconfig": conf.kubeconfig, "namespace": conf.namespace,
+        "logFile": conf.log_file, "logLevel": conf.log_level, "agentSocket": conf.agent_socket,
+        "timeoutSeconds": conf.timeout_seconds,
+    }

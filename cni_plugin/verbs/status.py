@@ -1,0 +1,31 @@
+"""STATUS: can ADD be served right now? Code 50 with the reason otherwise."""
+
+from __future__ import annotations
+
+from cni_plugin.attachment import host_netlink
+from cni_plugin.ipam import delegate
+from cni_plugin.kernel import isolation
+from cni_plugin.publish import publishing_status
+from cni_plugin.verbs.request import Invocation, Request
+from netconf.errors import INCOMPATIBLE_VERSION, STATUS_NOT_AVAILABLE, CniError
+from netconf.versions import GC_STATUS_MIN_VERSION, at_least
+
+
+def status(request: Request) -> None:
+    """Return quietly when ADD would work; raise code 50 naming why not."""
+    inv = Invocation.parse(request)
+    if not at_least(inv.conf.cni_version, GC_STATUS_MIN_VERSION):
+        raise CniError(INCOMPATIBLE_VERSION, "config version does not allow STATUS")
+    if inv.conf.attachment != "existing" and inv.conf.isolation == "vrf":
+        with host_netlink() as ipr:
+            if not isolation.vrf_supported(ipr):
+                raise CniError(STATUS_NOT_AVAILABLE, "this kernel has no VRF support",
+                               "configure \"isolation\": \"table\" or load the vrf module")
+    publishing_status(inv)
+    if inv.conf.ipam is not None:
+        try:
+            delegate.forward(str(inv.conf.ipam["type"]), "STATUS", inv.env, inv.stdin,
+                             inv.deadline)
+        except CniError as exc:
+            raise CniError(STATUS_NOT_AVAILABLE, f"IPAM delegate not ready: {exc.msg}",
+                           exc.details) from None
