@@ -35,11 +35,11 @@ def configure(request: Request) -> None:
     if _configured.get("path") == path and path is not None:
         return
     root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    handler: logging.Handler
     try:
-        handler: logging.Handler = (logging.FileHandler(path) if path
-                                    else logging.StreamHandler(sys.stderr))
+        handler = logging.FileHandler(path) if path else logging.StreamHandler(sys.stderr)
     except OSError:
         handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

@@ -114,6 +114,9 @@ class NetConf(_Strict):
     capabilities: dict[str, Any] | None = None
     prev_result: dict[str, Any] | None = Field(default=None, alias="prevResult")
     dns: dict[str, Any] | None = None
+    # GC input (CNI 1.1.0); read by the GC verb from the raw config.
+    valid_attachments: list[Any] | None = Field(default=None, alias="cni.dev/valid-attachments")
+    attachments: list[Any] | None = Field(default=None, alias="cni.dev/attachments")
 
     @field_validator("type")
     @classmethod

@@ -6,15 +6,19 @@ to validate it into typed models. Nothing here reads stdin or writes stdout.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from cni_plugin.deadline import Deadline
 from netconf.config import NetConf, decode_json, lookup_ci, parse_netconf
-from netconf.errors import INVALID_ENV, CniError
+from netconf.errors import INVALID_CONFIG, INVALID_ENV, CniError
 from netconf.host import HostSettings, resolve_host_settings
 from netconf.runtime import RuntimeEnv, check_known_args
+
+
+MAC_PATTERN = re.compile(r"^([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}$")
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,7 @@ class Invocation:
         host = resolve_host_settings(_stanza_host_keys(conf), request.environ)
         if env.netns and env.command in ("ADD", "CHECK") and not env.netns.startswith("/"):
             raise CniError(INVALID_ENV, f"invalid CNI_NETNS {env.netns!r}: not an absolute path")
+        _check_runtime_mac(conf)
         pod = PodRef(args.get("K8S_POD_NAMESPACE"), args.get("K8S_POD_NAME"),
                      args.get("K8S_POD_UID"), args.get("K8S_POD_INFRA_CONTAINER_ID"))
         return cls(env=env, conf=conf, raw=raw, stdin=request.stdin, host=host, pod=pod,
@@ -76,6 +81,13 @@ class Invocation:
     def runtime_value(self, key: str) -> Any:
         """A runtimeConfig value, matched case-insensitively like the Go plugins do."""
         return lookup_ci(self.conf.runtime_config, key)
+
+
+def _check_runtime_mac(conf: NetConf) -> None:
+    mac = lookup_ci(conf.runtime_config, "mac")
+    if mac is not None and not (isinstance(mac, str) and MAC_PATTERN.match(mac)):
+        raise CniError(INVALID_CONFIG, f"invalid config key 'runtimeConfig.mac': {mac!r}",
+                       "expected a MAC address like 0a:58:0a:00:00:05")
 
 
 def _stanza_host_keys(conf: NetConf) -> dict[str, Any]:

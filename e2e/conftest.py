@@ -1,0 +1,185 @@
+"""Fixtures for tests on the real kernel: namespaces, a CNI bin dir, the plugin as a subprocess.
+
+Every fixture creates what it needs and removes exactly that; nothing else on the host is
+touched. Tests that need root skip with the reason when not run as root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cni_plugin import naming
+
+IS_ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root for network namespaces")
+
+
+def run_ip(*args: str, check: bool = True) -> str:
+    """Run `ip` and return stdout."""
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20, check=False)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)} failed: {proc.stderr}")
+    return proc.stdout
+
+
+@pytest.fixture(scope="session")
+def reference_plugins() -> Path:
+    """The Go reference plugins (built once and cached by e2e.tools)."""
+    from e2e.tools.gotools import reference_plugins_dir
+    return reference_plugins_dir()
+
+
+@pytest.fixture(scope="session")
+def cni_bin(tmp_path_factory: pytest.TempPathFactory, reference_plugins: Path) -> Path:
+    """A CNI_PATH dir holding the reference plugins, `vpc-attach` and `vpc-attach-ipam`."""
+    bin_dir = tmp_path_factory.mktemp("cni-bin")
+    for plugin in reference_plugins.iterdir():
+        (bin_dir / plugin.name).symlink_to(plugin)
+    for ours in ("vpc-attach", "vpc-attach-ipam"):
+        found = shutil.which(ours)
+        if found is None:
+            pytest.fail(f"{ours} is not installed (run `pip install -e .`)")
+        (bin_dir / ours).symlink_to(found)
+    return bin_dir
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    """A fresh network namespace; its path is what a runtime passes as CNI_NETNS."""
+    if not IS_ROOT:
+        pytest.skip("needs root for network namespaces")
+    name = f"vpa-test-{secrets.token_hex(4)}"
+    run_ip("netns", "add", name)
+    try:
+        yield f"/var/run/netns/{name}"
+    finally:
+        run_ip("netns", "del", name, check=False)
+
+
+@pytest.fixture
+def vpc() -> Iterator[str]:
+    """A random VPC id; its links and rules are removed after the test."""
+    value = naming.encode_base62(secrets.randbelow(naming.VPC_LIMIT - 10**6) + 10**6)
+    yield value
+    prefix = "G" + naming.pad_base62(value, naming.VPC_WIDTH)
+    for line in run_ip("-o", "link", "show").splitlines():
+        link = line.split(":")[1].strip().split("@")[0]
+        if link.startswith(prefix):
+            run_ip("link", "del", link, check=False)
+    for family in ("-4", "-6"):
+        for line in run_ip(family, "rule", "show").splitlines():
+            if f"iif {prefix}" in line:
+                iif = line.split("iif ")[1].split()[0]
+                run_ip(family, "rule", "del", "iif", iif, check=False)
+
+
+@dataclass
+class Answer:
+    """What the plugin answered."""
+
+    status: int
+    body: Any
+    stdout: str
+    stderr: str
+
+    @property
+    def code(self) -> int | None:
+        """The CNI error code, if it failed."""
+        return self.body.get("code") if isinstance(self.body, dict) else None
+
+
+@dataclass
+class Plugin:
+    """Runs the real `vpc-attach` executable the way a runtime does."""
+
+    cni_bin: Path
+    lock_dir: Path
+    environ: dict[str, str] = field(default_factory=dict)
+
+    def env(self, command: str, container_id: str, netns: str, ifname: str,
+            **extra: str) -> dict[str, str]:
+        """The CNI environment of one call."""
+        env = {
+            **os.environ,
+            "CNI_COMMAND": command, "CNI_CONTAINERID": container_id, "CNI_NETNS": netns,
+            "CNI_IFNAME": ifname, "CNI_PATH": str(self.cni_bin),
+            "VPC_ATTACH_HOST_CONFIG": str(self.lock_dir / "absent-host.json"),
+            "VPC_ATTACH_LOCK_DIR": str(self.lock_dir),
+            **self.environ,
+        }
+        env.update(extra)
+        return env
+
+    def call(self, command: str, conf: dict[str, Any], *, container_id: str = "c1",
+             netns: str = "", ifname: str = "eth0", executable: str = "vpc-attach",
+             **extra: str) -> Answer:
+        """Run one verb and parse its single JSON document."""
+        proc = subprocess.run(
+            [str(self.cni_bin / executable)], input=json.dumps(conf).encode(),
+            env=self.env(command, container_id, netns, ifname, **extra),
+            capture_output=True, timeout=60, check=False)
+        out = proc.stdout.decode()
+        body = json.loads(out) if out.strip() else None
+        return Answer(proc.returncode, body, out, proc.stderr.decode())
+
+    def ok(self, command: str, conf: dict[str, Any], **kw: Any) -> Any:
+        """Run a verb that must succeed; return its parsed answer."""
+        answer = self.call(command, conf, **kw)
+        assert answer.status == 0, f"{command} failed: {answer.stdout} {answer.stderr}"
+        return answer.body
+
+
+@pytest.fixture
+def plugin(cni_bin: Path, tmp_path: Path) -> Plugin:
+    """The plugin runner, with host settings isolated from the machine's."""
+    lock_dir = tmp_path / "locks"
+    lock_dir.mkdir()
+    return Plugin(cni_bin=cni_bin, lock_dir=lock_dir)
+
+
+def base_conf(vpc: str, att: str = "1", **overrides: Any) -> dict[str, Any]:
+    """A valid veth stanza with publishing off and `table` isolation (works on any kernel)."""
+    conf: dict[str, Any] = {
+        "cniVersion": "1.1.0", "name": f"net-{vpc}", "type": "vpc-attach", "vpc": vpc,
+        "vpcattachment": att, "isolation": "table",
+        "publish": {"bgp": False, "endpointSlice": False},
+    }
+    conf.update(overrides)
+    return conf
+
+
+def host_local(data_dir: Path, *subnets: str) -> dict[str, Any]:
+    """An ipam block for the reference host-local plugin."""
+    return {"type": "host-local", "dataDir": str(data_dir),
+            "ranges": [[{"subnet": s}] for s in subnets]}
+
+
+def with_prev(conf: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """conf with prevResult, as a runtime sends CHECK and DEL."""
+    return {**conf, "prevResult": result}
+
+
+def links_in(netns: str | None = None) -> set[str]:
+    """Names of links in a netns (host when None)."""
+    args = ["-o", "link", "show"] if netns is None else \
+        ["-n", os.path.basename(netns), "-o", "link", "show"]
+    return {line.split(":")[1].strip().split("@")[0] for line in run_ip(*args).splitlines()}
+
+
+def host_local_reservations(data_dir: Path, network: str) -> list[str]:
+    """Addresses host-local holds for network."""
+    net_dir = data_dir / network
+    if not net_dir.exists():
+        return []
+    return sorted(p.name for p in net_dir.iterdir()
+                  if p.name not in ("lock",) and not p.name.startswith("last_reserved_ip"))
