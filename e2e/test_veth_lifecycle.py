@@ -49,7 +49,7 @@ def test_veth_add_builds_both_sides_and_the_vpc_table(plugin: Plugin, netns: str
 
     host_addr = run_ip("addr", "show", host)
     assert "inet 10.71.0.1/32" in host_addr and "inet6 fd00:71::1/128" in host_addr
-    assert f"alias vpc-attach/pod-a/eth0" in run_ip("-d", "link", "show", host)
+    assert "alias vpc-attach/pod-a/eth0" in run_ip("-d", "link", "show", host)
     rule = [line for line in run_ip("-4", "rule").splitlines() if f"iif {host}" in line]
     assert len(rule) == 1, rule
     table = rule[0].split("lookup")[1].strip()
@@ -65,8 +65,7 @@ def test_veth_add_builds_both_sides_and_the_vpc_table(plugin: Plugin, netns: str
         assert Path(f"/proc/sys/net/{key}").read_text().strip() == want, key
 
     # The pod reaches its gateway through the veth (real traffic, not just configuration).
-    ping = os.system(f"ip netns exec {ns} ping -c1 -W2 10.71.0.1 >/dev/null 2>&1")
-    assert ping == 0 or not Path("/usr/bin/ping").exists() and not Path("/bin/ping").exists()
+    assert os.system(f"ip netns exec {ns} ping -c1 -W2 10.71.0.1 >/dev/null 2>&1") == 0
 
 
 def test_veth_life_cycle_check_drift_and_idempotent_del(plugin: Plugin, netns: str, vpc: str,
