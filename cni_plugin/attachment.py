@@ -206,7 +206,10 @@ def attach_veth(inv: Invocation, plan: Addressing, rollback: Rollback) -> Result
                 pod_ipr.link("set", index=pod_link.index, address=mac)
         links.configure(pod_ipr, pod_link, name=inv.env.ifname, alias=owner.alias, up=True)
         for workload in plan.workload:
-            addresses.add_address(pod_ipr, pod_link.index, inv.env.ifname, workload)
+            # No connected route: every destination, even in the same prefix, goes via the
+            # gateway and so through the VPC table (other Pods are not on this link).
+            addresses.add_address(pod_ipr, pod_link.index, inv.env.ifname, workload,
+                                  addresses.IFA_F_NOPREFIXROUTE)
         for route in pod_routes(plan, pod_link.index):
             addresses.add_route(pod_ipr, route, inv.env.ifname)
         pod_link = _require(links.by_index(pod_ipr, pod_link.index), inv.env.ifname)

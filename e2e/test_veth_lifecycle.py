@@ -64,8 +64,25 @@ def test_veth_add_builds_both_sides_and_the_vpc_table(plugin: Plugin, netns: str
                       (f"ipv6/conf/{host}/forwarding", "1")):
         assert Path(f"/proc/sys/net/{key}").read_text().strip() == want, key
 
-    # The pod reaches its gateway through the veth (real traffic, not just configuration).
-    assert os.system(f"ip netns exec {ns} ping -c1 -W2 10.71.0.1 >/dev/null 2>&1") == 0
+
+
+def test_two_pods_of_one_vpc_reach_each_other_through_the_vpc_table(
+        plugin: Plugin, netns: str, vpc: str, tmp_path: Path) -> None:
+    ipam = host_local(tmp_path / "ipam", "fd00:74::/64", "10.74.0.0/24")
+    first = plugin.ok("ADD", base_conf(vpc, "1", ipam=ipam), container_id="pod-1", netns=netns)
+    os.system("ip netns add vpa-peer-test")
+    try:
+        second = plugin.ok("ADD", base_conf(vpc, "2", ipam=ipam), container_id="pod-2",
+                           netns="/var/run/netns/vpa-peer-test")
+        peer_v4, peer_v6 = (ip["address"].split("/")[0] for ip in
+                            sorted(second["ips"], key=lambda ip: ":" in ip["address"]))
+        ns = os.path.basename(netns)
+        # Real traffic: pod-1 -> its gateway -> iif rule -> VPC table -> pod-2, and back.
+        assert os.system(f"ip netns exec {ns} ping -c1 -W2 {peer_v4} >/dev/null") == 0
+        assert os.system(f"ip netns exec {ns} ping -c1 -W2 {peer_v6} >/dev/null") == 0
+        assert first["ips"] != second["ips"]
+    finally:
+        os.system("ip netns del vpa-peer-test")
 
 
 def test_veth_life_cycle_check_drift_and_idempotent_del(plugin: Plugin, netns: str, vpc: str,

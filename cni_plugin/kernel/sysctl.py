@@ -32,11 +32,14 @@ def get_sysctl(key: str) -> str:
 def host_side_sysctls(ifname: str, ipv4: bool, ipv6: bool) -> dict[str, str]:
     """What the host end of an attachment needs to route for its Pod (SPEC §5)."""
     wanted: dict[str, str] = {}
+    # Like the reference ptp plugin, forwarding is also switched on host-wide per family.
     if ipv4:
+        wanted["net.ipv4.ip_forward"] = "1"
         wanted[f"net.ipv4.conf.{ifname}.rp_filter"] = "0"
         wanted[f"net.ipv4.conf.{ifname}.forwarding"] = "1"
         wanted[f"net.ipv4.conf.{ifname}.proxy_arp"] = "1"
     if ipv6:
+        wanted["net.ipv6.conf.all.forwarding"] = "1"
         wanted[f"net.ipv6.conf.{ifname}.forwarding"] = "1"
         wanted[f"net.ipv6.conf.{ifname}.proxy_ndp"] = "1"
     return wanted

@@ -1,0 +1,241 @@
+"""On-disk allocation state of one pool: `dataDir/<network>/<pool id>/`.
+
+Layout (all writes happen under the pool's `lock`):
+- `<address>`: one record per allocation, named by the block's first address and holding
+  `{"containerID", "ifname"}`; created with link(2), so it appears complete and a name that is
+  already taken fails with EEXIST, like O_EXCL;
+- `attachments/<containerID>@<ifname>`: the record name an attachment holds, so ADD and DEL find
+  it without scanning the pool;
+- `last_reserved`: the record name handed out last; the next search starts after it;
+- `.tmp-*`: files being written (temp + rename); leftovers of a crash are removed by GC.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from cni_plugin.locks import file_lock
+from netconf.errors import IO_FAILURE, CniError
+
+LOCK_FILE = "lock"
+CURSOR_FILE = "last_reserved"
+INDEX_DIR = "attachments"
+TMP_PREFIX = ".tmp-"
+_NOT_RECORDS = frozenset({LOCK_FILE, CURSOR_FILE, INDEX_DIR})
+_MAX_INDEX_NAME = 200  # longer keys are hashed to stay below NAME_MAX
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """What an allocation belongs to: the runtime's (container ID, interface name)."""
+
+    container_id: str
+    ifname: str
+
+    @property
+    def index_name(self) -> str:
+        """File name of this attachment's index entry."""
+        name = f"{self.container_id}@{self.ifname}"
+        if len(name.encode()) <= _MAX_INDEX_NAME and "/" not in name and name[0] != ".":
+            return name
+        return "h-" + hashlib.sha256(name.encode()).hexdigest()
+
+    def to_json(self) -> bytes:
+        """The body of a record file."""
+        return json.dumps({"containerID": self.container_id, "ifname": self.ifname}).encode()
+
+
+@dataclass(frozen=True)
+class Record:
+    """One allocation record; `attachment` is None when the file is unreadable or corrupt."""
+
+    name: str
+    attachment: Attachment | None
+
+
+def io_error(action: str, path: str, exc: OSError) -> CniError:
+    """Code 5 naming the path."""
+    return CniError(IO_FAILURE, f"cannot {action} {path!r}: {exc.strerror or exc}")
+
+
+class PoolState:
+    """The state directory of one pool. Use `locked()`; other methods expect the lock held."""
+
+    def __init__(self, directory: str, lock_timeout: float) -> None:
+        self.directory = directory
+        self.lock_timeout = lock_timeout
+
+    def _path(self, *parts: str) -> str:
+        return os.path.join(self.directory, *parts)
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[PoolState]:
+        """Hold the pool's lock (code 11 on timeout, code 5 if the directory is unusable)."""
+        with contextlib.ExitStack() as stack:
+            try:
+                os.makedirs(self._path(INDEX_DIR), mode=0o755, exist_ok=True)
+                stack.enter_context(file_lock(self._path(LOCK_FILE), self.lock_timeout))
+            except OSError as exc:
+                raise io_error("lock pool state in", self.directory, exc) from None
+            yield self
+
+    # Reading.
+
+    def read_record(self, name: str) -> Record | None:
+        """The record called `name`; None if there is none."""
+        if not _is_record_name(name):
+            return None
+        try:
+            with open(self._path(name), "rb") as handle:
+                body = handle.read()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise io_error("read record", self._path(name), exc) from None
+        return Record(name, _parse_record(body))
+
+    def lookup(self, attachment: Attachment) -> str | None:
+        """Name of the record `attachment` holds, checked against the record itself."""
+        name = self._read_text(self._path(INDEX_DIR, attachment.index_name))
+        if name is None:
+            return None
+        record = self.read_record(name)
+        return name if record is not None and record.attachment == attachment else None
+
+    def records(self) -> list[Record]:
+        """Every allocation record of the pool (O(n): for GC, not for ADD/DEL)."""
+        found: list[Record] = []
+        for entry in self._scan(self.directory):
+            if entry.is_file(follow_symlinks=False) and _is_record_name(entry.name):
+                record = self.read_record(entry.name)
+                if record is not None:
+                    found.append(record)
+        return found
+
+    def cursor(self) -> str | None:
+        """The record name handed out last, if any."""
+        return self._read_text(self._path(CURSOR_FILE))
+
+    # Writing.
+
+    def reserve(self, attachment: Attachment, names: Iterable[str]) -> str | None:
+        """Take the first free name of `names` for `attachment`; None if all are taken."""
+        body = self._write_temp(attachment.to_json())
+        try:
+            for name in names:
+                try:
+                    os.link(body, self._path(name))
+                except FileExistsError:
+                    continue
+                except OSError as exc:
+                    raise io_error("create record", self._path(name), exc) from None
+                self._replace(self._path(INDEX_DIR, attachment.index_name), name.encode())
+                self._replace(self._path(CURSOR_FILE), name.encode())
+                return name
+            return None
+        finally:
+            _unlink(body)
+
+    def release(self, attachment: Attachment) -> str | None:
+        """Remove the record `attachment` holds and its index entry; the released name."""
+        name = self.lookup(attachment)
+        if name is not None:
+            _unlink(self._path(name))
+        _unlink(self._path(INDEX_DIR, attachment.index_name))
+        return name
+
+    def collect_garbage(self, valid: set[Attachment]) -> list[Record]:
+        """Remove records of attachments not in `valid`, orphans and crash leftovers."""
+        released: list[Record] = []
+        for record in self.records():
+            owner = record.attachment
+            if owner is None or owner not in valid or self.lookup(owner) != record.name:
+                _unlink(self._path(record.name))
+                released.append(record)
+        for entry in self._scan(self._path(INDEX_DIR)):
+            name = self._read_text(entry.path)
+            record = self.read_record(name) if name is not None else None
+            if record is None or record.attachment is None or \
+                    record.attachment.index_name != entry.name:
+                _unlink(entry.path)
+        for directory in (self.directory, self._path(INDEX_DIR)):
+            for entry in self._scan(directory):
+                if entry.name.startswith(TMP_PREFIX):  # no writer is alive: we hold the lock
+                    _unlink(entry.path)
+        return released
+
+    # Helpers.
+
+    def _scan(self, directory: str) -> list[os.DirEntry[str]]:
+        try:
+            with os.scandir(directory) as entries:
+                return list(entries)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise io_error("list", directory, exc) from None
+
+    def _read_text(self, path: str) -> str | None:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                return handle.read().strip() or None
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise io_error("read", path, exc) from None
+
+    def _write_temp(self, body: bytes, directory: str | None = None) -> str:
+        where = directory or self.directory
+        try:
+            fd, path = tempfile.mkstemp(prefix=TMP_PREFIX, dir=where)
+        except OSError as exc:
+            raise io_error("write in", where, exc) from None
+        try:
+            os.fchmod(fd, 0o644)
+            os.write(fd, body)
+        except OSError as exc:
+            _unlink(path)
+            raise io_error("write", path, exc) from None
+        finally:
+            os.close(fd)
+        return path
+
+    def _replace(self, path: str, body: bytes) -> None:
+        temp = self._write_temp(body, os.path.dirname(path))
+        try:
+            os.replace(temp, path)
+        except OSError as exc:
+            _unlink(temp)
+            raise io_error("write", path, exc) from None
+
+
+def _is_record_name(name: str) -> bool:
+    return bool(name) and name not in _NOT_RECORDS and "/" not in name and name[0] != "."
+
+
+def _parse_record(body: bytes) -> Attachment | None:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    container_id, ifname = data.get("containerID"), data.get("ifname")
+    if not isinstance(container_id, str) or not isinstance(ifname, str):
+        return None
+    return Attachment(container_id, ifname)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except (FileNotFoundError, IsADirectoryError):
+        pass
+    except OSError as exc:
+        raise io_error("remove", path, exc) from None

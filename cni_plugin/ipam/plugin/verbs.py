@@ -1,0 +1,151 @@
+"""The verbs of `vpc-attach-ipam` as plain functions over a Request; no stdin/stdout here."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cni_plugin.ipam.plugin import allocator
+from cni_plugin.ipam.plugin.config import FixedAddress, IpamConfig, parse_network
+from cni_plugin.ipam.plugin.store import Attachment
+from cni_plugin.verbs.request import Request
+from netconf.config import decode_json, lookup_ci
+from netconf.errors import (
+    CHECK_MISMATCH,
+    DECODE_FAILURE,
+    INCOMPATIBLE_VERSION,
+    STATUS_NOT_AVAILABLE,
+    CniError,
+)
+from netconf.result import IPConfig, Result, Route
+from netconf.runtime import RuntimeEnv, check_known_args
+from netconf.versions import CHECK_MIN_VERSION, GC_STATUS_MIN_VERSION, at_least
+
+VALID_KEYS = ("cni.dev/valid-attachments", "cni.dev/attachments")
+DEFAULT_DST = {4: "0.0.0.0/0", 6: "::/0"}
+
+
+@dataclass(frozen=True)
+class IpamInvocation:
+    """A validated request: runtime env, IPAM config and the raw network config."""
+
+    env: RuntimeEnv
+    conf: IpamConfig
+    raw: dict[str, Any]
+
+    @classmethod
+    def parse(cls, request: Request) -> IpamInvocation:
+        """Validate env, config and CNI_ARGS (codes 1, 2, 4, 6, 7)."""
+        env = RuntimeEnv.from_environ(request.environ)
+        raw = decode_json(request.stdin)
+        conf = parse_network(raw)
+        check_known_args({**env.cni_args, **_config_cni_args(raw)})  # args.cni wins (SPEC §3)
+        return cls(env=env, conf=conf, raw=raw)
+
+    @property
+    def attachment(self) -> Attachment:
+        """The (container ID, ifname) this invocation is about."""
+        return Attachment(self.env.container_id, self.env.ifname)
+
+    def require_version(self, minimum: str, verb: str) -> None:
+        """Code 1 when the config's version predates `verb`."""
+        if not at_least(self.conf.cni_version, minimum):
+            raise CniError(INCOMPATIBLE_VERSION, f"config version does not allow {verb}",
+                           f"cniVersion {self.conf.cni_version} < {minimum}")
+
+
+def add(request: Request) -> Result:
+    """Addresses for the attachment: as configured, or one block per pool (idempotent)."""
+    inv = IpamInvocation.parse(request)
+    conf = inv.conf
+    if conf.mode != "pools":
+        return Result(ips=[_fixed_ip(fixed) for fixed in conf.fixed], routes=list(conf.routes))
+    allocations = allocator.allocate_all(conf, inv.attachment)
+    ips = [IPConfig(address=a.address, gateway=str(a.pool.gateway)) for a in allocations]
+    configured = {ipaddress.ip_network(route.dst) for route in conf.routes}
+    defaults = [Route(dst=DEFAULT_DST[a.pool.family]) for a in allocations
+                if ipaddress.ip_network(DEFAULT_DST[a.pool.family]) not in configured]
+    return Result(ips=ips, routes=[*defaults, *conf.routes])
+
+
+def delete(request: Request) -> None:
+    """Release this (container, ifname)'s records; succeeds when there are none."""
+    inv = IpamInvocation.parse(request)
+    allocator.release(inv.conf, inv.attachment)
+
+
+def check(request: Request) -> None:
+    """Code 103 unless the attachment holds a block in every pool (and prevResult lists it)."""
+    inv = IpamInvocation.parse(request)
+    inv.require_version(CHECK_MIN_VERSION, "CHECK")
+    prev_data = lookup_ci(inv.raw, "prevResult")
+    prev = Result.from_wire(prev_data) if prev_data is not None else None
+    listed = {ip.ip.ip for ip in prev.ips} if prev is not None else None
+    diffs: list[str] = []
+    expected: list[str] = [str(fixed.address) for fixed in inv.conf.fixed]
+    for pool in inv.conf.pools:
+        held = allocator.held(inv.conf, pool, inv.attachment)
+        if held is None:
+            diffs.append(f"no allocation for container {inv.env.container_id!r} ifname "
+                         f"{inv.env.ifname!r} in pool {pool.subnet}")
+        else:
+            expected.append(held.address)
+    if listed is not None:
+        diffs.extend(f"address {address} is missing from prevResult" for address in expected
+                     if ipaddress.ip_interface(address).ip not in listed)
+    if diffs:
+        raise CniError(CHECK_MISMATCH, f"CHECK found {len(diffs)} difference(s): {diffs[0]}",
+                       "; ".join(diffs))
+
+
+def status(request: Request) -> None:
+    """Code 50 unless allocation state can be written (pools only: other modes store nothing)."""
+    inv = IpamInvocation.parse(request)
+    inv.require_version(GC_STATUS_MIN_VERSION, "STATUS")
+    if inv.conf.mode != "pools":
+        return
+    directory = inv.conf.network_dir
+    try:
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".tmp-status-", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise CniError(STATUS_NOT_AVAILABLE, f"dataDir {inv.conf.data_dir!r} is not writable",
+                       f"{directory}: {exc.strerror or exc}") from None
+
+
+def gc(request: Request) -> None:
+    """Release the records of every attachment the runtime did not list as valid."""
+    inv = IpamInvocation.parse(request)
+    inv.require_version(GC_STATUS_MIN_VERSION, "GC")
+    allocator.collect_garbage(inv.conf, valid_attachments(inv.raw))
+
+
+def valid_attachments(raw: Mapping[str, Any]) -> set[Attachment]:
+    """Attachments the runtime still uses, from `cni.dev/valid-attachments` (code 6 if bad)."""
+    listed: Any = next((raw[key] for key in VALID_KEYS if key in raw), [])
+    if not isinstance(listed, list):
+        raise CniError(DECODE_FAILURE, f"{VALID_KEYS[0]} must be a list")
+    valid: set[Attachment] = set()
+    for item in listed:
+        if not isinstance(item, dict) or not isinstance(item.get("containerID"), str) \
+                or not isinstance(item.get("ifname", ""), str):
+            raise CniError(DECODE_FAILURE, f"invalid {VALID_KEYS[0]} entry {item!r}")
+        valid.add(Attachment(item["containerID"], item.get("ifname", "")))
+    return valid
+
+
+def _fixed_ip(fixed: FixedAddress) -> IPConfig:
+    gateway = str(fixed.gateway) if fixed.gateway is not None else None
+    return IPConfig(address=str(fixed.address), gateway=gateway)
+
+
+def _config_cni_args(raw: Mapping[str, Any]) -> dict[str, str]:
+    args = lookup_ci(raw, "args")
+    cni = args.get("cni") if isinstance(args, dict) else None
+    return {str(k): str(v) for k, v in cni.items()} if isinstance(cni, dict) else {}

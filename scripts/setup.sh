@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs everything the demo and the tests need on a fresh Debian machine (idempotent):
+# Debian packages, a virtualenv with the project and its extras, the Go-built CNI tools.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v ip >/dev/null || need_apt+=(iproute2)
+command -v ping >/dev/null || need_apt+=(iputils-ping)
+command -v unshare >/dev/null || need_apt+=(util-linux)
+command -v go >/dev/null || need_apt+=(golang-go)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: installing ${need_apt[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+[ -e /dev/net/tun ] || { mkdir -p /dev/net && mknod /dev/net/tun c 10 200; }
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+if [ ! -e "$stamp" ]; then
+  .venv/bin/pip install -q --upgrade pip >/dev/null
+  .venv/bin/pip install -q -e '.[test,e2e]'
+  touch "$stamp"
+fi
+# Reference CNI plugins and cnitool, built from Go modules and cached outside the repo.
+.venv/bin/python -m e2e.tools build >&2
