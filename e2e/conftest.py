@@ -183,3 +183,63 @@ def host_local_reservations(data_dir: Path, network: str) -> list[str]:
         return []
     return sorted(p.name for p in net_dir.iterdir()
                   if p.name not in ("lock",) and not p.name.startswith("last_reserved_ip"))
+
+
+# The local control plane --------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real etcd + kube-apiserver + kube-controller-manager for the whole session."""
+    from e2e.cluster import Cluster
+    running = Cluster.up(tmp_path_factory.mktemp("cluster"))
+    try:
+        yield running
+    finally:
+        running.down()
+
+
+class Kube:
+    """Admin access for arranging and inspecting the cluster in tests (our own client)."""
+
+    def __init__(self, kubeconfig: Path) -> None:
+        from cni_plugin.kube.client import KubeClient
+        from cni_plugin.kube.config import load_kubeconfig
+        self.client = KubeClient(load_kubeconfig(str(kubeconfig)))
+
+    def _deadline(self) -> Any:
+        from cni_plugin.deadline import Deadline
+        return Deadline(30)
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        """An object or None."""
+        return self.client.get(path, self._deadline())
+
+    def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST to a collection."""
+        created: dict[str, Any] = self.client.request("POST", path, self._deadline(), body=body)
+        return created
+
+    def put(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """PUT an object."""
+        updated: dict[str, Any] = self.client.request("PUT", path, self._deadline(), body=body)
+        return updated
+
+    def delete(self, path: str) -> bool:
+        """DELETE an object."""
+        return self.client.delete(path, self._deadline())
+
+    def list(self, path: str, labels: str | None = None) -> list[dict[str, Any]]:
+        """Items of a collection."""
+        return self.client.list(path, self._deadline(), labels=labels)
+
+
+@pytest.fixture(scope="session")
+def kube(cluster: Any) -> Kube:
+    """Cluster-admin access (for arranging tests, never for the plugin)."""
+    admin = Kube(cluster.admin_kubeconfig)
+    import time
+    for _ in range(300):  # Pods need the namespace's default ServiceAccount (made by KCM)
+        if admin.get("/api/v1/namespaces/default/serviceaccounts/default") is not None:
+            break
+        time.sleep(0.1)
+    return admin

@@ -6,7 +6,7 @@ from cni_plugin import attachment
 from cni_plugin.attachment import Addressing
 from cni_plugin.ipam import delegate
 from cni_plugin.locks import file_lock
-from cni_plugin.publish import preflight, publish
+from cni_plugin.publish import Publisher
 from cni_plugin.rollback import Rollback
 from cni_plugin.verbs.request import Invocation, Request
 from netconf.errors import INVALID_CONFIG, CniError
@@ -16,7 +16,7 @@ from netconf.result import Result
 def add(request: Request) -> Result:
     """Attach the container and answer its result (in the 1.1.0 shape)."""
     inv = Invocation.parse(request)
-    preflight(inv)  # publishing settings are checked before any change (SPEC §4)
+    publisher = Publisher.prepare(inv)  # settings, API and router, before any change (SPEC §4)
     prev = inv.conf.prev()
     rollback = Rollback()
     try:
@@ -30,7 +30,8 @@ def add(request: Request) -> Result:
                 attach = attachment.attach_veth if inv.conf.attachment == "veth" \
                     else attachment.attach_tap
                 result = chain(prev, attach(inv, plan, rollback))
-        publish(inv, result, plan, rollback)
+        if publisher is not None:
+            publisher.publish(plan, rollback)
     except BaseException:
         rollback.run()
         raise

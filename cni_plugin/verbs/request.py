@@ -17,7 +17,6 @@ from netconf.errors import INVALID_CONFIG, INVALID_ENV, CniError
 from netconf.host import HostSettings, resolve_host_settings
 from netconf.runtime import RuntimeEnv, check_known_args
 
-
 MAC_PATTERN = re.compile(r"^([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}$")
 
 

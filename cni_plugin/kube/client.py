@@ -1,0 +1,206 @@
+"""HTTP access to the API server with per-request timeouts and retries inside a deadline.
+
+Transient failures (connection errors, timeouts, 429, 5xx) are retried with backoff until the
+invocation's deadline, then answered as code 11. Other API errors raise `ApiError` with the
+status, so callers decide what a 404 or a 409 means for them.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import ssl
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cni_plugin.deadline import Deadline
+from cni_plugin.kube.config import KubeCredentials
+from netconf.errors import TRY_AGAIN_LATER, CniError
+
+REQUEST_TIMEOUT_CAP = 10.0
+TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
+JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class ApiError(Exception):
+    """A non-transient error answer of the API server."""
+
+    def __init__(self, status: int, reason: str, message: str, method: str, path: str) -> None:
+        super().__init__(f"{method} {path}: {status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A REST resource: group/version/plural, namespaced or not."""
+
+    group: str
+    version: str
+    plural: str
+    namespaced: bool = True
+
+    def path(self, namespace: str | None = None, name: str | None = None) -> str:
+        """The URL path of the collection, or of one object when name is given."""
+        base = f"/api/{self.version}" if not self.group else f"/apis/{self.group}/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{urllib.parse.quote(namespace)}"
+        base += f"/{self.plural}"
+        return base + (f"/{urllib.parse.quote(name)}" if name else "")
+
+
+class KubeClient:
+    """A connection to one API server (reused across requests)."""
+
+    def __init__(self, creds: KubeCredentials) -> None:
+        self.creds = creds
+        parsed = urllib.parse.urlsplit(creds.server)
+        self._scheme = parsed.scheme
+        self._host = parsed.hostname or "localhost"
+        self._port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        self._prefix = parsed.path.rstrip("/")
+        self._ssl = creds.ssl_context() if parsed.scheme == "https" else None
+        self._conn: http.client.HTTPConnection | None = None
+
+    def close(self) -> None:
+        """Close the keep-alive connection."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        if self._conn is None:
+            if self._ssl is not None:
+                self._conn = http.client.HTTPSConnection(self._host, self._port, timeout=timeout,
+                                                         context=self._ssl)
+            else:
+                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+        else:
+            self._conn.timeout = timeout
+            if self._conn.sock is not None:
+                self._conn.sock.settimeout(timeout)
+        return self._conn
+
+    def _once(self, method: str, path: str, body: bytes | None, content_type: str,
+              timeout: float) -> tuple[int, bytes]:
+        headers = {"Accept": "application/json", "User-Agent": "vpc-attach"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        token = self.creds.bearer_token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        conn = self._connection(timeout)
+        try:
+            conn.request(method, self._prefix + path, body=body, headers=headers)
+            response = conn.getresponse()
+            return response.status, response.read()
+        except BaseException:
+            self.close()  # never reuse a connection in an unknown state
+            raise
+
+    def request(self, method: str, path: str, deadline: Deadline, *,
+                body: Any = None, query: Mapping[str, str] | None = None,
+                content_type: str = "application/json") -> Any:
+        """Send one request, retrying transient failures until the deadline; parsed JSON back."""
+        if query:
+            path += "?" + urllib.parse.urlencode(query)
+        payload = json.dumps(body).encode() if body is not None else None
+        attempt = 0
+        last = ""
+        while True:
+            attempt += 1
+            try:
+                status, data = self._once(method, path, payload, content_type,
+                                          min(deadline.remaining(), REQUEST_TIMEOUT_CAP))
+            except (TimeoutError, OSError, http.client.HTTPException, ssl.SSLError) as exc:
+                status, data, last = 0, b"", f"{type(exc).__name__}: {exc}"
+            if 200 <= status < 300:
+                return json.loads(data) if data else None
+            if status and status not in TRANSIENT_STATUS:
+                raise _api_error(status, data, method, path)
+            if status:
+                last = f"HTTP {status}"
+            backoff = min(2.0, 0.05 * 2 ** attempt) * (0.5 + random.random() / 2)
+            if deadline.remaining(floor=0) <= backoff:
+                raise CniError(TRY_AGAIN_LATER, f"Kubernetes API unavailable: {method} {path}",
+                               f"{last} after {attempt} attempt(s) within the deadline")
+            time.sleep(backoff)
+
+    # Convenience verbs -----------------------------------------------------------------
+
+    def get(self, path: str, deadline: Deadline) -> dict[str, Any] | None:
+        """The object, or None when it does not exist."""
+        try:
+            result: dict[str, Any] = self.request("GET", path, deadline)
+            return result
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list(self, path: str, deadline: Deadline, *, labels: str | None = None,
+             fields: str | None = None) -> list[dict[str, Any]]:
+        """Items of a collection, narrowed by label and field selectors."""
+        query: dict[str, str] = {}
+        if labels:
+            query["labelSelector"] = labels
+        if fields:
+            query["fieldSelector"] = fields
+        result = self.request("GET", path, deadline, query=query)
+        items: list[dict[str, Any]] = result.get("items") or []
+        return items
+
+    def delete(self, path: str, deadline: Deadline, *, uid: str | None = None,
+               resource_version: str | None = None) -> bool:
+        """Delete with preconditions; False when it was already gone or preconditions failed."""
+        preconditions: dict[str, str] = {}
+        if uid:
+            preconditions["uid"] = uid
+        if resource_version:
+            preconditions["resourceVersion"] = resource_version
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": preconditions}
+        try:
+            self.request("DELETE", path, deadline, body=body)
+            return True
+        except ApiError as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+
+
+def _api_error(status: int, data: bytes, method: str, path: str) -> ApiError:
+    try:
+        body = json.loads(data)
+        return ApiError(status, str(body.get("reason", "")), str(body.get("message", "")),
+                        method, path)
+    except ValueError:
+        return ApiError(status, "", data[:200].decode(errors="replace"), method, path)
+
+
+def update_with_retry(client: KubeClient, path: str, deadline: Deadline,
+                      mutate: Callable[[dict[str, Any]], bool], attempts: int = 10
+                      ) -> dict[str, Any] | None:
+    """Read-modify-write with re-read on 409; None if the object does not exist.
+
+    `mutate` edits the object in place and returns False when nothing needs writing.
+    """
+    for _ in range(attempts):
+        current = client.get(path, deadline)
+        if current is None:
+            return None
+        if not mutate(current):
+            return current
+        try:
+            updated: dict[str, Any] = client.request("PUT", path, deadline, body=current)
+            return updated
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+    raise CniError(TRY_AGAIN_LATER, f"too many update conflicts on {path}",
+                   f"{attempts} attempts")

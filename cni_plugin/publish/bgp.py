@@ -1,0 +1,386 @@
+"""BGP custom resources (SPEC §6): find the router, ensure the VRF instance, merge the
+advertisement. Writes re-read on 409; created objects are recorded for rollback."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from cni_plugin import naming
+from cni_plugin.attachment import Addressing
+from cni_plugin.deadline import Deadline
+from cni_plugin.kube.client import ApiError, Resource, update_with_retry
+from cni_plugin.publish.context import PublishContext, Router, api_failure
+from cni_plugin.publish.resources import (
+    ADVERTISEMENTS,
+    CONTAINER_KEYS,
+    GROUP,
+    NETNS_KEY,
+    NODE_KEY,
+    ROUTERS,
+    SUBNET_V4_KEY,
+    SUBNET_V6_KEY,
+    VERSION,
+    VRF_INSTANCES,
+)
+from cni_plugin.rollback import Rollback
+from netconf.errors import INVALID_CONFIG, TRY_AGAIN_LATER, CniError
+
+log = logging.getLogger(__name__)
+VRF_ID_MIN, VRF_ID_MAX = 1, 4095
+MAX_ATTEMPTS = 10
+
+
+def _list_selected(ctx: PublishContext, resource: Resource, field: str, value: str,
+                   deadline: Deadline) -> list[dict[str, Any]]:
+    """Objects whose `field` equals value, narrowed by the API server when the CRD allows."""
+    path = resource.path(ctx.namespace)
+    try:
+        return ctx.client.list(path, deadline, fields=f"{field}={value}")
+    except ApiError as exc:
+        if exc.status != 400:  # 400: this CRD declares no selectable field (upstream's)
+            raise
+    keys = field.split(".")
+    items = []
+    for item in ctx.client.list(path, deadline):
+        node: Any = item
+        for key in keys:
+            node = node.get(key) if isinstance(node, dict) else None
+        if node == value:
+            items.append(item)
+    return items
+
+
+def find_router(ctx: PublishContext, deadline: Deadline) -> Router:
+    """The one BGPRouter whose targetRef names this node (code 7 otherwise)."""
+    try:
+        found = [r for r in _list_selected(ctx, ROUTERS, "spec.targetRef.name", ctx.node, deadline)
+                 if (r.get("spec", {}).get("targetRef") or {}).get("kind", "Node") == "Node"]
+    except ApiError as exc:
+        raise api_failure(exc, f"list BGPRouters in {ctx.namespace!r}") from None
+    if len(found) != 1:
+        names = ", ".join(sorted(r["metadata"]["name"] for r in found)) or "none"
+        raise CniError(INVALID_CONFIG, f"expected exactly one BGPRouter targeting node "
+                       f"{ctx.node!r} in namespace {ctx.namespace!r}, found {len(found)}",
+                       f"found: {names}")
+    return Router.from_object(found[0])
+
+
+def _instance_spec_ok(spec: dict[str, Any], router: Router, target: str) -> bool:
+    has = all({"value": target} in (spec.get(key) or [])
+              for key in ("importRouteTargets", "exportRouteTargets"))
+    return has and (spec.get("routerRef") or {}).get("name") == router.name \
+        and VRF_ID_MIN <= int(spec.get("vrfID") or 0) <= VRF_ID_MAX
+
+
+def _fill_instance(obj: dict[str, Any], router: Router, target: str) -> bool:
+    """Add our route target / router ref to an instance, keeping every other field."""
+    spec = obj.setdefault("spec", {})
+    if _instance_spec_ok(spec, router, target):
+        return False
+    spec["routerRef"] = {**(spec.get("routerRef") or {}), "name": router.name}
+    for key in ("importRouteTargets", "exportRouteTargets"):
+        targets = list(spec.get(key) or [])
+        if {"value": target} not in targets:
+            targets.append({"value": target})
+        spec[key] = targets
+    return True
+
+
+def _router_instances(ctx: PublishContext, router: Router,
+                      deadline: Deadline) -> list[dict[str, Any]]:
+    return _list_selected(ctx, VRF_INSTANCES, "spec.routerRef.name", router.name, deadline)
+
+
+def _lowest_free(used: Iterable[int]) -> int:
+    taken = set(used)
+    for candidate in range(VRF_ID_MIN, VRF_ID_MAX + 1):
+        if candidate not in taken:
+            return candidate
+    raise CniError(TRY_AGAIN_LATER, "no free VRF ID left (1-4095) on this router")
+
+
+def _vrf_id(obj: dict[str, Any]) -> int:
+    return int((obj.get("spec") or {}).get("vrfID") or 0)
+
+
+def _precedence(obj: dict[str, Any]) -> tuple[str, str]:
+    meta = obj["metadata"]
+    return (meta.get("creationTimestamp") or "", meta["name"])
+
+
+def ensure_vrf_instance(ctx: PublishContext, router: Router, rollback: Rollback,
+                        deadline: Deadline) -> int:
+    """The VRF ID of this VPC on this node, creating or completing its BGPVRFInstance."""
+    conf = ctx.inv.conf
+    name = naming.vrf_instance_name(conf.vpc, ctx.node)
+    path = VRF_INSTANCES.path(ctx.namespace, name)
+    target = naming.route_target(router.local_asn, conf.vpc)
+    try:
+        for _ in range(MAX_ATTEMPTS):
+            existing = update_with_retry(ctx.client, path, deadline,
+                                         lambda obj: _fill_instance(obj, router, target))
+            if existing is None:
+                existing = _create_instance(ctx, router, name, target, rollback, deadline)
+                if existing is None:
+                    continue  # lost a create race: read the winner's object
+            return _resolve_collision(ctx, router, existing, deadline)
+    except ApiError as exc:
+        raise api_failure(exc, f"write BGPVRFInstance {name!r}") from None
+    raise CniError(TRY_AGAIN_LATER, f"BGPVRFInstance {name!r} keeps changing")
+
+
+def _create_instance(ctx: PublishContext, router: Router, name: str, target: str,
+                     rollback: Rollback, deadline: Deadline) -> dict[str, Any] | None:
+    vrf_id = _lowest_free(_vrf_id(i) for i in _router_instances(ctx, router, deadline))
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "BGPVRFInstance",
+        "metadata": {"name": name, "namespace": ctx.namespace},
+        "spec": {"routerRef": {"name": router.name}, "vrfID": vrf_id,
+                 "importRouteTargets": [{"value": target}],
+                 "exportRouteTargets": [{"value": target}]},
+    }
+    try:
+        created: dict[str, Any] = ctx.client.request(
+            "POST", VRF_INSTANCES.path(ctx.namespace), deadline, body=body)
+    except ApiError as exc:
+        if exc.status == 409:
+            return None
+        raise
+    uid = created["metadata"]["uid"]
+    rollback.created(f"BGPVRFInstance {name}",
+                     lambda d: _undo_instance(ctx, router, name, uid, d))
+    return created
+
+
+def _resolve_collision(ctx: PublishContext, router: Router, ours: dict[str, Any],
+                       deadline: Deadline) -> int:
+    """If another instance of this router has our VRF ID, the later one (by creation time,
+    then name) takes the lowest free ID; both sides reach the same verdict."""
+    name = ours["metadata"]["name"]
+    path = VRF_INSTANCES.path(ctx.namespace, name)
+    for _ in range(MAX_ATTEMPTS):
+        vrf_id = _vrf_id(ours)
+        others = [i for i in _router_instances(ctx, router, deadline)
+                  if i["metadata"]["name"] != name]
+        rivals = [i for i in others if _vrf_id(i) == vrf_id]
+        if not rivals or all(_precedence(ours) < _precedence(r) for r in rivals):
+            return vrf_id
+        new_id = _lowest_free(_vrf_id(i) for i in others)
+        log.info("VRF ID %d of %s collides with %s; moving to %d", vrf_id, name,
+                 rivals[0]["metadata"]["name"], new_id)
+
+        def move(obj: dict[str, Any], old: int = vrf_id, new: int = new_id) -> bool:
+            if _vrf_id(obj) != old:
+                return False  # someone already moved it
+            obj["spec"]["vrfID"] = new
+            return True
+
+        updated = update_with_retry(ctx.client, path, deadline, move)
+        if updated is None:
+            raise CniError(TRY_AGAIN_LATER, f"BGPVRFInstance {name!r} vanished")
+        ours = updated
+    raise CniError(TRY_AGAIN_LATER, f"VRF ID of {name!r} keeps colliding")
+
+
+def _undo_instance(ctx: PublishContext, router: Router, name: str, uid: str,
+                   deadline: Deadline) -> None:
+    """Delete an instance this ADD created, unless an advertisement now relies on it."""
+    current = ctx.client.get(VRF_INSTANCES.path(ctx.namespace, name), deadline)
+    if current is None or current["metadata"]["uid"] != uid:
+        return
+    prefix = naming.hex_id(ctx.inv.conf.vpc) + "-"
+    users = [a for a in _list_selected(ctx, ADVERTISEMENTS, "spec.routerRef.name", router.name,
+                                       deadline)
+             if a["metadata"]["name"].startswith(prefix) and _vrf_id(a) == _vrf_id(current)]
+    if users:
+        log.info("rollback: keeping %s, used by %s", name, users[0]["metadata"]["name"])
+        return
+    ctx.client.delete(VRF_INSTANCES.path(ctx.namespace, name), deadline, uid=uid,
+                      resource_version=current["metadata"]["resourceVersion"])
+
+
+# Advertisements ---------------------------------------------------------------------------
+
+def container_annotations(ctx: PublishContext, plan: Addressing) -> dict[str, str]:
+    """This container's annotations on the advertisement (empty when nothing to advertise)."""
+    cid = naming.annotation_cid(ctx.inv.env.container_id)
+    values: dict[str, str] = {}
+    for addr in plan.workload:
+        if addr.version == 6 and SUBNET_V6_KEY + cid not in values:
+            values[SUBNET_V6_KEY + cid] = str(addr.network)
+        elif addr.version == 4 and SUBNET_V4_KEY + cid not in values:
+            values[SUBNET_V4_KEY + cid] = str(addr.ip)
+    if not values:
+        return {}
+    values[NETNS_KEY + cid] = ctx.inv.env.netns
+    values[NODE_KEY + cid] = ctx.node
+    return values
+
+
+def prefixes_of(annotations: dict[str, str]) -> list[str]:
+    """The advertised set: union of every container's subnets, deduplicated and sorted."""
+    found: set[str] = set()
+    for key, value in annotations.items():
+        try:
+            if key.startswith(SUBNET_V6_KEY):
+                found.add(str(ipaddress.IPv6Network(value, strict=False)))
+            elif key.startswith(SUBNET_V4_KEY):
+                found.add(str(ipaddress.IPv4Network(f"{value}/32")))
+        except ValueError:
+            log.warning("ignoring malformed annotation %s=%r", key, value)
+    return sorted(found, key=lambda p: (ipaddress.ip_network(p).version,
+                                        ipaddress.ip_network(p)))
+
+
+def _stale_containers(annotations: dict[str, str], node: str, keep: str) -> set[str]:
+    """Containers this node recorded whose netns no longer exists here."""
+    stale = set()
+    for key, value in annotations.items():
+        if key.startswith(NODE_KEY) and value == node:
+            cid = key[len(NODE_KEY):]
+            netns = annotations.get(NETNS_KEY + cid, "")
+            if cid != keep and netns and not os.path.exists(netns):
+                stale.add(cid)
+    return stale
+
+
+def _drop_containers(annotations: dict[str, str], cids: Iterable[str]) -> None:
+    for cid in cids:
+        for key in CONTAINER_KEYS:
+            annotations.pop(key + cid, None)
+
+
+def _advertisement_spec(router: Router, vrf_id: int, target: str,
+                        prefixes: list[str]) -> dict[str, Any]:
+    return {"routerRef": {"name": router.name}, "addressFamily": {"afi": "l2vpn", "safi": "evpn"},
+            "prefixes": prefixes, "communities": [target], "vrfID": vrf_id,
+            "function": "End.DT46"}
+
+
+def ensure_advertisement(ctx: PublishContext, router: Router, vrf_id: int, plan: Addressing,
+                         rollback: Rollback, deadline: Deadline) -> None:
+    """Merge this container into the attachment's BGPAdvertisement (create it if missing)."""
+    ours = container_annotations(ctx, plan)
+    if not ours:
+        return  # nothing to advertise (an L2-only tap)
+    conf = ctx.inv.conf
+    name = naming.advertisement_name(conf.vpc, conf.vpcattachment)
+    path = ADVERTISEMENTS.path(ctx.namespace, name)
+    target = naming.route_target(router.local_asn, conf.vpc)
+    cid = naming.annotation_cid(ctx.inv.env.container_id)
+
+    def merge(obj: dict[str, Any]) -> bool:
+        meta = obj.setdefault("metadata", {})
+        annotations = dict(meta.get("annotations") or {})
+        _drop_containers(annotations, _stale_containers(annotations, ctx.node, cid))
+        annotations.update(ours)
+        spec = {**(obj.get("spec") or {}),
+                **_advertisement_spec(router, vrf_id, target, prefixes_of(annotations))}
+        if annotations == meta.get("annotations") and spec == obj.get("spec"):
+            return False
+        meta["annotations"] = annotations
+        obj["spec"] = spec
+        return True
+
+    try:
+        for _ in range(MAX_ATTEMPTS):
+            existing = ctx.client.get(path, deadline)
+            if existing is not None:
+                had_ours = all(existing["metadata"].get("annotations", {}).get(k) == v
+                               for k, v in ours.items())
+                if update_with_retry(ctx.client, path, deadline, merge) is None:
+                    continue  # deleted meanwhile: create it
+                if not had_ours:
+                    rollback.created(f"annotations of {cid} on BGPAdvertisement {name}",
+                                     lambda d: withdraw_advertisement(ctx, d, may_delete=False))
+                return
+            body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "BGPAdvertisement",
+                    "metadata": {"name": name, "namespace": ctx.namespace, "annotations": {}}}
+            merge(body)
+            try:
+                ctx.client.request("POST", ADVERTISEMENTS.path(ctx.namespace), deadline,
+                                   body=body)
+            except ApiError as exc:
+                if exc.status == 409:
+                    continue  # created concurrently: merge into it
+                raise
+            # Created here, but others may join before a rollback: withdraw, never blind-delete.
+            rollback.created(f"BGPAdvertisement {name}",
+                             lambda d: withdraw_advertisement(ctx, d, may_delete=True))
+            return
+    except ApiError as exc:
+        raise api_failure(exc, f"write BGPAdvertisement {name!r}") from None
+    raise CniError(TRY_AGAIN_LATER, f"BGPAdvertisement {name!r} keeps changing")
+
+
+def withdraw_advertisement(ctx: PublishContext, deadline: Deadline, *, may_delete: bool) -> None:
+    """Remove this container's annotations; delete the object if that leaves no prefixes
+    (with a resourceVersion precondition, so a concurrent ADD keeps it)."""
+    conf = ctx.inv.conf
+    name = naming.advertisement_name(conf.vpc, conf.vpcattachment)
+    path = ADVERTISEMENTS.path(ctx.namespace, name)
+    cid = naming.annotation_cid(ctx.inv.env.container_id)
+    for _ in range(MAX_ATTEMPTS):
+        current = ctx.client.get(path, deadline)
+        if current is None:
+            return
+        annotations = dict(current["metadata"].get("annotations") or {})
+        if not any(key + cid in annotations for key in CONTAINER_KEYS):
+            return
+        _drop_containers(annotations, {cid} | _stale_containers(annotations, ctx.node, cid))
+        prefixes = prefixes_of(annotations)
+        if not prefixes:
+            if not may_delete:
+                log.info("leaving %s untouched: it would have no prefixes", name)
+                return
+            meta = current["metadata"]
+            if ctx.client.delete(path, deadline, uid=meta["uid"],
+                                 resource_version=meta["resourceVersion"]):
+                return
+            continue  # changed meanwhile (a concurrent ADD): re-read
+        current["metadata"]["annotations"] = annotations
+        current["spec"]["prefixes"] = prefixes
+        try:
+            ctx.client.request("PUT", path, deadline, body=current)
+            return
+        except ApiError as exc:
+            if exc.status not in (404, 409):
+                raise
+    raise CniError(TRY_AGAIN_LATER, f"BGPAdvertisement {name!r} keeps changing")
+
+
+def advertisement_differences(ctx: PublishContext, plan: Addressing,
+                              deadline: Deadline) -> list[str]:
+    """What CHECK finds wrong with this container's BGP state."""
+    conf = ctx.inv.conf
+    ours = container_annotations(ctx, plan)
+    diffs: list[str] = []
+    instance_name = naming.vrf_instance_name(conf.vpc, ctx.node)
+    instance = ctx.client.get(VRF_INSTANCES.path(ctx.namespace, instance_name), deadline)
+    if instance is None:
+        diffs.append(f"BGPVRFInstance {instance_name!r} is missing")
+    if not ours:
+        return diffs
+    name = naming.advertisement_name(conf.vpc, conf.vpcattachment)
+    adv = ctx.client.get(ADVERTISEMENTS.path(ctx.namespace, name), deadline)
+    if adv is None:
+        return [*diffs, f"BGPAdvertisement {name!r} is missing"]
+    annotations = adv["metadata"].get("annotations") or {}
+    for key, value in ours.items():
+        if key.startswith(NODE_KEY):
+            continue
+        if annotations.get(key) != value:
+            diffs.append(f"BGPAdvertisement {name!r} annotation {key} is "
+                         f"{annotations.get(key)!r}, expected {value!r}")
+    advertised = set(adv.get("spec", {}).get("prefixes") or [])
+    for prefix in prefixes_of(ours):
+        if prefix not in advertised:
+            diffs.append(f"BGPAdvertisement {name!r} does not advertise {prefix}")
+    if instance is not None and _vrf_id(adv) != _vrf_id(instance):
+        diffs.append(f"BGPAdvertisement {name!r} has vrfID {_vrf_id(adv)}, "
+                     f"instance says {_vrf_id(instance)}")
+    return diffs

@@ -1,0 +1,56 @@
+"""What every publishing step needs: the invocation, an API client, the node and its router."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cni_plugin.kube.client import ApiError, KubeClient
+from cni_plugin.kube.config import load_kubeconfig
+from cni_plugin.verbs.request import Invocation
+from netconf.errors import INVALID_CONFIG, PUBLISH_FAILURE, CniError
+
+
+@dataclass
+class PublishContext:
+    """One invocation's view of the cluster."""
+
+    inv: Invocation
+    client: KubeClient
+    node: str
+
+    @classmethod
+    def open(cls, inv: Invocation) -> PublishContext:
+        """Connect with the host's kubeconfig (settings were checked by preflight)."""
+        if not inv.host.kubeconfig or not inv.host.node_name:
+            raise CniError(INVALID_CONFIG, "publishing needs a node name and a kubeconfig")
+        return cls(inv, KubeClient(load_kubeconfig(inv.host.kubeconfig)), inv.host.node_name)
+
+    @property
+    def namespace(self) -> str:
+        """Namespace of the BGP resources."""
+        return self.inv.namespace
+
+
+@dataclass(frozen=True)
+class Router:
+    """The BGPRouter targeting this node."""
+
+    name: str
+    local_asn: int
+    srv6_locator: str | None
+    node_id: int | None
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any]) -> Router:
+        """Read the fields we use."""
+        spec = obj.get("spec") or {}
+        return cls(obj["metadata"]["name"], int(spec["localASN"]), spec.get("srv6Locator"),
+                   spec.get("nodeID"))
+
+
+def api_failure(exc: ApiError, doing: str) -> CniError:
+    """A non-transient API refusal as code 104 naming what was being done."""
+    hint = " (check the vpc-attach ClusterRole)" if exc.status == 403 else ""
+    return CniError(PUBLISH_FAILURE, f"failed to {doing}: {exc.status} {exc.reason}{hint}",
+                    exc.message)

@@ -1,0 +1,205 @@
+"""The Pod's EndpointSlices (SPEC §6): one per (Pod, attachment, address family), owned by
+the Pod so the garbage collector removes them with it, deleted by DEL only while they still
+record this container (uid + resourceVersion preconditions)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from cni_plugin import naming
+from cni_plugin.attachment import Addressing
+from cni_plugin.deadline import Deadline
+from cni_plugin.kube.client import ApiError
+from cni_plugin.publish.context import PublishContext, api_failure
+from cni_plugin.publish.resources import (
+    CONTAINER_ID_ANNOTATION,
+    ENDPOINT_SLICES,
+    IFNAME_ANNOTATION,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    PODS,
+    SRV6_SID_ANNOTATION,
+    TENANT_LABEL,
+)
+from cni_plugin.rollback import Rollback
+from netconf.errors import PUBLISH_FAILURE, CniError
+
+MAX_NAME = 253
+FAMILY_SUFFIX = {"IPv6": "ipv6", "IPv4": "ipv4"}
+FAMILY_VERSION = {"IPv6": 6, "IPv4": 4}
+
+
+def slice_name(pod: str, vpc: str, attachment: str, family: str) -> str:
+    """{pod}-{hex(vpc)}-{hex(att)}-{ipv6|ipv4}, shortened with a hash if too long."""
+    suffix = f"-{naming.hex_id(vpc)}-{naming.hex_id(attachment)}-{FAMILY_SUFFIX[family]}"
+    if len(pod) + len(suffix) <= MAX_NAME:
+        return pod + suffix
+    digest = hashlib.sha256(pod.encode()).hexdigest()[:10]
+    return f"{pod[:MAX_NAME - len(suffix) - 11]}-{digest}{suffix}"
+
+
+def _pod_identity(ctx: PublishContext, deadline: Deadline) -> tuple[str, str, str]:
+    pod = ctx.inv.pod
+    if not pod.namespace or not pod.name:
+        raise CniError(PUBLISH_FAILURE, "publishing an EndpointSlice needs the Pod",
+                       "K8S_POD_NAMESPACE and K8S_POD_NAME are missing from CNI_ARGS")
+    try:
+        obj = ctx.client.get(PODS.path(pod.namespace, pod.name), deadline)
+    except ApiError as exc:
+        raise api_failure(exc, f"get Pod {pod.namespace}/{pod.name}") from None
+    if obj is None:
+        raise CniError(PUBLISH_FAILURE, f"Pod {pod.namespace}/{pod.name} does not exist")
+    uid = str(obj["metadata"]["uid"])
+    if pod.uid and pod.uid != uid:
+        raise CniError(PUBLISH_FAILURE, f"Pod {pod.namespace}/{pod.name} was recreated",
+                       f"sandbox belongs to uid {pod.uid}, the Pod now has uid {uid}")
+    return pod.namespace, pod.name, uid
+
+
+def _slice_body(ctx: PublishContext, namespace: str, pod: str, uid: str, name: str,
+                family: str, address: str, sid: str | None) -> dict[str, Any]:
+    conf = ctx.inv.conf
+    tenant = naming.tenant_id(conf.vpc, conf.vpcattachment)
+    annotations = {TENANT_LABEL: tenant, CONTAINER_ID_ANNOTATION: ctx.inv.env.container_id,
+                   IFNAME_ANNOTATION: ctx.inv.env.ifname}
+    if sid:
+        annotations[SRV6_SID_ANNOTATION] = sid
+    return {
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {
+            "name": name, "namespace": namespace,
+            "labels": {TENANT_LABEL: tenant, MANAGED_BY_LABEL: MANAGED_BY},
+            "annotations": annotations,
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid}],
+        },
+        "addressType": family,
+        "endpoints": [{
+            "addresses": [address],
+            "conditions": {"ready": True, "serving": True},
+            "nodeName": ctx.node,
+            "targetRef": {"kind": "Pod", "namespace": namespace, "name": pod, "uid": uid},
+        }],
+        "ports": [],
+    }
+
+
+def ensure_slices(ctx: PublishContext, plan: Addressing, sid: str | None, rollback: Rollback,
+                  deadline: Deadline) -> None:
+    """Create or refresh a slice per configured family the attachment has an address of."""
+    families = [f for f in ctx.inv.conf.publish.endpoint_slice_families
+                if any(a.version == FAMILY_VERSION[f] for a in plan.workload)]
+    if not families:
+        return
+    namespace, pod, uid = _pod_identity(ctx, deadline)
+    conf = ctx.inv.conf
+    for family in families:
+        address = next(str(a.ip) for a in plan.workload if a.version == FAMILY_VERSION[family])
+        name = slice_name(pod, conf.vpc, conf.vpcattachment, family)
+        body = _slice_body(ctx, namespace, pod, uid, name, family, address, sid)
+        try:
+            _write_slice(ctx, namespace, name, body, rollback, deadline)
+        except ApiError as exc:
+            raise api_failure(exc, f"write EndpointSlice {namespace}/{name}") from None
+
+
+def _write_slice(ctx: PublishContext, namespace: str, name: str, body: dict[str, Any],
+                 rollback: Rollback, deadline: Deadline) -> None:
+    path = ENDPOINT_SLICES.path(namespace, name)
+    for _ in range(10):
+        existing = ctx.client.get(path, deadline)
+        if existing is None:
+            try:
+                created = ctx.client.request("POST", ENDPOINT_SLICES.path(namespace), deadline,
+                                             body=body)
+            except ApiError as exc:
+                if exc.status == 409:
+                    continue
+                raise
+            created_uid = str(created["metadata"]["uid"])
+
+            def undo(d: Deadline, uid: str = created_uid) -> None:
+                ctx.client.delete(path, d, uid=uid)
+
+            rollback.created(f"EndpointSlice {namespace}/{name}", undo)
+            return
+        labels = existing["metadata"].get("labels") or {}
+        if labels.get(MANAGED_BY_LABEL) != MANAGED_BY:
+            raise CniError(PUBLISH_FAILURE, f"EndpointSlice {namespace}/{name} exists and is not "
+                           f"managed by {MANAGED_BY}", f"its {MANAGED_BY_LABEL} label is "
+                           f"{labels.get(MANAGED_BY_LABEL)!r}; it is left untouched")
+        body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
+        try:
+            ctx.client.request("PUT", path, deadline, body=body)
+            return
+        except ApiError as exc:
+            if exc.status not in (404, 409):
+                raise
+    raise CniError(PUBLISH_FAILURE, f"EndpointSlice {namespace}/{name} keeps changing")
+
+
+def delete_slices(ctx: PublishContext, deadline: Deadline) -> None:
+    """Delete this container's slices; a slice recreated for a new Pod is left alone."""
+    pod = ctx.inv.pod
+    if not pod.namespace or not pod.name:
+        return
+    conf = ctx.inv.conf
+    for family in FAMILY_SUFFIX:
+        path = ENDPOINT_SLICES.path(pod.namespace,
+                                    slice_name(pod.name, conf.vpc, conf.vpcattachment, family))
+        try:
+            existing = ctx.client.get(path, deadline)
+            if existing is None:
+                continue
+            meta = existing["metadata"]
+            if (meta.get("annotations") or {}).get(CONTAINER_ID_ANNOTATION) != \
+                    ctx.inv.env.container_id:
+                continue
+            ctx.client.delete(path, deadline, uid=meta["uid"],
+                              resource_version=meta["resourceVersion"])
+        except ApiError as exc:
+            raise api_failure(exc, f"delete EndpointSlice {path}") from None
+
+
+def slice_differences(ctx: PublishContext, plan: Addressing, deadline: Deadline) -> list[str]:
+    """What CHECK finds wrong with this container's slices."""
+    pod = ctx.inv.pod
+    if not pod.namespace or not pod.name:
+        return []
+    conf = ctx.inv.conf
+    diffs = []
+    for family in conf.publish.endpoint_slice_families:
+        addrs = [str(a.ip) for a in plan.workload if a.version == FAMILY_VERSION[family]]
+        if not addrs:
+            continue
+        name = slice_name(pod.name, conf.vpc, conf.vpcattachment, family)
+        found = ctx.client.get(ENDPOINT_SLICES.path(pod.namespace, name), deadline)
+        if found is None:
+            diffs.append(f"EndpointSlice {pod.namespace}/{name} is missing")
+            continue
+        owner = (found["metadata"].get("annotations") or {}).get(CONTAINER_ID_ANNOTATION)
+        if owner != ctx.inv.env.container_id:
+            diffs.append(f"EndpointSlice {pod.namespace}/{name} belongs to container {owner!r}")
+        published = [a for e in found.get("endpoints") or [] for a in e.get("addresses") or []]
+        if addrs[0] not in published:
+            diffs.append(f"EndpointSlice {pod.namespace}/{name} lacks address {addrs[0]}")
+    return diffs
+
+
+def collect_slices(ctx: PublishContext, valid: set[tuple[str, str]], deadline: Deadline) -> int:
+    """Delete this node's slices of this attachment whose container is not valid."""
+    conf = ctx.inv.conf
+    selector = (f"{MANAGED_BY_LABEL}={MANAGED_BY},"
+                f"{TENANT_LABEL}={naming.tenant_id(conf.vpc, conf.vpcattachment)}")
+    removed = 0
+    for item in ctx.client.list(ENDPOINT_SLICES.path(), deadline, labels=selector):
+        meta = item["metadata"]
+        annotations = meta.get("annotations") or {}
+        owner = (annotations.get(CONTAINER_ID_ANNOTATION, ""),
+                 annotations.get(IFNAME_ANNOTATION, ""))
+        on_this_node = any(e.get("nodeName") == ctx.node for e in item.get("endpoints") or [])
+        if on_this_node and owner not in valid:
+            removed += ctx.client.delete(ENDPOINT_SLICES.path(meta["namespace"], meta["name"]),
+                                         deadline, uid=meta["uid"],
+                                         resource_version=meta["resourceVersion"])
+    return removed

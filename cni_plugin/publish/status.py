@@ -1,0 +1,35 @@
+"""STATUS for publishing: reachability and RBAC, asked with SelfSubjectAccessReviews."""
+
+from __future__ import annotations
+
+from cni_plugin.kube.client import ApiError
+from cni_plugin.publish.context import PublishContext
+from cni_plugin.publish.resources import REQUIRED_PERMISSIONS
+from netconf.errors import STATUS_NOT_AVAILABLE, CniError
+
+SSAR_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+
+
+def check_access(ctx: PublishContext) -> None:
+    """Code 50 naming the first permission the plugin's identity lacks."""
+    deadline = ctx.inv.deadline
+    pod_namespace = ctx.inv.pod.namespace
+    for group, resource, verbs in REQUIRED_PERMISSIONS:
+        namespace = ctx.namespace if group.startswith("network.") else pod_namespace
+        for verb in verbs:
+            attrs = {"group": group, "resource": resource, "verb": verb}
+            if namespace:
+                attrs["namespace"] = namespace
+            body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                    "spec": {"resourceAttributes": attrs}}
+            try:
+                review = ctx.client.request("POST", SSAR_PATH, deadline, body=body)
+            except ApiError as exc:
+                raise CniError(STATUS_NOT_AVAILABLE, "cannot ask the API server for access "
+                               f"reviews: {exc.status} {exc.reason}", exc.message) from None
+            if not (review.get("status") or {}).get("allowed"):
+                where = f" in namespace {namespace!r}" if namespace else ""
+                raise CniError(STATUS_NOT_AVAILABLE, f"missing RBAC permission: {verb} "
+                               f"{resource}{'.' + group if group else ''}{where}",
+                               "apply packaging/rbac and bind the ClusterRole to the plugin's "
+                               "identity")

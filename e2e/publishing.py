@@ -1,0 +1,102 @@
+"""Helpers for publishing e2e tests: routers, Pods and the plugin configured for a node."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cni_plugin.publish.resources import (
+    ADVERTISEMENTS,
+    ENDPOINT_SLICES,
+    GROUP,
+    PODS,
+    ROUTERS,
+    VERSION,
+    VRF_INSTANCES,
+)
+from e2e.conftest import Kube, Plugin
+
+BGP_NS = "galactic-system"
+
+
+def create_router(kube: Kube, node: str, asn: int = 65000, locator: str | None = None,
+                  node_id: int | None = None) -> str:
+    """A BGPRouter targeting node; returns its name."""
+    spec: dict[str, Any] = {"targetRef": {"kind": "Node", "name": node}, "localASN": asn,
+                            "routerID": "192.0.2.1", "roles": ["tenant"],
+                            "addressFamilies": [{"afi": "l2vpn", "safi": "evpn"}]}
+    if locator:
+        spec["srv6Locator"] = locator
+    if node_id:
+        spec["nodeID"] = node_id
+    name = f"router-{node}"
+    kube.create(ROUTERS.path(BGP_NS), {"apiVersion": f"{GROUP}/{VERSION}", "kind": "BGPRouter",
+                                       "metadata": {"name": name}, "spec": spec})
+    return name
+
+
+def create_pod(kube: Kube, name: str, node: str, namespace: str = "default") -> str:
+    """A Pod object (no kubelet runs it); returns its uid."""
+    pod = kube.create(PODS.path(namespace), {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"nodeName": node, "automountServiceAccountToken": False,
+                 "containers": [{"name": "main", "image": "registry.invalid/pause:1"}]}})
+    return str(pod["metadata"]["uid"])
+
+
+def delete_pod(kube: Kube, name: str, namespace: str = "default") -> None:
+    """Delete a Pod object and wait until it is gone."""
+    kube.client.request("DELETE", PODS.path(namespace, name), kube._deadline(),
+                        body={"gracePeriodSeconds": 0})
+    wait_for(lambda: kube.get(PODS.path(namespace, name)) is None, f"pod {name} deleted")
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    """Poll until condition() holds."""
+    give_up = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > give_up:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def advertisement(kube: Kube, name: str) -> dict[str, Any] | None:
+    """A BGPAdvertisement by name."""
+    return kube.get(ADVERTISEMENTS.path(BGP_NS, name))
+
+
+def vrf_instance(kube: Kube, name: str) -> dict[str, Any] | None:
+    """A BGPVRFInstance by name."""
+    return kube.get(VRF_INSTANCES.path(BGP_NS, name))
+
+
+def endpoint_slice(kube: Kube, name: str, namespace: str = "default") -> dict[str, Any] | None:
+    """An EndpointSlice by name."""
+    return kube.get(ENDPOINT_SLICES.path(namespace, name))
+
+
+@dataclass
+class Node:
+    """A simulated node: its name, router, and the plugin configured for it."""
+
+    name: str
+    router: str
+    plugin: Plugin
+
+    def cni_args(self, pod: str, uid: str | None = None, namespace: str = "default") -> str:
+        """CNI_ARGS as containerd sends them."""
+        args = f"IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={pod};" \
+               f"K8S_POD_INFRA_CONTAINER_ID=sandbox-{pod}"
+        return args + (f";K8S_POD_UID={uid}" if uid else "")
+
+
+def make_node(kube: Kube, cluster: Any, plugin: Plugin, **router: Any) -> Node:
+    """A fresh node name with its BGPRouter, and the plugin pointed at the cluster for it."""
+    name = f"worker-{secrets.token_hex(3)}"
+    router_name = create_router(kube, name, **router)
+    plugin.environ.update({"VPC_ATTACH_NODE_NAME": name,
+                           "VPC_ATTACH_KUBECONFIG": str(cluster.plugin_kubeconfig)})
+    return Node(name, router_name, plugin)
