@@ -100,3 +100,47 @@ def make_node(kube: Kube, cluster: Any, plugin: Plugin, **router: Any) -> Node:
     plugin.environ.update({"VPC_ATTACH_NODE_NAME": name,
                            "VPC_ATTACH_KUBECONFIG": str(cluster.plugin_kubeconfig)})
     return Node(name, router_name, plugin)
+
+
+def deny_writes(kube: Kube, name: str, resource: str, group: str, operations: list[str],
+                name_prefix: str) -> Callable[[], None]:
+    """A ValidatingAdmissionPolicy (+ binding) refusing `operations` on objects of `resource`
+    whose name starts with name_prefix; returns the function that removes it again.
+
+    Waits until the API server enforces it (probed with server-side dry-run creates)."""
+    admission = "/apis/admissionregistration.k8s.io/v1"
+    kube.create(f"{admission}/validatingadmissionpolicies", {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [group], "apiVersions": ["*"], "resources": [resource],
+                "operations": operations}]},
+            "validations": [{"expression": f"!object.metadata.name.startsWith('{name_prefix}')",
+                             "message": f"denied by test policy {name}"}],
+        }})
+    kube.create(f"{admission}/validatingadmissionpolicybindings", {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"]}})
+
+    def remove() -> None:
+        kube.delete(f"{admission}/validatingadmissionpolicybindings/{name}")
+        kube.delete(f"{admission}/validatingadmissionpolicies/{name}")
+
+    return remove
+
+
+def wait_denied(probe: Callable[[], object]) -> None:
+    """Wait until probe() (a dry-run write) raises the policy's 4xx refusal."""
+    from cni_plugin.kube.client import ApiError
+    give_up = time.monotonic() + 30
+    while time.monotonic() < give_up:
+        try:
+            probe()
+        except ApiError as exc:
+            if exc.status in (400, 403, 422) and "denied by test policy" in exc.message:
+                return
+        time.sleep(0.2)
+    raise AssertionError("admission policy never took effect")

@@ -31,6 +31,8 @@ from netconf.errors import INVALID_CONFIG, TRY_AGAIN_LATER, CniError
 
 log = logging.getLogger(__name__)
 VRF_ID_MIN, VRF_ID_MAX = 1, 4095
+# Spec fields an ADD sets on an advertisement it shares with other containers.
+SHARED_SPEC_KEYS = ("routerRef", "addressFamily", "communities", "vrfID", "function")
 MAX_ATTEMPTS = 10
 
 
@@ -292,11 +294,16 @@ def ensure_advertisement(ctx: PublishContext, router: Router, vrf_id: int, plan:
             if existing is not None:
                 had_ours = all(existing["metadata"].get("annotations", {}).get(k) == v
                                for k, v in ours.items())
-                if update_with_retry(ctx.client, path, deadline, merge) is None:
+                before = {k: (existing.get("spec") or {}).get(k) for k in SHARED_SPEC_KEYS}
+                updated = update_with_retry(ctx.client, path, deadline, merge)
+                if updated is None:
                     continue  # deleted meanwhile: create it
                 if not had_ours:
-                    rollback.created(f"annotations of {cid} on BGPAdvertisement {name}",
-                                     lambda d: withdraw_advertisement(ctx, d, may_delete=False))
+                    written = {k: updated["spec"].get(k) for k in SHARED_SPEC_KEYS}
+                    rollback.created(
+                        f"annotations of {cid} on BGPAdvertisement {name}",
+                        lambda d: withdraw_advertisement(ctx, d, may_delete=False,
+                                                         restore=(written, before)))
                 return
             body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "BGPAdvertisement",
                     "metadata": {"name": name, "namespace": ctx.namespace, "annotations": {}}}
@@ -317,9 +324,13 @@ def ensure_advertisement(ctx: PublishContext, router: Router, vrf_id: int, plan:
     raise CniError(TRY_AGAIN_LATER, f"BGPAdvertisement {name!r} keeps changing")
 
 
-def withdraw_advertisement(ctx: PublishContext, deadline: Deadline, *, may_delete: bool) -> None:
+def withdraw_advertisement(ctx: PublishContext, deadline: Deadline, *, may_delete: bool,
+                           restore: tuple[dict[str, Any], dict[str, Any]] | None = None) -> None:
     """Remove this container's annotations; delete the object if that leaves no prefixes
-    (with a resourceVersion precondition, so a concurrent ADD keeps it)."""
+    (with a resourceVersion precondition, so a concurrent ADD keeps it).
+
+    `restore` = (what this ADD wrote, what was there before): a rollback puts the shared
+    spec fields back, unless someone has changed them since."""
     conf = ctx.inv.conf
     name = naming.advertisement_name(conf.vpc, conf.vpcattachment)
     path = ADVERTISEMENTS.path(ctx.namespace, name)
@@ -344,6 +355,8 @@ def withdraw_advertisement(ctx: PublishContext, deadline: Deadline, *, may_delet
             continue  # changed meanwhile (a concurrent ADD): re-read
         current["metadata"]["annotations"] = annotations
         current["spec"]["prefixes"] = prefixes
+        if restore is not None:
+            _restore_fields(current["spec"], *restore)
         try:
             ctx.client.request("PUT", path, deadline, body=current)
             return
@@ -351,6 +364,17 @@ def withdraw_advertisement(ctx: PublishContext, deadline: Deadline, *, may_delet
             if exc.status not in (404, 409):
                 raise
     raise CniError(TRY_AGAIN_LATER, f"BGPAdvertisement {name!r} keeps changing")
+
+
+def _restore_fields(spec: dict[str, Any], written: dict[str, Any],
+                    before: dict[str, Any]) -> None:
+    if any(spec.get(k) != v for k, v in written.items()):
+        return  # changed by someone else since: theirs now
+    for key, value in before.items():
+        if value is None:
+            spec.pop(key, None)
+        else:
+            spec[key] = value
 
 
 def advertisement_differences(ctx: PublishContext, plan: Addressing,

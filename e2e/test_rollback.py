@@ -1,0 +1,173 @@
+"""Created-only rollback (SPEC §7) with failures injected by the real API server: a
+ValidatingAdmissionPolicy refuses one kind of write at each publishing step."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cni_plugin import naming
+from cni_plugin.publish.endpointslice import slice_name
+from cni_plugin.publish.resources import (
+    ADVERTISEMENTS,
+    ENDPOINT_SLICES,
+    GROUP,
+    VERSION,
+    VRF_INSTANCES,
+)
+from e2e.conftest import (
+    Kube,
+    Plugin,
+    base_conf,
+    host_local,
+    host_local_reservations,
+    links_in,
+)
+from e2e.publishing import (
+    BGP_NS,
+    Node,
+    advertisement,
+    create_pod,
+    deny_writes,
+    endpoint_slice,
+    make_node,
+    vrf_instance,
+    wait_denied,
+)
+
+pytestmark = [pytest.mark.root, pytest.mark.cluster]
+
+
+@pytest.fixture
+def node(kube: Kube, cluster: Any, plugin: Plugin) -> Node:
+    """This node."""
+    return make_node(kube, cluster, plugin)
+
+
+@pytest.fixture
+def other_node(kube: Kube, cluster: Any, plugin: Plugin) -> Node:
+    """Another node, with its own plugin settings."""
+    return make_node(kube, cluster, Plugin(plugin.cni_bin, plugin.lock_dir))
+
+
+def _conf(vpc: str, att: str, tmp_path: Path) -> dict[str, Any]:
+    conf = base_conf(vpc, att, ipam=host_local(tmp_path / "ipam", "fd00:e2::/64"))
+    conf.pop("publish")
+    return conf
+
+
+def _publish_only(other: Node, kube: Kube, vpc: str, att: str, address: str) -> str:
+    """A container on another node publishing (vpc, att) without touching this kernel."""
+    uid = create_pod(kube, f"remote-{secrets.token_hex(3)}", other.name)
+    pod = f"remote-{uid[:6]}"
+    prev = {"cniVersion": "1.1.0", "interfaces": [{"name": "eth0", "sandbox": "/proc/1/ns/net"}],
+            "ips": [{"address": address, "interface": 0}]}
+    conf = {"cniVersion": "1.1.0", "name": "remote", "type": "vpc-attach", "vpc": vpc,
+            "vpcattachment": att, "attachment": "existing", "prevResult": prev,
+            "publish": {"bgp": True, "endpointSlice": False}}
+    other.plugin.ok("ADD", conf, container_id="ctr-remote", netns="/proc/1/ns/net",
+                    CNI_ARGS=other.cni_args(pod))
+    return naming.annotation_cid("ctr-remote")
+
+
+def _assert_nothing_kept(node_plugin: Plugin, vpc: str, att: str, netns: str,
+                         tmp_path: Path) -> None:
+    assert naming.host_link_name(vpc, att) not in links_in()
+    assert links_in(netns) == {"lo"}
+    assert host_local_reservations(tmp_path / "ipam", f"net-{vpc}") == []
+
+
+def _dry_run(kube: Kube, path: str, body: dict[str, Any]) -> object:
+    return kube.client.request("POST", path, kube._deadline(), body=body,
+                               query={"dryRun": "All"})
+
+
+def test_denied_vrf_instance_create_leaves_nothing(kube: Kube, node: Node, netns: str,
+                                                   vpc: str, tmp_path: Path) -> None:
+    prefix = naming.hex_id(vpc) + "-"
+    remove = deny_writes(kube, f"deny-vrf-{vpc.lower()}", "bgpvrfinstances", GROUP,
+                         ["CREATE", "UPDATE"], prefix)
+    try:
+        wait_denied(lambda: _dry_run(kube, VRF_INSTANCES.path(BGP_NS), {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "BGPVRFInstance",
+            "metadata": {"name": prefix + "probe"},
+            "spec": {"routerRef": {"name": node.router}, "vrfID": 9,
+                     "importRouteTargets": [{"value": "1:1"}],
+                     "exportRouteTargets": [{"value": "1:1"}]}}))
+        uid = create_pod(kube, "deny-vrf", node.name)
+        answer = node.plugin.call("ADD", _conf(vpc, "7", tmp_path), container_id="ctr-f",
+                                  netns=netns, CNI_ARGS=node.cni_args("deny-vrf", uid))
+        assert answer.code == 104 and "BGPVRFInstance" in answer.body["msg"], answer.stdout
+        _assert_nothing_kept(node.plugin, vpc, "7", netns, tmp_path)
+        assert vrf_instance(kube, naming.vrf_instance_name(vpc, node.name)) is None
+        assert advertisement(kube, naming.advertisement_name(vpc, "7")) is None
+    finally:
+        remove()
+
+
+def test_denied_advertisement_update_keeps_the_shared_objects_intact(
+        kube: Kube, node: Node, other_node: Node, netns: str, vpc: str, tmp_path: Path) -> None:
+    # Pre-existing shared state: the VPC's instance on this node (another attachment) and
+    # the attachment's advertisement, which a container on another node already uses.
+    sibling_uid = create_pod(kube, "sibling", node.name)
+    node.plugin.ok("ADD", _conf(vpc, "5", tmp_path), container_id="ctr-sibling", netns=netns,
+                   ifname="net5", CNI_ARGS=node.cni_args("sibling", sibling_uid))
+    remote_cid = _publish_only(other_node, kube, vpc, "7", "fd00:99::/96")
+    instance_before = vrf_instance(kube, naming.vrf_instance_name(vpc, node.name))
+    adv_name = naming.advertisement_name(vpc, "7")
+    adv_before = advertisement(kube, adv_name)
+    assert instance_before is not None and adv_before is not None
+
+    remove = deny_writes(kube, f"deny-adv-{vpc.lower()}", "bgpadvertisements", GROUP,
+                         ["UPDATE"], adv_name)
+    try:
+        wait_denied(lambda: kube.client.request(
+            "PUT", ADVERTISEMENTS.path(BGP_NS, adv_name), kube._deadline(),
+            body=advertisement(kube, adv_name), query={"dryRun": "All"}))
+        uid = create_pod(kube, "deny-adv", node.name)
+        answer = node.plugin.call("ADD", _conf(vpc, "7", tmp_path), container_id="ctr-f",
+                                  netns=netns, CNI_ARGS=node.cni_args("deny-adv", uid))
+        assert answer.code == 104 and "BGPAdvertisement" in answer.body["msg"], answer.stdout
+    finally:
+        remove()
+    assert naming.host_link_name(vpc, "7") not in links_in()
+    after = advertisement(kube, adv_name)
+    assert after is not None and after["spec"] == adv_before["spec"]
+    assert f"galactic.datum.net/netns.{remote_cid}" in after["metadata"]["annotations"]
+    instance_after = vrf_instance(kube, naming.vrf_instance_name(vpc, node.name))
+    assert instance_after is not None
+    assert instance_after["metadata"]["uid"] == instance_before["metadata"]["uid"]
+    assert instance_after["spec"] == instance_before["spec"]
+
+
+def test_denied_slice_create_withdraws_only_this_containers_state(
+        kube: Kube, node: Node, other_node: Node, netns: str, vpc: str, tmp_path: Path) -> None:
+    remote_cid = _publish_only(other_node, kube, vpc, "7", "fd00:98::/96")
+    adv_name = naming.advertisement_name(vpc, "7")
+    uid = create_pod(kube, "deny-eps", node.name)
+    name = slice_name("deny-eps", vpc, "7", "IPv6")
+    remove = deny_writes(kube, f"deny-eps-{vpc.lower()}", "endpointslices", "discovery.k8s.io",
+                         ["CREATE"], "deny-eps-")
+    try:
+        wait_denied(lambda: _dry_run(kube, ENDPOINT_SLICES.path("default"), {
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "deny-eps-probe"}, "addressType": "IPv6", "endpoints": []}))
+        answer = node.plugin.call("ADD", _conf(vpc, "7", tmp_path), container_id="ctr-f",
+                                  netns=netns, CNI_ARGS=node.cni_args("deny-eps", uid))
+        assert answer.code == 104 and "EndpointSlice" in answer.body["msg"], answer.stdout
+    finally:
+        remove()
+    _assert_nothing_kept(node.plugin, vpc, "7", netns, tmp_path)
+    assert endpoint_slice(kube, name) is None
+    after = advertisement(kube, adv_name)
+    assert after is not None, "the shared advertisement survives"
+    notes = after["metadata"]["annotations"]
+    assert f"galactic.datum.net/netns.{remote_cid}" in notes
+    assert not any(naming.annotation_cid("ctr-f") in key for key in notes)
+    assert after["spec"]["prefixes"] == ["fd00:98::/96"]
+    assert after["spec"]["routerRef"] == {"name": other_node.router}, "shared spec restored"
+    # This ADD created the instance (a new VPC on this node): with no user left, it is gone.
+    assert vrf_instance(kube, naming.vrf_instance_name(vpc, node.name)) is None
