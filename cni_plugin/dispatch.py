@@ -23,9 +23,11 @@ def answer_version(request: Request) -> str:
     """The cniVersion to answer in: the config's when supported, else the newest."""
     try:
         data = json.loads(request.stdin)
-        version = data.get("cniVersion") if isinstance(data, dict) else None
-    except (ValueError, UnicodeDecodeError):
-        version = None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return CURRENT_VERSION
+    version = None
+    if isinstance(data, dict):  # keys match case-insensitively, as the config parser does
+        version = next((v for k, v in data.items() if k.lower() == "cniversion"), None)
     return version if version in SUPPORTED_VERSIONS else CURRENT_VERSION
 
 

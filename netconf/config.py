@@ -145,7 +145,7 @@ class NetConf(_Strict):
     @field_validator("namespace")
     @classmethod
     def _namespace_dns_label(cls, value: str | None) -> str | None:
-        if value is not None and not DNS_LABEL.match(value):
+        if value is not None and not DNS_LABEL.fullmatch(value):
             raise ValueError("must be a DNS-1123 label")
         return value
 
@@ -201,7 +201,7 @@ def decode_json(stdin: bytes | str) -> dict[str, Any]:
     """Parse stdin as one JSON object (code 6 otherwise)."""
     try:
         data = json.loads(stdin)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise CniError(DECODE_FAILURE, "cannot decode network config: invalid JSON",
                        str(exc)) from None
     if not isinstance(data, dict):

@@ -83,7 +83,7 @@ def resolve_host_settings(stanza: Mapping[str, Any], environ: Mapping[str, str])
 
 
 def _check(settings: HostSettings) -> None:
-    if settings.log_level.lower() not in LOG_LEVELS:
+    if not isinstance(settings.log_level, str) or settings.log_level.lower() not in LOG_LEVELS:
         raise CniError(INVALID_CONFIG, f"invalid log level {settings.log_level!r}",
                        f"expected one of {', '.join(LOG_LEVELS)}")
     try:

@@ -18,6 +18,8 @@ from netconf.versions import LEGACY_RESULT_VERSIONS, require_supported
 # Fields that only exist from 1.0.0/1.1.0 on, dropped when answering an older version.
 _NEW_INTERFACE_KEYS = ("mtu", "socketPath", "pciID")
 _NEW_ROUTE_KEYS = ("mtu", "advmss", "priority", "table", "scope")
+_OPTIONAL_KEYS = frozenset({"mtu", "socketPath", "pciID", "gateway", "interface", "gw",
+                            "domain"})
 
 
 class _Open(BaseModel):
@@ -90,9 +92,10 @@ class Result(_Open):
         if not isinstance(data, dict):
             raise CniError(DECODE_FAILURE, "prevResult is not a JSON object")
         body = {k: v for k, v in data.items() if k != "cniVersion"}
-        for ip in body.get("ips") or []:
-            if isinstance(ip, dict):
-                ip.pop("version", None)
+        ips = body.get("ips")
+        if isinstance(ips, list):  # drop 0.3/0.4's ips[].version without editing the input
+            body["ips"] = [{k: v for k, v in ip.items() if k != "version"}
+                           if isinstance(ip, dict) else ip for ip in ips]
         try:
             return cls.model_validate(body)
         except ValidationError as exc:
@@ -102,13 +105,14 @@ class Result(_Open):
     def to_wire(self, cni_version: str) -> dict[str, Any]:
         """The result as JSON-ready data in exactly cni_version."""
         require_supported(cni_version)
-        data = self.model_dump(by_alias=True, exclude_none=True)
+        data = _without_unset(self.model_dump(by_alias=True))
         dns = {key: value for key, value in data.pop("dns").items() if value}
         if dns:
             data["dns"] = dns
         for iface in data["interfaces"]:
-            if not iface.get("sandbox"):
-                iface.pop("sandbox", None)  # omitted when empty, as libcni does
+            for key in ("sandbox", "mac"):
+                if not iface.get(key):
+                    iface.pop(key, None)  # omitted when empty, as libcni does
         if cni_version in LEGACY_RESULT_VERSIONS:
             for iface in data["interfaces"]:
                 for key in _NEW_INTERFACE_KEYS:
@@ -123,6 +127,16 @@ class Result(_Open):
     def copy_deep(self) -> Result:
         """An independent copy (results are edited by later steps of a chain)."""
         return self.model_copy(deep=True)
+
+
+def _without_unset(value: Any) -> Any:
+    """Drop our own optional fields left unset (None); unknown fields pass on untouched."""
+    if isinstance(value, dict):
+        return {k: _without_unset(v) for k, v in value.items()
+                if not (v is None and k in _OPTIONAL_KEYS)}
+    if isinstance(value, list):
+        return [_without_unset(v) for v in value]
+    return value
 
 
 def _first_error(exc: ValidationError) -> str:

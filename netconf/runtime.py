@@ -58,7 +58,7 @@ def check_known_args(args: Mapping[str, str]) -> None:
 
 def validate_container_id(container_id: str) -> None:
     """Code 4 unless the ID matches the CNI spec's pattern."""
-    if not CONTAINER_ID_PATTERN.match(container_id):
+    if not CONTAINER_ID_PATTERN.fullmatch(container_id):
         raise CniError(INVALID_ENV, f"invalid CNI_CONTAINERID {container_id!r}",
                        "must match ^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
 
@@ -68,8 +68,8 @@ def validate_ifname(ifname: str) -> None:
     problem = ""
     if not ifname:
         problem = "is empty"
-    elif len(ifname) > IFNAME_MAX:
-        problem = f"is longer than {IFNAME_MAX} characters"
+    elif len(ifname.encode()) > IFNAME_MAX:
+        problem = f"is longer than {IFNAME_MAX} bytes"
     elif ifname in (".", ".."):
         problem = "is '.' or '..'"
     elif any(ch in "/:" or ch.isspace() for ch in ifname):

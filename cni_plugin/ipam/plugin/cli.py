@@ -9,13 +9,18 @@ import sys
 
 def main() -> None:
     """Entry point of `vpc-attach-ipam` (the IPAM plugin)."""
+    environ = dict(os.environ)
+    if environ.get("CNI_COMMAND") == "VERSION":  # ignores stdin; no need to load the models
+        from cni_plugin.verbs.version import version
+        sys.stdout.write(json.dumps(version()))
+        sys.stdout.flush()
+        sys.exit(0)
+
     from cni_plugin import oplog
     from cni_plugin.ipam.plugin import dispatch
     from cni_plugin.verbs.request import Request
 
-    environ = dict(os.environ)
-    # VERSION ignores stdin; every other verb reads the network config from it.
-    stdin = b"" if environ.get("CNI_COMMAND") == "VERSION" else sys.stdin.buffer.read()
+    stdin = sys.stdin.buffer.read()
     request = Request(environ=environ, stdin=stdin)
     oplog.configure(request)
     status, payload = dispatch.run(request)

@@ -8,6 +8,7 @@ as `ipam.<key>`; see README.md next to this file for the keys and the decisions 
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -88,7 +89,7 @@ class IpamConfig:
     @property
     def network_dir(self) -> str:
         """Where this network's pools keep their state: `dataDir/<network name>`."""
-        return f"{self.data_dir.rstrip('/') or '/'}/{self.network}"
+        return os.path.join(self.data_dir, self.network)
 
 
 def _invalid(key: str, why: str) -> CniError:
@@ -121,6 +122,8 @@ def parse_ipam(ipam: Mapping[str, Any], cni_version: str, network: str) -> IpamC
         raise _shape_error(exc) from None
     if block.type not in PLUGIN_TYPES:
         raise _invalid("type", f"{block.type!r} is not one of {', '.join(PLUGIN_TYPES)}")
+    if not os.path.isabs(block.data_dir):
+        raise _invalid("dataDir", f"{block.data_dir!r} is not an absolute path")
     mode = _mode(block)
     families = _families(block.address_families)
     routes = tuple(_route(i, entry) for i, entry in enumerate(block.routes or ()))
@@ -164,9 +167,9 @@ def _mode(block: IpamBlock) -> Mode:
                        "choose one mode: 'addresses', 'static_ip', or the pools "
                        "'ipv6_subnet'/'ipv4_subnet'")
     if not chosen:
-        raise CniError(INVALID_CONFIG, "missing config key 'ipam.ipv6_subnet'",
-                       "the ipam block needs one of 'addresses', 'static_ip', 'ipv6_subnet', "
-                       "'ipv4_subnet'")
+        raise CniError(INVALID_CONFIG, "missing config key: the ipam block needs one of "
+                       "'ipam.addresses', 'ipam.static_ip', 'ipam.ipv6_subnet', "
+                       "'ipam.ipv4_subnet'")
     for key, needs in (("ipv6_prefix_length", "ipv6_subnet"), ("ipv6_gateway", "ipv6_subnet"),
                        ("ipv4_gateway", "ipv4_subnet")):
         value = getattr(block, key)

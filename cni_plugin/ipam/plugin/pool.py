@@ -79,7 +79,8 @@ class Pool:
         if not 0 <= index < self.size:
             raise IndexError(f"block {index} is outside {self.subnet}")
         first = int(self.subnet.network_address) + (index << self._block_bits)
-        return ipaddress.ip_network((first, self.block_prefix))
+        # By class, not ip_network(): a small integer would be read as IPv4.
+        return type(self.subnet)((first, self.block_prefix))
 
     def _index_of(self, address: IPAddress) -> int:
         return (int(address) - int(self.subnet.network_address)) >> self._block_bits
@@ -100,7 +101,7 @@ class Pool:
         return index if self.block(index).network_address == address else None
 
     def answer(self, index: int) -> str:
-        """The address handed out for block `index`, with prefix: `fd00::1:0:0/96`, `10.0.0.2/32`."""
+        """The address handed out for block `index`, e.g. `fd00::1:0:0/96`, `10.0.0.2/32`."""
         return f"{self.block(index).network_address}/{self.block_prefix}"
 
     def candidates(self, after: int | None = None) -> Iterator[int]:

@@ -160,9 +160,9 @@ class PoolState:
                 released.append(record)
         for entry in self._scan(self._path(INDEX_DIR)):
             name = self._read_text(entry.path)
-            record = self.read_record(name) if name is not None else None
-            if record is None or record.attachment is None or \
-                    record.attachment.index_name != entry.name:
+            target = self.read_record(name) if name is not None else None
+            if target is None or target.attachment is None or \
+                    target.attachment.index_name != entry.name:
                 _unlink(entry.path)
         for directory in (self.directory, self._path(INDEX_DIR)):
             for entry in self._scan(directory):
