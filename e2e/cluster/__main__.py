@@ -1,0 +1,77 @@
+"""``python -m e2e.cluster {build,up,down}``: manage a local test control plane.
+
+``up`` prints exactly one JSON line on stdout,
+``{"admin_kubeconfig": ..., "plugin_kubeconfig": ...}``; everything else goes to stderr and to
+the logs in the state dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from e2e.cluster import build
+from e2e.cluster.cluster import Cluster, ClusterError, down
+from e2e.cluster.kubeapi import ApiError
+from e2e.cluster.processes import ProcessExited
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; return the process exit status."""
+    parser = argparse.ArgumentParser(prog="python -m e2e.cluster", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser(
+        "build", help="build (if needed) and cache etcd, kube-apiserver, kube-controller-manager"
+    )
+    pin_parser = commands.add_parser(
+        "pin-kubernetes",
+        help="rewrite gomod/kubernetes/go.mod for another k8s.io/kubernetes version",
+    )
+    pin_parser.add_argument("version", help="e.g. v1.36.3")
+    pin_parser.add_argument("--module-dir", type=Path, default=build.KUBERNETES.module_dir)
+    up_parser = commands.add_parser("up", help="start a control plane in the background")
+    up_parser.add_argument(
+        "--state-dir", type=Path, required=True, help="absent or empty directory"
+    )
+    down_parser = commands.add_parser(
+        "down", help="stop the control plane and remove its state dir"
+    )
+    down_parser.add_argument("--state-dir", type=Path, required=True)
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    try:
+        if args.command == "build":
+            for name, path in build.ensure_all_built().items():
+                print(f"{name}: {path}", file=sys.stderr)
+        elif args.command == "pin-kubernetes":
+            print(build.pin_kubernetes(args.version, args.module_dir), file=sys.stderr)
+        elif args.command == "up":
+            cluster = Cluster.up(args.state_dir)
+            print(
+                json.dumps(
+                    {
+                        "admin_kubeconfig": str(cluster.admin_kubeconfig),
+                        "plugin_kubeconfig": str(cluster.plugin_kubeconfig),
+                    }
+                ),
+                flush=True,
+            )
+        else:
+            down(args.state_dir)
+    except (build.BuildError, ClusterError, ApiError, ProcessExited, TimeoutError, OSError) as exc:
+        logging.getLogger("e2e.cluster").error("%s failed: %s", args.command, exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

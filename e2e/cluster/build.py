@@ -1,0 +1,317 @@
+"""Build and cache the control-plane binaries from Go modules.
+
+Each wrapper module under ``gomod/`` pins one upstream version; its binaries are cached in
+``${VPC_ATTACH_CACHE:-~/.cache/vpc-attach}/<name>-<version>/``. A build writes into a
+temporary sibling directory and renames it into place, so the cache directory either exists
+complete or not at all.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+GOMOD_DIR = Path(__file__).resolve().parent / "gomod"
+BUILD_TIMEOUT_S = 3600.0  # a cold kube-apiserver build takes ~10-20 min on 2 cores
+LOCK_TIMEOUT_S = BUILD_TIMEOUT_S + 60.0
+PR_SET_PDEATHSIG = 1
+
+
+class BuildError(RuntimeError):
+    """A Go build failed; the message carries the command's output tail."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GoComponent:
+    """One wrapper module and the binaries built from it."""
+
+    name: str  # cache prefix: "k8s", "etcd"
+    module_dir: Path
+    upstream_module: str  # the module whose version keys the cache
+    packages: dict[str, str]  # binary name -> Go package path
+
+    @property
+    def version(self) -> str:
+        """The upstream module version required by the wrapper's go.mod (e.g. ``v1.37.2``)."""
+        return required_version(self.module_dir / "go.mod", self.upstream_module)
+
+    def ldflags(self) -> str:
+        flags = ["-s", "-w"]
+        if self.upstream_module == "k8s.io/kubernetes":
+            flags += kubernetes_version_ldflags(self.version)
+        return " ".join(flags)
+
+
+KUBERNETES = GoComponent(
+    name="k8s",
+    module_dir=GOMOD_DIR / "kubernetes",
+    upstream_module="k8s.io/kubernetes",
+    packages={
+        "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
+        "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+    },
+)
+
+ETCD = GoComponent(
+    name="etcd",
+    module_dir=GOMOD_DIR / "etcd",
+    upstream_module="go.etcd.io/etcd/server/v3",
+    packages={"etcd": "go.etcd.io/etcd/server/v3"},
+)
+
+COMPONENTS = (ETCD, KUBERNETES)
+
+
+def cache_root() -> Path:
+    """Where built binaries live: ``$VPC_ATTACH_CACHE`` or ``~/.cache/vpc-attach``."""
+    configured = os.environ.get("VPC_ATTACH_CACHE")
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "vpc-attach"
+
+
+def required_version(go_mod: Path, module: str) -> str:
+    """Return the version of ``module`` required in ``go_mod``."""
+    match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", go_mod.read_text(), re.M)
+    if match is None:
+        raise BuildError(f"{go_mod}: no requirement on {module}")
+    return match.group(1)
+
+
+def kubernetes_version_ldflags(version: str) -> list[str]:
+    """Stamp the version the way upstream's hack/lib/version.sh does, so /version is truthful."""
+    major, minor = version.lstrip("v").split(".")[:2]
+    flags = []
+    for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [
+            f"-X {package}.gitVersion={version}",
+            f"-X {package}.gitMajor={major}",
+            f"-X {package}.gitMinor={minor}",
+            f"-X {package}.gitTreeState=clean",
+        ]
+    return flags
+
+
+def cached_dir(component: GoComponent) -> Path:
+    """The cache directory of ``component`` at its pinned version (may not exist yet)."""
+    return cache_root() / f"{component.name}-{component.version}"
+
+
+def is_cached(component: GoComponent) -> bool:
+    """Whether every binary of ``component`` is already in the cache."""
+    target = cached_dir(component)
+    return all(os.access(target / binary, os.X_OK) for binary in component.packages)
+
+
+def ensure_built(component: GoComponent) -> Path:
+    """Return the cache directory of ``component``, building it first if it is missing."""
+    if is_cached(component):
+        return cached_dir(component)
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(root / f".{component.name}-{component.version}.lock"):
+        if is_cached(component):  # another process built it while we waited
+            return cached_dir(component)
+        _remove_stale_builds(root, component)
+        _build_into_cache(component)
+    return cached_dir(component)
+
+
+def ensure_all_built() -> dict[str, Path]:
+    """Build (if needed) every component; return ``{binary name: path}``."""
+    binaries: dict[str, Path] = {}
+    for component in COMPONENTS:
+        directory = ensure_built(component)
+        binaries.update({name: directory / name for name in component.packages})
+    return binaries
+
+
+def pin_kubernetes(version: str, module_dir: Path = KUBERNETES.module_dir) -> Path:
+    """Rewrite the Kubernetes wrapper's go.mod for ``version`` (e.g. ``v1.36.3``), then tidy.
+
+    Every ``k8s.io/*`` module that upstream replaces with ``./staging/...`` is replaced here
+    with its published ``v0.MINOR.PATCH`` tag instead.
+    """
+    _major, minor, patch = version.lstrip("v").split(".")
+    staging_version = f"v0.{minor}.{patch}"
+    module_dir.mkdir(parents=True, exist_ok=True)
+    upstream_go_mod = Path(
+        _go_json(["mod", "download", "-json", f"k8s.io/kubernetes@{version}"], module_dir)["GoMod"]
+    )
+    staging = re.findall(r"^\s*(k8s\.io/\S+)\s+=>\s+\./staging/", upstream_go_mod.read_text(), re.M)
+    lines = [
+        "// Wrapper module: kube-apiserver and kube-controller-manager from k8s.io/kubernetes.",
+        "// Staging modules are replaced by their published tags (v0.MINOR.PATCH); the upstream",
+        "// go.mod replaces them with ./staging paths, which a dependent module cannot see.",
+        "// Regenerate with: python -m e2e.cluster pin-kubernetes VERSION",
+        "module vpc-attach.local/e2e/kubernetes",
+        "",
+        "go 1.26.0",
+        "",
+        "tool (",
+        *(f"\t{package}" for package in KUBERNETES.packages.values()),
+        ")",
+        "",
+        f"require k8s.io/kubernetes {version}",
+        "",
+        "replace (",
+        *(f"\t{module} => {module} {staging_version}" for module in staging),
+        ")",
+        "",
+    ]
+    (module_dir / "go.mod").write_text("\n".join(lines))
+    (module_dir / "go.sum").unlink(missing_ok=True)
+    _go(["mod", "tidy"], module_dir)
+    log.info("pinned %s to k8s.io/kubernetes %s (staging %s)", module_dir, version, staging_version)
+    return module_dir / "go.mod"
+
+
+def _go(args: list[str], cwd: Path) -> str:
+    env = dict(os.environ, GOTOOLCHAIN="local")
+    try:
+        result = subprocess.run(
+            ["go", *args],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise BuildError(f"go {' '.join(args)} timed out") from exc
+    if result.returncode != 0:
+        raise BuildError(f"go {' '.join(args)} failed:\n{result.stderr.strip()[-4000:]}")
+    return result.stdout
+
+
+def _go_json(args: list[str], cwd: Path) -> dict[str, str]:
+    decoded: dict[str, str] = json.loads(_go(args, cwd))
+    return decoded
+
+
+def _build_into_cache(component: GoComponent) -> None:
+    target = cached_dir(component)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.build-", dir=target.parent))
+    started = time.monotonic()
+    try:
+        log.info(
+            "building %s %s into %s (slow the first time)",
+            component.name,
+            component.version,
+            target,
+        )
+        _go_build(component, staging)
+        elapsed = time.monotonic() - started
+        info = {
+            "module": component.upstream_module,
+            "version": component.version,
+            "go": _go_version(),
+            "build_seconds": round(elapsed, 1),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        (staging / "BUILD-INFO.json").write_text(json.dumps(info, indent=2) + "\n")
+        staging.chmod(0o755)
+        if target.exists():  # a stale, incomplete directory from an older layout
+            shutil.rmtree(target)
+        os.rename(staging, target)
+        log.info("built %s %s in %.0f s", component.name, component.version, elapsed)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _go_build(component: GoComponent, out_dir: Path) -> None:
+    env = dict(os.environ)
+    # Static binaries; never try to download a toolchain (only module proxies are reachable).
+    env.update({"CGO_ENABLED": "0", "GOTOOLCHAIN": "local"})
+    # With one package, -o names the file; with several, a trailing slash names the directory.
+    if len(component.packages) == 1:
+        output = str(out_dir / next(iter(component.packages)))
+    else:
+        output = f"{out_dir}/"
+    command = [
+        "go",
+        "build",
+        "-trimpath",
+        f"-ldflags={component.ldflags()}",
+        "-o",
+        output,
+        *component.packages.values(),
+    ]
+    try:
+        result = subprocess.run(
+            command,
+            cwd=component.module_dir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
+            check=False,
+            preexec_fn=_die_with_parent,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise BuildError(
+            f"go build of {component.name} timed out after {BUILD_TIMEOUT_S:.0f} s"
+        ) from exc
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-40:])
+        raise BuildError(f"go build of {component.name} {component.version} failed:\n{tail}")
+
+
+def _die_with_parent() -> None:
+    # If we are killed mid-build, go must not keep writing into the staging dir.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _go_version() -> str:
+    result = subprocess.run(
+        ["go", "env", "GOVERSION"], capture_output=True, text=True, timeout=30, check=False
+    )
+    return result.stdout.strip()
+
+
+def _remove_stale_builds(root: Path, component: GoComponent) -> None:
+    # Called under the per-version lock: any staging directory left for this version is from
+    # an interrupted build of ours.
+    for stale in root.glob(f".{component.name}-{component.version}.build-*"):
+        log.info("removing interrupted build %s", stale)
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+class _exclusive_lock:
+    """``flock`` on a file, polled so that waiting is bounded by LOCK_TIMEOUT_S."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._fd = -1
+
+    def __enter__(self) -> None:
+        self._fd = os.open(self._path, os.O_CREAT | os.O_RDWR, 0o644)
+        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(self._fd)
+                    raise BuildError(f"timed out waiting for build lock {self._path}") from None
+                time.sleep(1.0)
+
+    def __exit__(self, *exc_info: object) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)

@@ -1,0 +1,519 @@
+"""A real, local Kubernetes control plane for tests: etcd, kube-apiserver, kube-controller-manager.
+
+Everything a cluster creates lives in its state dir (certificates, data, logs, pid files,
+kubeconfigs); everything listens on 127.0.0.1 on ports picked at start, so several clusters can
+run side by side. ``Cluster.up`` leaves the processes running detached; ``Cluster.down`` (or
+``down(state_dir)`` from another process) stops exactly those and removes the state dir.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import http.client
+import json
+import logging
+import shutil
+import socket
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+from e2e.cluster import build, processes
+from e2e.cluster.kubeapi import JsonObject, KubeApi, crd_established, wait_until
+from e2e.cluster.kubeconfig import write_cert_kubeconfig, write_token_kubeconfig
+from e2e.cluster.pki import Pki, create_pki
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_MANIFEST_DIRS = (REPO_ROOT / "packaging" / "crds", REPO_ROOT / "packaging" / "rbac")
+
+STATE_FILE = "cluster.json"
+STATE_MARKER = "vpc-attach e2e.cluster"
+BGP_NAMESPACE = "galactic-system"
+PLUGIN_SERVICE_ACCOUNT = ("kube-system", "vpc-attach")
+PLUGIN_TOKEN_SECONDS = 24 * 3600
+# Stop order: dependants first.
+COMPONENT_NAMES = ("kube-controller-manager", "kube-apiserver", "etcd")
+
+ETCD_READY_S = 30.0
+APISERVER_READY_S = 90.0
+CONTROLLER_MANAGER_READY_S = 60.0
+BOOTSTRAP_S = 60.0
+PORT_ATTEMPTS = 3
+
+
+class ClusterError(RuntimeError):
+    """The control plane could not be started or stopped; the message says which part."""
+
+
+@dataclasses.dataclass
+class Cluster:
+    """A running control plane and the files a test needs to talk to it."""
+
+    state_dir: Path
+    server: str
+    ca_file: Path
+    admin_kubeconfig: Path
+    plugin_kubeconfig: Path
+    plugin_token: str
+    kubernetes_version: str
+    etcd_version: str
+    startup_seconds: float = 0.0
+    # Handles of the processes this object started (empty after ``attach``), to reap them.
+    _components: dict[str, processes.Component] = dataclasses.field(
+        default_factory=dict, init=False, repr=False
+    )
+
+    @property
+    def bgp_namespace(self) -> str:
+        """Namespace of the BGP custom resources (created by ``up``)."""
+        return BGP_NAMESPACE
+
+    @classmethod
+    def up(
+        cls, state_dir: Path | str, manifest_dirs: tuple[Path, ...] = DEFAULT_MANIFEST_DIRS
+    ) -> Cluster:
+        """Build the binaries if needed, start the control plane in ``state_dir`` and bootstrap it.
+
+        ``state_dir`` must not exist or be empty. On failure every process started so far is
+        stopped and the state dir is kept for its logs (``down`` removes it).
+        """
+        started = time.monotonic()
+        binaries = build.ensure_all_built()
+        directory = _claim_state_dir(Path(state_dir))
+        components: dict[str, processes.Component] = {}
+        try:
+            pki = create_pki(directory / "pki")
+            etcd_url = _start_etcd(directory, binaries["etcd"], components)
+            server, admin = _start_apiserver(
+                directory, binaries["kube-apiserver"], pki, etcd_url, components
+            )
+            _start_controller_manager(
+                directory, binaries["kube-controller-manager"], pki, server, components
+            )
+            _apply_manifests(admin, manifest_dirs)
+            _wait_default_service_account(admin)
+            token = _mint_plugin_token(admin)
+            _wait_plugin_authorized(admin, pki, token)
+        except BaseException:
+            for name in COMPONENT_NAMES:
+                if name in components:
+                    processes.stop(name, directory, components[name].popen)
+            raise
+        admin_kubeconfig = write_cert_kubeconfig(
+            directory / "admin.kubeconfig",
+            server,
+            pki.ca_cert,
+            "admin",
+            pki.client_cert("admin"),
+            pki.client_key("admin"),
+        )
+        plugin_user = "system:serviceaccount:{}:{}".format(*PLUGIN_SERVICE_ACCOUNT)
+        plugin_kubeconfig = write_token_kubeconfig(
+            directory / "plugin.kubeconfig", server, pki.ca_cert, plugin_user, token
+        )
+        cluster = cls(
+            state_dir=directory,
+            server=server,
+            ca_file=pki.ca_cert,
+            admin_kubeconfig=admin_kubeconfig,
+            plugin_kubeconfig=plugin_kubeconfig,
+            plugin_token=token,
+            kubernetes_version=build.KUBERNETES.version,
+            etcd_version=build.ETCD.version,
+            startup_seconds=round(time.monotonic() - started, 2),
+        )
+        cluster._components = components
+        cluster._write_state()
+        log.info(
+            "cluster up in %.1f s: %s (state dir %s)", cluster.startup_seconds, server, directory
+        )
+        return cluster
+
+    @classmethod
+    def attach(cls, state_dir: Path | str) -> Cluster:
+        """The cluster recorded in ``state_dir`` by an earlier ``up`` (possibly another process)."""
+        directory = Path(state_dir).resolve()
+        state = _read_state(directory)
+        if state.get("status") != "up":
+            raise ClusterError(f"{directory}: cluster is not up (status {state.get('status')!r})")
+        return cls(
+            state_dir=directory,
+            server=state["server"],
+            ca_file=Path(state["ca_file"]),
+            admin_kubeconfig=Path(state["admin_kubeconfig"]),
+            plugin_kubeconfig=Path(state["plugin_kubeconfig"]),
+            plugin_token=state["plugin_token"],
+            kubernetes_version=state["kubernetes_version"],
+            etcd_version=state["etcd_version"],
+            startup_seconds=state.get("startup_seconds", 0.0),
+        )
+
+    def down(self) -> None:
+        """Stop this cluster's processes and remove its state dir."""
+        popens = {name: c.popen for name, c in self._components.items()}
+        down(self.state_dir, popens)
+        for popen in popens.values():  # reap, also when another process already stopped them
+            if popen is not None:
+                popen.poll()
+        self._components.clear()
+
+    def admin_api(self) -> KubeApi:
+        """A minimal client authenticated as cluster admin (system:masters)."""
+        pki = Pki(self.state_dir / "pki")
+        host, port = _host_port(self.server)
+        return KubeApi(host, port, pki.ca_cert, pki.client_cert("admin"), pki.client_key("admin"))
+
+    def pids(self) -> dict[str, int]:
+        """The recorded pid of each component."""
+        found = {}
+        for name in COMPONENT_NAMES:
+            pid = processes.read_pid(self.state_dir, name)
+            if pid is not None:
+                found[name] = pid
+        return found
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.down()
+
+    def _write_state(self) -> None:
+        state = {
+            "harness": STATE_MARKER,
+            "status": "up",
+            "server": self.server,
+            "ca_file": str(self.ca_file),
+            "admin_kubeconfig": str(self.admin_kubeconfig),
+            "plugin_kubeconfig": str(self.plugin_kubeconfig),
+            "plugin_token": self.plugin_token,
+            "kubernetes_version": self.kubernetes_version,
+            "etcd_version": self.etcd_version,
+            "startup_seconds": self.startup_seconds,
+            "pids": self.pids(),
+        }
+        _write_json(self.state_dir / STATE_FILE, state)
+
+
+def down(state_dir: Path | str, popens: dict[str, Any] | None = None) -> None:
+    """Stop the processes ``up`` started in ``state_dir`` and remove it.
+
+    Refuses to touch a directory that ``up`` did not create. A missing directory is fine
+    (``down`` is idempotent).
+    """
+    directory = Path(state_dir).resolve()
+    if not directory.exists():
+        return
+    _read_state(directory)  # raises unless this is one of ours
+    popens = popens or {}
+    recorded = {path.stem for path in (directory / "run").glob("*.pid")}
+    for name in [*COMPONENT_NAMES, *sorted(recorded - set(COMPONENT_NAMES))]:
+        processes.stop(name, directory, popens.get(name))
+    shutil.rmtree(directory)
+    log.info("removed %s", directory)
+
+
+def _claim_state_dir(state_dir: Path) -> Path:
+    directory = state_dir.resolve()
+    if directory.exists() and any(directory.iterdir()):
+        if (directory / STATE_FILE).exists():
+            raise ClusterError(f"{directory} already holds a cluster; run `down` first")
+        raise ClusterError(f"state dir {directory} exists and is not empty")
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # Written first, so that `down` can clean up after an `up` that failed half-way.
+    _write_json(directory / STATE_FILE, {"harness": STATE_MARKER, "status": "starting"})
+    return directory
+
+
+def _read_state(directory: Path) -> dict[str, Any]:
+    try:
+        state: dict[str, Any] = json.loads((directory / STATE_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise ClusterError(
+            f"{directory} was not created by `e2e.cluster up`; not touching it"
+        ) from exc
+    if state.get("harness") != STATE_MARKER:
+        raise ClusterError(f"{directory} was not created by `e2e.cluster up`; not touching it")
+    return state
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(data, indent=2) + "\n")
+    temporary.replace(path)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    parts = urllib.parse.urlsplit(url)
+    if parts.hostname is None or parts.port is None:
+        raise ValueError(f"URL without host and port: {url}")
+    return parts.hostname, parts.port
+
+
+def _start_with_free_ports(
+    name: str,
+    state_dir: Path,
+    components: dict[str, processes.Component],
+    argv_for_ports: Callable[[], tuple[list[str], Callable[[processes.Component], None]]],
+) -> None:
+    """Start a component, picking new ports if another process took ours in the meantime.
+
+    ``argv_for_ports`` picks ports and returns the command line and a readiness wait.
+    """
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        argv, wait_ready = argv_for_ports()
+        component = processes.start(name, argv, state_dir)
+        components[name] = component
+        try:
+            wait_ready(component)
+            return
+        except (processes.ProcessExited, TimeoutError) as exc:
+            clash = "address already in use" in component.log_tail(200)
+            processes.stop(name, state_dir, component.popen)
+            del components[name]
+            if not clash or attempt == PORT_ATTEMPTS:
+                raise ClusterError(f"{name} did not become ready: {exc}") from exc
+            log.warning("%s: port clash, retrying with new ports", name)
+
+
+def _start_etcd(state_dir: Path, binary: Path, components: dict[str, processes.Component]) -> str:
+    client_url = ""
+
+    def argv_for_ports() -> tuple[list[str], Callable[[processes.Component], None]]:
+        nonlocal client_url
+        client_url = f"http://127.0.0.1:{_free_port()}"
+        peer_url = f"http://127.0.0.1:{_free_port()}"
+        argv = [
+            str(binary),
+            "--name=e2e",
+            f"--data-dir={state_dir / 'etcd'}",
+            f"--listen-client-urls={client_url}",
+            f"--advertise-client-urls={client_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=e2e={peer_url}",
+            "--initial-cluster-state=new",
+            "--unsafe-no-fsync",  # throwaway data: skip fsync, it dominates write latency
+            "--log-level=warn",
+        ]
+        return argv, lambda component: wait_until(
+            "etcd /health",
+            lambda: _etcd_healthy(client_url),
+            ETCD_READY_S,
+            alive=component.check_alive,
+        )
+
+    _start_with_free_ports("etcd", state_dir, components, argv_for_ports)
+    return client_url
+
+
+def _etcd_healthy(client_url: str) -> bool:
+    host, port = _host_port(client_url)
+    connection = http.client.HTTPConnection(host, port, timeout=2.0)
+    try:
+        connection.request("GET", "/health")
+        response = connection.getresponse()
+        body = response.read()
+    finally:
+        connection.close()
+    return response.status == 200 and json.loads(body).get("health") == "true"
+
+
+def _start_apiserver(
+    state_dir: Path,
+    binary: Path,
+    pki: Pki,
+    etcd_url: str,
+    components: dict[str, processes.Component],
+) -> tuple[str, KubeApi]:
+    server = ""
+    admin: KubeApi | None = None
+
+    def argv_for_ports() -> tuple[list[str], Callable[[processes.Component], None]]:
+        nonlocal server, admin
+        port = _free_port()
+        server = f"https://127.0.0.1:{port}"
+        admin = KubeApi(
+            "127.0.0.1", port, pki.ca_cert, pki.client_cert("admin"), pki.client_key("admin")
+        )
+        argv = [
+            str(binary),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={state_dir / 'pki' / 'apiserver-generated'}",
+            f"--tls-cert-file={pki.apiserver_cert}",
+            f"--tls-private-key-file={pki.apiserver_key}",
+            f"--client-ca-file={pki.ca_cert}",
+            "--authorization-mode=Node,RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-account-key-file={pki.service_account_pub}",
+            f"--service-account-signing-key-file={pki.service_account_key}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            # No kubelet runs, and loopback addresses are invalid in the kubernetes Endpoints.
+            "--endpoint-reconciler-type=none",
+            "--profiling=false",
+            "--v=1",
+        ]
+        ready_admin = admin
+        return argv, lambda component: wait_until(
+            "kube-apiserver /readyz",
+            lambda: ready_admin.get_text("/readyz", timeout=5.0)[0] == 200,
+            APISERVER_READY_S,
+            interval=0.5,
+            alive=component.check_alive,
+        )
+
+    _start_with_free_ports("kube-apiserver", state_dir, components, argv_for_ports)
+    assert admin is not None
+    return server, admin
+
+
+def _start_controller_manager(
+    state_dir: Path,
+    binary: Path,
+    pki: Pki,
+    server: str,
+    components: dict[str, processes.Component],
+) -> None:
+    kubeconfig = write_cert_kubeconfig(
+        state_dir / "controller-manager.kubeconfig",
+        server,
+        pki.ca_cert,
+        "system:kube-controller-manager",
+        pki.client_cert("controller-manager"),
+        pki.client_key("controller-manager"),
+    )
+
+    def argv_for_ports() -> tuple[list[str], Callable[[processes.Component], None]]:
+        port = _free_port()
+        health = KubeApi("127.0.0.1", port, pki.ca_cert)
+        argv = [
+            str(binary),
+            # No --authentication/authorization-kubeconfig: nothing but the always-allowed
+            # /healthz is queried, and delegated authn would nag about the front-proxy CA.
+            f"--kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--tls-cert-file={pki.serving_cert('controller-manager')}",
+            f"--tls-private-key-file={pki.serving_key('controller-manager')}",
+            "--leader-elect=false",
+            # Each controller acts as its own ServiceAccount with its bootstrap RBAC role, as
+            # in kubeadm clusters; the manager's own identity may only mint their tokens.
+            "--use-service-account-credentials=true",
+            # The garbage collector is the point; namespace deletion and the default
+            # ServiceAccount (required by Pod admission) need the other three.
+            "--controllers=garbage-collector-controller,namespace-controller,"
+            "serviceaccount-controller,serviceaccount-token-controller,"
+            "root-ca-certificate-publisher-controller",
+            f"--service-account-private-key-file={pki.service_account_key}",
+            f"--root-ca-file={pki.ca_cert}",
+            "--v=1",
+        ]
+        return argv, lambda component: wait_until(
+            "kube-controller-manager /healthz",
+            lambda: health.get_text("/healthz", timeout=5.0)[0] == 200,
+            CONTROLLER_MANAGER_READY_S,
+            interval=0.5,
+            alive=component.check_alive,
+        )
+
+    _start_with_free_ports("kube-controller-manager", state_dir, components, argv_for_ports)
+
+
+def load_manifests(directories: tuple[Path, ...]) -> Iterator[JsonObject]:
+    """Every object in the ``*.yaml``/``*.yml`` files of ``directories`` (sorted by file name)."""
+    for directory in directories:
+        files = sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")])
+        for path in files:
+            for document in yaml.safe_load_all(path.read_text()):
+                if not document:
+                    continue
+                if document.get("kind", "").endswith("List") and "items" in document:
+                    yield from document["items"]
+                else:
+                    yield document
+
+
+def _apply_manifests(admin: KubeApi, manifest_dirs: tuple[Path, ...]) -> None:
+    admin.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": BGP_NAMESPACE}})
+    crds = []
+    for manifest in load_manifests(manifest_dirs):
+        log.info("applying %s %s", manifest["kind"], manifest["metadata"]["name"])
+        admin.apply(manifest)
+        if manifest["kind"] == "CustomResourceDefinition":
+            crds.append(manifest["metadata"]["name"])
+    for name in crds:
+        wait_until(
+            f"CRD {name} Established", functools.partial(crd_established, admin, name), BOOTSTRAP_S
+        )
+
+
+def _wait_default_service_account(admin: KubeApi) -> None:
+    # Pod admission rejects Pods until the controller manager has made this; it also shows
+    # that the controllers run with their own ServiceAccount credentials.
+    wait_until(
+        "the default ServiceAccount",
+        lambda: bool(admin.request("GET", "/api/v1/namespaces/default/serviceaccounts/default")),
+        BOOTSTRAP_S,
+    )
+
+
+def _mint_plugin_token(admin: KubeApi) -> str:
+    namespace, name = PLUGIN_SERVICE_ACCOUNT
+    request = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"expirationSeconds": PLUGIN_TOKEN_SECONDS},
+    }
+    answer = admin.request(
+        "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", request
+    )
+    token: str = answer["status"]["token"]
+    return token
+
+
+def _wait_plugin_authorized(admin: KubeApi, pki: Pki, token: str) -> None:
+    # RBAC objects reach the authorizer through an informer; wait until the binding is live.
+    plugin = KubeApi(admin.host, admin.port, pki.ca_cert, token=token)
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {
+            "resourceAttributes": {
+                "namespace": BGP_NAMESPACE,
+                "verb": "create",
+                "group": "network.datumapis.com",
+                "resource": "bgpadvertisements",
+            }
+        },
+    }
+
+    def allowed() -> bool:
+        answer = plugin.request(
+            "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review
+        )
+        return bool(answer.get("status", {}).get("allowed"))
+
+    wait_until("the plugin's RBAC binding to take effect", allowed, BOOTSTRAP_S)
