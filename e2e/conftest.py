@@ -105,6 +105,7 @@ class Plugin:
     cni_bin: Path
     lock_dir: Path
     environ: dict[str, str] = field(default_factory=dict)
+    prefix: list[str] = field(default_factory=list)  # e.g. ip netns exec NODE
 
     def env(self, command: str, container_id: str, netns: str, ifname: str,
             **extra: str) -> dict[str, str]:
@@ -125,7 +126,7 @@ class Plugin:
              **extra: str) -> Answer:
         """Run one verb and parse its single JSON document."""
         proc = subprocess.run(
-            [str(self.cni_bin / executable)], input=json.dumps(conf).encode(),
+            [*self.prefix, str(self.cni_bin / executable)], input=json.dumps(conf).encode(),
             env=self.env(command, container_id, netns, ifname, **extra),
             capture_output=True, timeout=60, check=False)
         out = proc.stdout.decode()

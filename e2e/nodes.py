@@ -1,0 +1,78 @@
+"""Simulated nodes: each a network namespace the plugin runs in, with its own node name.
+
+The API server listens on the host's loopback only, so each node namespace gets a small
+forwarder: a socket listening on the node's 127.0.0.1 at the API server's port, relaying to the
+host's. The plugin inside the node sees the same URL and certificate as on the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import socket
+import threading
+import urllib.parse
+from collections.abc import Iterator
+
+from cni_plugin.kernel.netns import entered
+from e2e.conftest import run_ip
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := src.recv(65536):
+            dst.sendall(data)
+    with contextlib.suppress(OSError):
+        dst.shutdown(socket.SHUT_WR)
+
+
+def _serve(listener: socket.socket, port: int, stop: threading.Event) -> None:
+    listener.settimeout(0.2)
+    while not stop.is_set():
+        try:
+            client, _ = listener.accept()
+        except TimeoutError:
+            continue
+        except OSError:
+            return
+        upstream = socket.create_connection(("127.0.0.1", port), timeout=10)
+        upstream.settimeout(None)
+        client.settimeout(None)
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+
+
+@contextlib.contextmanager
+def node_namespace(api_port: int) -> Iterator[str]:
+    """A netns acting as a node's host namespace, with the API server reachable inside."""
+    name = f"vpa-node-{secrets.token_hex(3)}"
+    run_ip("netns", "add", name)
+    run_ip("-n", name, "link", "set", "lo", "up")
+    path = f"/var/run/netns/{name}"
+    with entered(path):
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", api_port))
+    listener.listen(64)
+    stop = threading.Event()
+    thread = threading.Thread(target=_serve, args=(listener, api_port, stop), daemon=True)
+    thread.start()
+    try:
+        yield name
+    finally:
+        stop.set()
+        listener.close()
+        thread.join(timeout=2)
+        run_ip("netns", "del", name, check=False)
+
+
+def in_node(name: str) -> list[str]:
+    """argv prefix running a command inside the node namespace."""
+    return ["ip", "netns", "exec", name]
+
+
+def api_port(server: str) -> int:
+    """The port of the API server URL."""
+    port = urllib.parse.urlsplit(server).port
+    assert port is not None
+    return port
