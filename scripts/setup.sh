@@ -27,3 +27,5 @@ if [ ! -e "$stamp" ]; then
 fi
 # Reference CNI plugins and cnitool, built from Go modules and cached outside the repo.
 .venv/bin/python -m e2e.tools build >&2
+# The local control plane (etcd, kube-apiserver, kube-controller-manager), same cache.
+.venv/bin/python -m e2e.cluster build >&2

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from cni_plugin import naming
@@ -300,10 +300,8 @@ def ensure_advertisement(ctx: PublishContext, router: Router, vrf_id: int, plan:
                     continue  # deleted meanwhile: create it
                 if not had_ours:
                     written = {k: updated["spec"].get(k) for k in SHARED_SPEC_KEYS}
-                    rollback.created(
-                        f"annotations of {cid} on BGPAdvertisement {name}",
-                        lambda d: withdraw_advertisement(ctx, d, may_delete=False,
-                                                         restore=(written, before)))
+                    rollback.created(f"annotations of {cid} on BGPAdvertisement {name}",
+                                     _restoring_withdrawal(ctx, written, before))
                 return
             body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "BGPAdvertisement",
                     "metadata": {"name": name, "namespace": ctx.namespace, "annotations": {}}}
@@ -322,6 +320,11 @@ def ensure_advertisement(ctx: PublishContext, router: Router, vrf_id: int, plan:
     except ApiError as exc:
         raise api_failure(exc, f"write BGPAdvertisement {name!r}") from None
     raise CniError(TRY_AGAIN_LATER, f"BGPAdvertisement {name!r} keeps changing")
+
+
+def _restoring_withdrawal(ctx: PublishContext, written: dict[str, Any],
+                          before: dict[str, Any]) -> Callable[[Deadline], None]:
+    return lambda d: withdraw_advertisement(ctx, d, may_delete=False, restore=(written, before))
 
 
 def withdraw_advertisement(ctx: PublishContext, deadline: Deadline, *, may_delete: bool,
