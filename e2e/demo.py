@@ -71,8 +71,13 @@ def main() -> int:
         return 2
     from e2e.cluster import Cluster
     from e2e.conftest import Kube
-    from e2e.publishing import advertisement, create_pod, create_router, endpoint_slice, \
-        vrf_instance
+    from e2e.publishing import (
+        advertisement,
+        create_pod,
+        create_router,
+        endpoint_slice,
+        vrf_instance,
+    )
 
     work = Path(tempfile.mkdtemp(prefix="vpc-attach-demo-"))
     print(f"starting a local control plane in {work / 'cluster'} ...", flush=True)
