@@ -1,30 +1,16 @@
 """The `vpc-attach` executable: env + stdin in, one JSON document out, exit status.
 
-This is only a transport: it builds a Request and prints what `dispatch.run` answers.
+This is only a transport: everything it does is `dispatch.serve_stdio`.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-
 
 def main() -> None:
     """Entry point of `vpc-attach` (the CNI plugin)."""
-    from cni_plugin import dispatch, oplog
-    from cni_plugin.verbs.request import Request
+    from cni_plugin.dispatch import serve_stdio
 
-    environ = dict(os.environ)
-    # VERSION ignores stdin; every other verb reads the config from it.
-    stdin = b"" if environ.get("CNI_COMMAND") == "VERSION" else sys.stdin.buffer.read()
-    request = Request(environ=environ, stdin=stdin)
-    oplog.configure(request)
-    status, payload = dispatch.run(request)
-    if payload is not None:
-        sys.stdout.write(json.dumps(payload))
-        sys.stdout.flush()
-    sys.exit(status)
+    serve_stdio()
 
 
 if __name__ == "__main__":

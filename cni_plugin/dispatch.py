@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from cni_plugin import oplog
 from cni_plugin.verbs.request import Request
@@ -31,14 +34,22 @@ def answer_version(request: Request) -> str:
     return version if version in SUPPORTED_VERSIONS else CURRENT_VERSION
 
 
-def run(request: Request) -> tuple[int, dict[str, Any] | None]:
-    """Run the verb; (0, result-or-None) on success, (1, error object) on failure."""
+# A verb's adapter: the request and the version to answer in -> the JSON answer, if any.
+Handler = Callable[[Request, str], "dict[str, Any] | None"]
+
+
+def run(request: Request, handler: Handler | None = None,
+        log_line: bool = True) -> tuple[int, dict[str, Any] | None]:
+    """Run the verb; (0, result-or-None) on success, (1, error object) on failure.
+
+    `handler` defaults to the vpc-attach verbs; the IPAM plugin passes its own.
+    """
     started = time.monotonic()
     version = answer_version(request)
     code = 0
     message = ""
     try:
-        payload = _call(request, version)
+        payload = (handler or plugin_verbs)(request, version)
         status = 0
     except CniError as exc:
         code, message = exc.code, exc.msg
@@ -48,11 +59,13 @@ def run(request: Request) -> tuple[int, dict[str, Any] | None]:
         err = CniError(INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}")
         code, message = err.code, err.msg
         payload, status = err.to_dict(version), 1
-    oplog.verb_line(request, code, message, time.monotonic() - started)
+    if log_line:
+        oplog.verb_line(request, code, message, time.monotonic() - started)
     return status, payload
 
 
-def _call(request: Request, version: str) -> dict[str, Any] | None:
+def plugin_verbs(request: Request, version: str) -> dict[str, Any] | None:
+    """The vpc-attach verbs (imported on use: VERSION loads none of them)."""
     command = request.command
     if command == "VERSION":
         from cni_plugin.verbs.version import version as version_verb
@@ -76,3 +89,17 @@ def _call(request: Request, version: str) -> dict[str, Any] | None:
         from netconf.runtime import RuntimeEnv
         RuntimeEnv.from_environ(request.environ)  # raises code 4 naming CNI_COMMAND
     return None
+
+
+def serve_stdio(handler: Handler | None = None, log_line: bool = True) -> NoReturn:
+    """The executable's transport: env + stdin in, one JSON document on stdout, exit status."""
+    environ = dict(os.environ)
+    # VERSION ignores stdin; every other verb reads the config from it.
+    stdin = b"" if environ.get("CNI_COMMAND") == "VERSION" else sys.stdin.buffer.read()
+    request = Request(environ=environ, stdin=stdin)
+    oplog.configure(request)
+    status, payload = run(request, handler, log_line)
+    if payload is not None:
+        sys.stdout.write(json.dumps(payload))
+        sys.stdout.flush()
+    sys.exit(status)

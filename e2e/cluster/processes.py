@@ -153,6 +153,7 @@ def _wait_gone(
     while time.monotonic() < deadline:
         _reap(pid, popen)
         if not is_ours(pid, state_dir):
+            _reap(pid, popen)  # it may have turned zombie since the first look: collect it
             return True
         time.sleep(0.1)
     return False

@@ -8,11 +8,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from cni_plugin.dispatch import answer_version
+from cni_plugin import dispatch
 from cni_plugin.ipam.plugin import verbs
 from cni_plugin.verbs.request import Request
 from cni_plugin.verbs.version import version as version_answer
-from netconf.errors import INTERNAL_ERROR, CniError
 from netconf.result import Result
 from netconf.runtime import RuntimeEnv
 
@@ -20,17 +19,8 @@ log = logging.getLogger(__name__)
 
 
 def run(request: Request) -> tuple[int, dict[str, Any] | None]:
-    """Run the verb; (0, result-or-None) on success, (1, error object) on failure."""
-    version = answer_version(request)
-    try:
-        return 0, _call(request, version)
-    except CniError as exc:
-        log.info("%s failed: %s (%s)", request.command, exc.msg, exc.details)
-        return 1, exc.to_dict(version)
-    except Exception as exc:  # a bug: still one JSON answer, details in the log
-        log.exception("unexpected failure in %s", request.command)
-        err = CniError(INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}")
-        return 1, err.to_dict(version)
+    """Run an IPAM verb; (0, result-or-None) on success, (1, error object) on failure."""
+    return dispatch.run(request, ipam_verbs, log_line=False)
 
 
 def to_wire(result: Result, version: str) -> dict[str, Any]:
@@ -42,7 +32,8 @@ def to_wire(result: Result, version: str) -> dict[str, Any]:
     return data
 
 
-def _call(request: Request, version: str) -> dict[str, Any] | None:
+def ipam_verbs(request: Request, version: str) -> dict[str, Any] | None:
+    """The vpc-attach-ipam verbs."""
     command = request.command
     if command == "VERSION":
         return version_answer()
