@@ -1,16 +1,38 @@
-"""The `vpc-attach` executable: env + stdin in, one JSON document out, exit status.
+"""The `vpc-attach` executable.
 
-This is only a transport: everything it does is `dispatch.serve_stdio`.
+Without arguments it is the CNI plugin: env + stdin in, one JSON document out, exit status.
+Subcommands: `vpc-attach agent` (the node agent), `vpc-attach install` / `uninstall`.
 """
 
 from __future__ import annotations
 
+import sys
+
+SUBCOMMANDS = ("agent", "install", "uninstall")
+
 
 def main() -> None:
-    """Entry point of `vpc-attach` (the CNI plugin)."""
+    """Entry point of `vpc-attach`."""
+    args = sys.argv[1:]
+    if args and args[0] in SUBCOMMANDS:
+        _subcommand(args[0], args[1:])
+        return
+    if args and args[0] in ("-h", "--help"):
+        print(f"usage: vpc-attach [{'|'.join(SUBCOMMANDS)}] ...\n"
+              "Without arguments: the CNI plugin (CNI_COMMAND etc. in the environment, "
+              "the network config on stdin).")
+        return
     from cni_plugin.dispatch import serve_stdio
 
     serve_stdio()
+
+
+def _subcommand(name: str, argv: list[str]) -> None:
+    if name == "agent":
+        from cni_plugin.agent.server import main as agent_main
+        sys.exit(agent_main(argv))
+    from cni_plugin.install import main as install_main
+    sys.exit(install_main([name, *argv]))
 
 
 if __name__ == "__main__":
