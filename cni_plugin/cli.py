@@ -22,9 +22,35 @@ def main() -> None:
               "Without arguments: the CNI plugin (CNI_COMMAND etc. in the environment, "
               "the network config on stdin).")
         return
-    from cni_plugin.dispatch import serve_stdio
+    _cni()
 
-    serve_stdio()
+
+def _cni() -> None:
+    # Forwarding path: standard library only (SPEC §11). VERSION never needs the agent.
+    import os
+
+    environ = dict(os.environ)
+    if environ.get("CNI_COMMAND") != "VERSION":
+        from cni_plugin.agent.client import forward, socket_path
+
+        stdin = sys.stdin.buffer.read()
+        answer = forward(environ, stdin, socket_path(environ, stdin))
+        if answer is not None:
+            _respond(*answer)
+    else:
+        stdin = b""
+    from cni_plugin.dispatch import answer_stdio
+
+    answer_stdio(environ, stdin)
+
+
+def _respond(status: int, payload: dict[str, object] | None) -> None:
+    import json
+
+    if payload is not None:
+        sys.stdout.write(json.dumps(payload))
+        sys.stdout.flush()
+    sys.exit(status)
 
 
 def _subcommand(name: str, argv: list[str]) -> None:

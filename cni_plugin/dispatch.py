@@ -96,6 +96,12 @@ def serve_stdio(handler: Handler | None = None, log_line: bool = True) -> NoRetu
     environ = dict(os.environ)
     # VERSION ignores stdin; every other verb reads the config from it.
     stdin = b"" if environ.get("CNI_COMMAND") == "VERSION" else sys.stdin.buffer.read()
+    answer_stdio(environ, stdin, handler, log_line)
+
+
+def answer_stdio(environ: dict[str, str], stdin: bytes, handler: Handler | None = None,
+                 log_line: bool = True) -> NoReturn:
+    """Run the verb in this process and answer on stdout with the exit status."""
     request = Request(environ=environ, stdin=stdin)
     oplog.configure(request)
     status, payload = run(request, handler, log_line)

@@ -11,6 +11,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,11 +47,52 @@ def cni_bin(tmp_path_factory: pytest.TempPathFactory, reference_plugins: Path) -
     for plugin in reference_plugins.iterdir():
         (bin_dir / plugin.name).symlink_to(plugin)
     for ours in ("vpc-attach", "vpc-attach-ipam"):
-        found = shutil.which(ours)
-        if found is None:
-            pytest.fail(f"{ours} is not installed (run `pip install -e .`)")
-        (bin_dir / ours).symlink_to(found)
+        (bin_dir / ours).symlink_to(installed(ours))
     return bin_dir
+
+
+def installed(executable: str) -> str:
+    """Our console script next to this interpreter (not a pyenv shim found on PATH)."""
+    beside = Path(sys.executable).parent / executable
+    found = str(beside) if beside.exists() else shutil.which(executable)
+    if found is None:
+        pytest.fail(f"{executable} is not installed (run scripts/setup.sh)")
+    return found
+
+
+# Which path the plugin takes (SPEC §11): VPC_ATTACH_E2E_VIA=agent runs the e2e suite through a
+# node agent; otherwise every invocation runs in-process (the socket named never exists).
+VIA_AGENT = os.environ.get("VPC_ATTACH_E2E_VIA") == "agent"
+AGENT_SOCKET = {"path": "/nonexistent/vpc-attach-e2e/agent.sock"}
+
+
+def pytest_report_header() -> str:
+    """Say which path this run exercises."""
+    return "vpc-attach path: " + ("through the node agent" if VIA_AGENT else "in-process")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Through the agent, run only the tests that invoke the plugin (the rest ran already)."""
+    if not VIA_AGENT:
+        return
+    keep = [i for i in items if "plugin" in getattr(i, "fixturenames", ())]
+    dropped = [i for i in items if i not in keep]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
+@pytest.fixture(scope="session", autouse=True)
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None]:
+    """The node agent serving this session's invocations (agent mode only)."""
+    if not VIA_AGENT:
+        yield None
+        return
+    from e2e.agentproc import AgentProcess
+    with AgentProcess(tmp_path_factory.mktemp("agent")) as running:
+        AGENT_SOCKET["path"] = str(running.socket)
+        yield str(running.socket)
+        assert running.verb_lines(), "no invocation reached the agent"
 
 
 @pytest.fixture
@@ -116,6 +158,7 @@ class Plugin:
             "CNI_IFNAME": ifname, "CNI_PATH": str(self.cni_bin),
             "VPC_ATTACH_HOST_CONFIG": str(self.lock_dir / "absent-host.json"),
             "VPC_ATTACH_LOCK_DIR": str(self.lock_dir),
+            "VPC_ATTACH_AGENT_SOCKET": AGENT_SOCKET["path"],
             **self.environ,
         }
         env.update(extra)

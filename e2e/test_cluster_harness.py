@@ -238,7 +238,7 @@ ALLOWED = [
         ("discovery.k8s.io", "endpointslices", verb)
         for verb in ("get", "list", "create", "update", "patch", "delete")
     ],
-    ("", "pods", "get"),
+    *[("", "pods", verb) for verb in ("get", "list", "watch")],
     ("authorization.k8s.io", "selfsubjectaccessreviews", "create"),
 ]
 DENIED = [
@@ -247,7 +247,7 @@ DENIED = [
     (GROUP, "bgpadvertisements", "watch"),
     (GROUP, "bgpadvertisements", "deletecollection"),
     ("discovery.k8s.io", "endpointslices", "watch"),
-    ("", "pods", "list"),
+    ("", "pods", "create"),
     ("", "pods", "delete"),
     ("", "secrets", "get"),
     ("", "nodes", "get"),

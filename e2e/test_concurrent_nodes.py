@@ -15,7 +15,8 @@ import pytest
 
 from cni_plugin import naming
 from cni_plugin.publish.resources import VRF_INSTANCES
-from e2e.conftest import Kube, Plugin, base_conf, host_local, run_ip
+from e2e.agentproc import AgentProcess
+from e2e.conftest import VIA_AGENT, Kube, Plugin, base_conf, host_local, run_ip
 from e2e.nodes import api_port, in_node, node_namespace
 from e2e.publishing import BGP_NS, advertisement, create_pod, make_node
 
@@ -23,7 +24,7 @@ pytestmark = [pytest.mark.root, pytest.mark.cluster]
 NODES, VPCS = 4, 6
 
 
-def test_24_concurrent_adds_across_4_nodes(kube: Kube, cluster: Any, cni_bin: Path,
+def test_24_concurrent_adds_across_4_nodes(kube: Kube, cluster: Any, plugin: Plugin,
                                            tmp_path: Path) -> None:
     vpcs = [naming.encode_base62(secrets.randbelow(2**40) + 2**30) for _ in range(VPCS)]
     with contextlib.ExitStack() as stack:
@@ -32,8 +33,13 @@ def test_24_concurrent_adds_across_4_nodes(kube: Kube, cluster: Any, cni_bin: Pa
             netns = stack.enter_context(node_namespace(api_port(cluster.server)))
             locks = tmp_path / f"locks-{index}"
             locks.mkdir()
-            plugin = Plugin(cni_bin, locks, prefix=in_node(netns))
-            nodes.append(make_node(kube, cluster, plugin))
+            node_plugin = Plugin(plugin.cni_bin, locks, prefix=in_node(netns))
+            if VIA_AGENT:  # each node runs its own agent, inside the node's namespace
+                agent_dir = tmp_path / f"agent-{index}"
+                agent_dir.mkdir()
+                running = stack.enter_context(AgentProcess(agent_dir, prefix=in_node(netns)))
+                node_plugin.environ["VPC_ATTACH_AGENT_SOCKET"] = str(running.socket)
+            nodes.append(make_node(kube, cluster, node_plugin))
         jobs = []
         for n, node in enumerate(nodes):
             for v, vpc in enumerate(vpcs):

@@ -7,3 +7,5 @@ export PATH="$PWD/.venv/bin:$PATH"
 ruff check .
 mypy
 python -m pytest -p no:cacheprovider "$@"
+# The same e2e tests again, every invocation going through the node agent (SPEC §11).
+VPC_ATTACH_E2E_VIA=agent python -m pytest -p no:cacheprovider e2e "$@"

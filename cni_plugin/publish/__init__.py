@@ -72,7 +72,7 @@ class Publisher:
             if inv.conf.publish.endpoint_slice:
                 endpointslice.ensure_slices(self.ctx, plan, sid, rollback, deadline)
         finally:
-            self.ctx.client.close()
+            self.ctx.close()
 
 
 def _open(inv: Invocation) -> PublishContext | None:
@@ -103,7 +103,7 @@ def unpublish(inv: Invocation) -> None:
             except ApiError as exc:
                 raise api_failure(exc, "withdraw the BGPAdvertisement") from None
     finally:
-        ctx.client.close()
+        ctx.close()
 
 
 def published_differences(inv: Invocation, prev: Result) -> list[str]:
@@ -122,7 +122,7 @@ def published_differences(inv: Invocation, prev: Result) -> list[str]:
             diffs += endpointslice.slice_differences(ctx, plan, inv.deadline)
         return diffs
     finally:
-        ctx.client.close()
+        ctx.close()
 
 
 def publishing_status(inv: Invocation) -> None:
@@ -136,7 +136,7 @@ def publishing_status(inv: Invocation) -> None:
         try:
             check_access(ctx)
         finally:
-            ctx.client.close()
+            ctx.close()
     except CniError as exc:
         if exc.code == STATUS_NOT_AVAILABLE:
             raise
@@ -157,4 +157,4 @@ def collect_garbage(inv: Invocation, valid: set[tuple[str, str]]) -> None:
     except ApiError as exc:
         raise api_failure(exc, "collect stale EndpointSlices") from None
     finally:
-        ctx.client.close()
+        ctx.close()

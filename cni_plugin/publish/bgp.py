@@ -13,6 +13,7 @@ from cni_plugin import naming
 from cni_plugin.attachment import Addressing
 from cni_plugin.deadline import Deadline
 from cni_plugin.kube.client import ApiError, Resource, update_with_retry
+from cni_plugin.locks import file_lock
 from cni_plugin.publish.context import PublishContext, Router, api_failure
 from cni_plugin.publish.resources import (
     ADVERTISEMENTS,
@@ -58,11 +59,14 @@ def _list_selected(ctx: PublishContext, resource: Resource, field: str, value: s
 
 def find_router(ctx: PublishContext, deadline: Deadline) -> Router:
     """The one BGPRouter whose targetRef names this node (code 7 otherwise)."""
+    cached = ctx.inv.services.cached_routers(ctx.kubeconfig, ctx.namespace, ctx.node)
     try:
-        found = [r for r in _list_selected(ctx, ROUTERS, "spec.targetRef.name", ctx.node, deadline)
-                 if (r.get("spec", {}).get("targetRef") or {}).get("kind", "Node") == "Node"]
+        candidates = cached if cached is not None else \
+            _list_selected(ctx, ROUTERS, "spec.targetRef.name", ctx.node, deadline)
     except ApiError as exc:
         raise api_failure(exc, f"list BGPRouters in {ctx.namespace!r}") from None
+    found = [r for r in candidates
+             if (r.get("spec", {}).get("targetRef") or {}).get("kind", "Node") == "Node"]
     if len(found) != 1:
         names = ", ".join(sorted(r["metadata"]["name"] for r in found)) or "none"
         raise CniError(INVALID_CONFIG, f"expected exactly one BGPRouter targeting node "
@@ -137,6 +141,15 @@ def ensure_vrf_instance(ctx: PublishContext, router: Router, rollback: Rollback,
 
 def _create_instance(ctx: PublishContext, router: Router, name: str, target: str,
                      rollback: Rollback, deadline: Deadline) -> dict[str, Any] | None:
+    # Only this node's plugins create instances of its router: a node-wide lock makes their
+    # choose-then-create atomic. Collisions with other writers are resolved afterwards.
+    lock = os.path.join(ctx.inv.host.lock_dir, f"vrfid-{router.name}.lock")
+    with file_lock(lock, deadline.remaining()):
+        return _create_instance_locked(ctx, router, name, target, rollback, deadline)
+
+
+def _create_instance_locked(ctx: PublishContext, router: Router, name: str, target: str,
+                            rollback: Rollback, deadline: Deadline) -> dict[str, Any] | None:
     vrf_id = _lowest_free(_vrf_id(i) for i in _router_instances(ctx, router, deadline))
     body = {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "BGPVRFInstance",

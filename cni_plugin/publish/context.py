@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from cni_plugin.kube.client import ApiError, KubeClient
-from cni_plugin.kube.config import load_kubeconfig
 from cni_plugin.verbs.request import Invocation
 from netconf.errors import INVALID_CONFIG, PUBLISH_FAILURE, CniError
 
@@ -24,7 +23,17 @@ class PublishContext:
         """Connect with the host's kubeconfig (settings were checked by preflight)."""
         if not inv.host.kubeconfig or not inv.host.node_name:
             raise CniError(INVALID_CONFIG, "publishing needs a node name and a kubeconfig")
-        return cls(inv, KubeClient(load_kubeconfig(inv.host.kubeconfig)), inv.host.node_name)
+        return cls(inv, inv.services.kube_client(inv.host.kubeconfig), inv.host.node_name)
+
+    @property
+    def kubeconfig(self) -> str:
+        """The kubeconfig path (the key of the services' caches)."""
+        return self.inv.host.kubeconfig or ""
+
+    def close(self) -> None:
+        """Release the client unless the services keep it warm."""
+        if not self.inv.services.keeps_clients:
+            self.client.close()
 
     @property
     def namespace(self) -> str:

@@ -44,10 +44,12 @@ def _pod_identity(ctx: PublishContext, deadline: Deadline) -> tuple[str, str, st
     if not pod.namespace or not pod.name:
         raise CniError(PUBLISH_FAILURE, "publishing an EndpointSlice needs the Pod",
                        "K8S_POD_NAMESPACE and K8S_POD_NAME are missing from CNI_ARGS")
-    try:
-        obj = ctx.client.get(PODS.path(pod.namespace, pod.name), deadline)
-    except ApiError as exc:
-        raise api_failure(exc, f"get Pod {pod.namespace}/{pod.name}") from None
+    obj = ctx.inv.services.cached_pod(ctx.kubeconfig, ctx.node, pod.namespace, pod.name)
+    if obj is None or (pod.uid and pod.uid != obj["metadata"]["uid"]):
+        try:  # not (yet) in the cache, or the cache lags behind a recreated Pod
+            obj = ctx.client.get(PODS.path(pod.namespace, pod.name), deadline)
+        except ApiError as exc:
+            raise api_failure(exc, f"get Pod {pod.namespace}/{pod.name}") from None
     if obj is None:
         raise CniError(PUBLISH_FAILURE, f"Pod {pod.namespace}/{pod.name} does not exist")
     uid = str(obj["metadata"]["uid"])

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cni_plugin.deadline import Deadline
+from cni_plugin.services import Services
 from netconf.config import NetConf, decode_json, lookup_ci, parse_netconf
 from netconf.errors import INVALID_CONFIG, INVALID_ENV, CniError
 from netconf.host import HostSettings, resolve_host_settings
@@ -26,6 +27,7 @@ class Request:
 
     environ: Mapping[str, str]  # the full process environment (CNI_* and VPC_ATTACH_*)
     stdin: bytes
+    services: Services = field(default_factory=Services, compare=False)
 
     @property
     def command(self) -> str:
@@ -54,6 +56,7 @@ class Invocation:
     host: HostSettings
     pod: PodRef
     deadline: Deadline = field(compare=False)
+    services: Services = field(default_factory=Services, compare=False)
 
     @classmethod
     def parse(cls, request: Request) -> Invocation:
@@ -70,7 +73,7 @@ class Invocation:
         pod = PodRef(args.get("K8S_POD_NAMESPACE"), args.get("K8S_POD_NAME"),
                      args.get("K8S_POD_UID"), args.get("K8S_POD_INFRA_CONTAINER_ID"))
         return cls(env=env, conf=conf, raw=raw, stdin=request.stdin, host=host, pod=pod,
-                   deadline=Deadline(host.timeout_seconds))
+                   deadline=Deadline(host.timeout_seconds), services=request.services)
 
     @property
     def namespace(self) -> str:

@@ -1,0 +1,179 @@
+"""`vpc-attach agent`: serve the verbs on a Unix socket with warm clients and caches.
+
+One thread per connection runs `dispatch.run` — the same code the executable runs in-process.
+On SIGTERM/SIGINT the agent stops accepting (and removes its socket, so new invocations run
+in-process meanwhile), lets in-flight verbs finish, then exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import logging
+import os
+import signal
+import socket
+import stat
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+from cni_plugin import dispatch, oplog
+from cni_plugin.agent.client import socket_path
+from cni_plugin.agent.protocol import PROTOCOL_VERSION, ProtocolError, recv_frame, send_frame
+from cni_plugin.agent.warm import WarmServices
+from cni_plugin.verbs.request import Request
+
+log = logging.getLogger(__name__)
+DRAIN_SECONDS = 120.0
+IDLE_READ_SECONDS = 10.0
+
+
+class Agent:
+    """The listening socket, the in-flight count and the warm services."""
+
+    def __init__(self, path: str, services: WarmServices) -> None:
+        self.path = path
+        self.services = services
+        self.stopping = threading.Event()
+        self._inflight = 0
+        self._cond = threading.Condition()
+        self._listener = _bind(path)
+        self._inode = os.stat(path).st_ino
+
+    def serve(self) -> None:
+        """Accept until stopped, then drain."""
+        self._listener.settimeout(0.5)
+        log.info("agent listening on %s (pid %d)", self.path, os.getpid())
+        while not self.stopping.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                if self.stopping.is_set():
+                    break
+                raise
+            with self._cond:
+                self._inflight += 1
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+        self._drain()
+
+    def stop(self) -> None:
+        """Stop accepting now; in-flight verbs keep running."""
+        if self.stopping.is_set():
+            return
+        self.stopping.set()
+        self._unlink()
+        self._listener.close()
+
+    def _unlink(self) -> None:
+        # Only our own socket file: a newer agent may already listen on the same path.
+        try:
+            if os.stat(self.path).st_ino == self._inode:
+                os.unlink(self.path)
+        except OSError:
+            pass
+
+    def _drain(self) -> None:
+        give_up = time.monotonic() + DRAIN_SECONDS
+        with self._cond:
+            while self._inflight and time.monotonic() < give_up:
+                log.info("agent stopping: waiting for %d in-flight verb(s)", self._inflight)
+                self._cond.wait(timeout=1.0)
+        self.services.close()
+        log.info("agent stopped")
+
+    def _handle(self, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(IDLE_READ_SECONDS)
+            try:
+                message = recv_frame(conn)
+            except (OSError, ConnectionError, ProtocolError) as exc:
+                log.info("dropping a connection: %s", exc)
+                return
+            if message.get("v") != PROTOCOL_VERSION:
+                send_frame(conn, {"v": PROTOCOL_VERSION,
+                                  "error": f"unsupported protocol version {message.get('v')!r}"})
+                return
+            request = _request(message, self.services)
+            oplog.configure(request)
+            status, payload = dispatch.run(request)
+            conn.settimeout(None)
+            send_frame(conn, {"v": PROTOCOL_VERSION, "status": status, "payload": payload})
+        except OSError as exc:
+            log.warning("could not answer a client: %s", exc)
+        finally:
+            conn.close()
+            with self._cond:
+                self._inflight -= 1
+                self._cond.notify_all()
+
+
+def _request(message: dict[str, Any], services: WarmServices) -> Request:
+    environ = message.get("environ")
+    forwarded = {str(k): str(v) for k, v in environ.items()} if isinstance(environ, dict) else {}
+    # The agent's own VPC_ATTACH_* settings (from its DaemonSet) fill what the caller lacks.
+    own = {k: v for k, v in os.environ.items() if k.startswith("VPC_ATTACH_")}
+    try:
+        stdin = base64.b64decode(str(message.get("stdin", "")), validate=True)
+    except ValueError:
+        stdin = b"\x00"  # undecodable: the verb answers code 6
+    return Request(environ={**own, **forwarded}, stdin=stdin, services=services)
+
+
+def _bind(path: str) -> socket.socket:
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    if os.path.lexists(path):
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise SystemExit(f"vpc-attach agent: {path} exists and is not a socket")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+            raise SystemExit(f"vpc-attach agent: another agent already listens on {path}")
+        except OSError:
+            os.unlink(path)  # stale socket of a dead agent
+        finally:
+            probe.close()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    os.chmod(path, 0o600)  # the runtime runs as root; nobody else may drive the plugin
+    listener.listen(128)
+    return listener
+
+
+def _warm_up() -> None:
+    # Import what every verb needs now, not on the first Pod.
+    import cni_plugin.attachment
+    import cni_plugin.publish.bgp
+    import cni_plugin.publish.endpointslice
+    import cni_plugin.verbs.add
+    import cni_plugin.verbs.check
+    import cni_plugin.verbs.delete
+    import cni_plugin.verbs.gc
+    import cni_plugin.verbs.status  # noqa: F401
+
+
+def main(argv: list[str]) -> int:
+    """`vpc-attach agent [--socket PATH]`."""
+    parser = argparse.ArgumentParser(prog="vpc-attach agent", description=__doc__)
+    parser.add_argument("--socket", help="Unix socket to listen on (default: "
+                        "VPC_ATTACH_AGENT_SOCKET, the host file's agentSocket, "
+                        "/run/vpc-attach/agent.sock)")
+    args = parser.parse_args(argv)
+    path = args.socket or socket_path(os.environ, b"")
+    oplog.configure(Request(environ=dict(os.environ), stdin=b""))
+    _warm_up()
+    agent = Agent(path, WarmServices())
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("agent got signal %d", signum)
+        agent.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    agent.serve()
+    return 0

@@ -1,0 +1,188 @@
+"""The agent's warm services: keep-alive API clients per thread, and watch caches of this
+node's BGPRouters and Pods (so an ADD does not ask the API server for them)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import urllib.parse
+from typing import Any
+
+from cni_plugin.deadline import Deadline
+from cni_plugin.kube.client import KubeClient
+from cni_plugin.kube.config import KubeCredentials, load_kubeconfig
+from cni_plugin.publish.resources import PODS, ROUTERS
+from cni_plugin.services import Services
+
+log = logging.getLogger(__name__)
+WATCH_SECONDS = 300  # the server ends each watch after this; we then re-list
+RETRY_SECONDS = 2.0
+
+
+class WatchCache:
+    """A list+watch of one collection narrowed by a field selector, kept in memory.
+
+    `items()` is None until the first list succeeded and whenever the watch is broken, so
+    callers fall back to asking the API server: a cache is never trusted when stale.
+    """
+
+    def __init__(self, creds: KubeCredentials, path: str, field_selector: str) -> None:
+        self._creds = creds
+        self._path = path
+        self._selector = field_selector
+        self._objects: dict[str, dict[str, Any]] = {}
+        self._synced = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"watch {path}", daemon=True)
+        self._thread.start()
+
+    def items(self) -> list[dict[str, Any]] | None:
+        """Current objects, or None when not in sync."""
+        with self._lock:
+            return list(self._objects.values()) if self._synced else None
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One object by namespace/name (None if absent or not in sync)."""
+        with self._lock:
+            return self._objects.get(f"{namespace}/{name}") if self._synced else None
+
+    def stop(self) -> None:
+        """End the watch thread."""
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._list_and_watch()
+            except Exception as exc:  # any failure: distrust the cache and start over
+                log.info("watch %s?%s interrupted: %s", self._path, self._selector, exc)
+            with self._lock:
+                self._synced = False
+            self._stop.wait(RETRY_SECONDS)
+
+    def _list_and_watch(self) -> None:
+        client = KubeClient(self._creds)
+        try:
+            listing = client.request("GET", self._path, Deadline(30),
+                                     query={"fieldSelector": self._selector})
+            with self._lock:
+                self._objects = {_key(o): o for o in listing.get("items") or []}
+                self._synced = True
+            version = listing["metadata"]["resourceVersion"]
+            self._watch(version)
+        finally:
+            client.close()
+
+    def _watch(self, version: str) -> None:
+        import http.client
+
+        parsed = urllib.parse.urlsplit(self._creds.server)
+        conn: http.client.HTTPConnection
+        if parsed.scheme == "https":
+            conn = http.client.HTTPSConnection(parsed.hostname or "localhost", parsed.port or 443,
+                                               timeout=WATCH_SECONDS + 30,
+                                               context=self._creds.ssl_context())
+        else:
+            conn = http.client.HTTPConnection(parsed.hostname or "localhost", parsed.port or 80,
+                                              timeout=WATCH_SECONDS + 30)
+        query = urllib.parse.urlencode({"watch": "1", "resourceVersion": version,
+                                        "fieldSelector": self._selector,
+                                        "timeoutSeconds": str(WATCH_SECONDS),
+                                        "allowWatchBookmarks": "true"})
+        headers = {"Accept": "application/json"}
+        token = self._creds.bearer_token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        try:
+            conn.request("GET", f"{parsed.path.rstrip('/')}{self._path}?{query}", headers=headers)
+            response = conn.getresponse()
+            if response.status != 200:
+                raise ConnectionError(f"watch answered HTTP {response.status}")
+            while not self._stop.is_set():
+                line = response.readline()
+                if not line:
+                    return  # the server ended the watch: re-list
+                self._apply(json.loads(line))
+        finally:
+            conn.close()
+
+    def _apply(self, event: dict[str, Any]) -> None:
+        kind, obj = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            raise ConnectionError(f"watch error: {obj.get('message')}")
+        if kind == "BOOKMARK":
+            return
+        with self._lock:
+            if kind == "DELETED":
+                self._objects.pop(_key(obj), None)
+            else:
+                self._objects[_key(obj)] = obj
+
+
+def _key(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+class WarmServices(Services):
+    """Services that outlive one invocation (the agent's)."""
+
+    keeps_clients = True
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._creds: dict[str, tuple[float, KubeCredentials]] = {}
+        self._local = threading.local()
+        self._watches: dict[tuple[str, str, str], WatchCache] = {}
+
+    def _credentials(self, kubeconfig: str) -> KubeCredentials:
+        mtime = os.stat(kubeconfig).st_mtime
+        with self._lock:
+            known = self._creds.get(kubeconfig)
+            if known is not None and known[0] == mtime:
+                return known[1]
+        creds = load_kubeconfig(kubeconfig)
+        with self._lock:
+            self._creds[kubeconfig] = (mtime, creds)
+        return creds
+
+    def kube_client(self, kubeconfig: str) -> KubeClient:
+        """This thread's keep-alive client for kubeconfig (rebuilt when the file changes)."""
+        creds = self._credentials(kubeconfig)
+        clients: dict[str, KubeClient] = self._local.__dict__.setdefault("clients", {})
+        client = clients.get(kubeconfig)
+        if client is None or client.creds is not creds:
+            if client is not None:
+                client.close()
+            client = clients[kubeconfig] = KubeClient(creds)
+        return client
+
+    def _watch(self, kubeconfig: str, path: str, selector: str) -> WatchCache:
+        key = (kubeconfig, path, selector)
+        with self._lock:
+            cache = self._watches.get(key)
+        if cache is None:
+            cache = WatchCache(self._credentials(kubeconfig), path, selector)
+            with self._lock:
+                cache = self._watches.setdefault(key, cache)
+        return cache
+
+    def cached_routers(self, kubeconfig: str, namespace: str,
+                       node: str) -> list[dict[str, Any]] | None:
+        """This node's routers from the watch (started on first use)."""
+        return self._watch(kubeconfig, ROUTERS.path(namespace),
+                           f"spec.targetRef.name={node}").items()
+
+    def cached_pod(self, kubeconfig: str, node: str, namespace: str,
+                   name: str) -> dict[str, Any] | None:
+        """A Pod from the watch of this node's Pods (started on first use)."""
+        return self._watch(kubeconfig, PODS.path(), f"spec.nodeName={node}").get(namespace, name)
+
+    def close(self) -> None:
+        """Stop every watch."""
+        with self._lock:
+            for cache in self._watches.values():
+                cache.stop()

@@ -1,0 +1,33 @@
+"""Long-lived resources a verb may borrow: Kubernetes clients and watch caches.
+
+The executable uses `Services()` — nothing is kept between invocations. The node agent keeps
+one `WarmServices` (cni_plugin/agent/warm.py) for its lifetime: per-thread keep-alive API
+connections and watch caches of this node's BGPRouter and Pods.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cni_plugin.kube.client import KubeClient
+from cni_plugin.kube.config import load_kubeconfig
+
+
+class Services:
+    """Cold services: a fresh client per call, no caches."""
+
+    keeps_clients = False
+
+    def kube_client(self, kubeconfig: str) -> KubeClient:
+        """An API client for kubeconfig (the caller closes it unless keeps_clients)."""
+        return KubeClient(load_kubeconfig(kubeconfig))
+
+    def cached_routers(self, kubeconfig: str, namespace: str,
+                       node: str) -> list[dict[str, Any]] | None:
+        """BGPRouters targeting node from a synced watch cache, or None (ask the API)."""
+        return None
+
+    def cached_pod(self, kubeconfig: str, node: str, namespace: str,
+                   name: str) -> dict[str, Any] | None:
+        """This node's Pod from a synced watch cache, or None (ask the API)."""
+        return None

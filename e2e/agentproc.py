@@ -1,0 +1,64 @@
+"""Run a `vpc-attach agent` for tests: started on a private socket, stopped exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+
+class AgentProcess:
+    """A node agent process listening on `<directory>/agent.sock`."""
+
+    def __init__(self, directory: Path, prefix: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        from e2e.conftest import installed
+        self.directory = directory
+        self.socket = directory / "agent.sock"
+        self.log = directory / "agent.log"
+        self._argv = [*(prefix or []), installed("vpc-attach"), "agent",
+                      "--socket", str(self.socket)]
+        self._env = {**os.environ, "VPC_ATTACH_LOG_FILE": str(self.log), **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> AgentProcess:
+        """Start and wait until the socket accepts."""
+        self.proc = subprocess.Popen(self._argv, env=self._env, stdout=subprocess.DEVNULL,
+                                     stderr=open(self.directory / "agent.stderr", "ab"))  # noqa: SIM115
+        give_up = time.monotonic() + 30
+        while not self.socket.exists():
+            if self.proc.poll() is not None or time.monotonic() > give_up:
+                raise RuntimeError(f"agent did not start: "
+                                   f"{(self.directory / 'agent.stderr').read_text()}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = 60) -> int | None:
+        """Signal the agent and wait for it to exit; its exit status."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signum)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(timeout=10)
+
+    def verb_lines(self) -> list[dict[str, Any]]:
+        """The operator log lines the agent wrote (one per verb it served)."""
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines()
+                if line.startswith("{")]
+
+    def __enter__(self) -> AgentProcess:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()

@@ -1,0 +1,149 @@
+"""The node agent and the thin client (SPEC §11): forwarding, fallback, and restarts with
+ADDs in flight."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cni_plugin import naming
+from cni_plugin.agent.protocol import recv_frame, send_frame
+from e2e.agentproc import AgentProcess
+from e2e.conftest import Answer, Plugin, base_conf, installed, links_in, run_ip, with_prev
+
+pytestmark = pytest.mark.root
+HEAVY_MODULES = ("pydantic", "pyroute2", "yaml", "cni_plugin.dispatch", "cni_plugin.verbs")
+
+
+def _pool_conf(vpc: str, att: str, data: Path) -> dict[str, Any]:
+    return base_conf(vpc, att, ipam={"type": "vpc-attach-ipam", "dataDir": str(data),
+                                     "ipv6_subnet": "fd00:a9::/48", "ipv4_subnet": "10.169.0.0/16"})
+
+
+def test_forwarded_call_imports_only_the_standard_library(plugin: Plugin, tmp_path: Path,
+                                                          vpc: str) -> None:
+    with AgentProcess(tmp_path) as agent:
+        env = plugin.env("DEL", "fwd-1", "", "eth0", VPC_ATTACH_AGENT_SOCKET=str(agent.socket))
+        proc = subprocess.run([sys.executable, "-X", "importtime", installed("vpc-attach")],
+                              input=json.dumps(_pool_conf(vpc, "9", tmp_path)).encode(), env=env,
+                              capture_output=True, timeout=60, check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        imported = [line.split("|")[-1].strip() for line in proc.stderr.decode().splitlines()
+                    if line.startswith("import time:")]
+        heavy = [m for m in imported if m.split(".")[0] in HEAVY_MODULES
+                 or m.startswith(HEAVY_MODULES)]
+        assert not heavy, f"the forwarding path imported {heavy}"
+        assert any(line["containerID"] == "fwd-1" for line in agent.verb_lines()), \
+            "the agent served the DEL"
+
+
+def test_without_an_agent_the_verb_runs_in_process(plugin: Plugin, netns: str, vpc: str,
+                                                   tmp_path: Path) -> None:
+    stale = tmp_path / "stale.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(stale))
+    listener.close()  # a socket file nobody listens on: connection refused
+    conf = _pool_conf(vpc, "1", tmp_path / "ipam")
+    result = plugin.ok("ADD", conf, container_id="inproc", netns=netns,
+                       VPC_ATTACH_AGENT_SOCKET=str(stale))
+    assert naming.host_link_name(vpc, "1") in links_in()
+    plugin.ok("DEL", with_prev(conf, result), container_id="inproc", netns=netns,
+              VPC_ATTACH_AGENT_SOCKET=str(stale))
+
+
+def test_an_agent_of_another_protocol_version_is_not_used(plugin: Plugin, netns: str, vpc: str,
+                                                          tmp_path: Path) -> None:
+    path = tmp_path / "future.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen(8)
+    seen: list[int] = []
+
+    def future_agent() -> None:
+        listener.settimeout(30)
+        conn, _ = listener.accept()
+        request = recv_frame(conn)
+        seen.append(request["v"])
+        send_frame(conn, {"v": 2, "error": "unsupported protocol version 1"})
+        conn.close()
+
+    thread = threading.Thread(target=future_agent)
+    thread.start()
+    conf = _pool_conf(vpc, "2", tmp_path / "ipam")
+    plugin.ok("ADD", conf, container_id="future", netns=netns,
+              VPC_ATTACH_AGENT_SOCKET=str(path))
+    thread.join(timeout=30)
+    listener.close()
+    assert seen == [1], "the client asked the agent first"
+    assert naming.host_link_name(vpc, "2") in links_in(), "then ran the verb itself"
+    plugin.ok("DEL", conf, container_id="future", netns=netns, VPC_ATTACH_AGENT_SOCKET=str(path))
+
+
+def _parallel_adds(plugin: Plugin, socket_path: Path, jobs: list[tuple[dict[str, Any], str, str]],
+                   ) -> list[Answer]:
+    def add(job: tuple[dict[str, Any], str, str]) -> Answer:
+        conf, cid, netns = job
+        return plugin.call("ADD", conf, container_id=cid, netns=netns,
+                           VPC_ATTACH_AGENT_SOCKET=str(socket_path))
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        return list(pool.map(add, jobs))
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["graceful", "killed"])
+def test_restarting_the_agent_with_adds_in_flight_loses_nothing(
+        plugin: Plugin, vpc: str, tmp_path: Path, how: signal.Signals) -> None:
+    count = 8
+    names = [f"vpa-rs-{secrets.token_hex(3)}" for _ in range(count)]
+    for name in names:
+        run_ip("netns", "add", name)
+    jobs = [(_pool_conf(vpc, str(i + 1), tmp_path / "ipam"), f"restart-{i}",
+             f"/var/run/netns/{names[i]}") for i in range(count)]
+    first_dir, second_dir = tmp_path / "a1", tmp_path / "a2"
+    first_dir.mkdir()
+    second_dir.mkdir()
+    try:
+        first = AgentProcess(first_dir).start()
+        answers: list[Answer] = []
+        runner = threading.Thread(target=lambda: answers.extend(
+            _parallel_adds(plugin, first.socket, jobs)))
+        runner.start()
+        time.sleep(0.3)  # ADDs are now in flight inside the agent
+        first.stop(how)
+        second = AgentProcess(second_dir).start()  # the restarted agent, on its own socket
+        runner.join(timeout=120)
+        assert len(answers) == count
+        for answer in answers:  # completed, or failed cleanly with one CNI error object
+            assert answer.status == 0 or (answer.code == 11 and answer.body["msg"]), answer.stdout
+            assert "Traceback" not in answer.stdout
+        if how == signal.SIGTERM:
+            assert all(a.status == 0 for a in answers), "a graceful stop drains in-flight ADDs"
+        # The runtime retries what failed; every ADD converges to a working attachment.
+        retried = _parallel_adds(plugin, second.socket, jobs)
+        assert all(a.status == 0 for a in retried), [a.stdout for a in retried if a.status]
+        for (conf, cid, netns), result in zip(jobs, retried, strict=True):
+            check = plugin.call("CHECK", with_prev(conf, result.body), container_id=cid,
+                                netns=netns, VPC_ATTACH_AGENT_SOCKET=str(second.socket))
+            assert check.status == 0, check.stdout
+        addresses = [ip["address"] for r in retried for ip in r.body["ips"]]
+        assert len(set(addresses)) == len(addresses) == 2 * count
+        for conf, cid, netns in jobs:
+            plugin.ok("DEL", conf, container_id=cid, netns=netns,
+                      VPC_ATTACH_AGENT_SOCKET=str(second.socket))
+        assert not any(naming.host_link_name(vpc, str(i + 1)) in links_in()
+                       for i in range(count))
+        second.stop()
+    finally:
+        for name in names:
+            os.system(f"ip netns del {name} 2>/dev/null")
