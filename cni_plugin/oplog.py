@@ -1,4 +1,10 @@
-"""Operator logs: one JSON line per verb, to the configured file; never stdout, never secrets."""
+"""Operator logs: JSON lines in the configured log file — never stdout, never a credential.
+
+Every verb writes exactly one summary line (ts, verb, containerID, ifname, pod, outcome, code,
+error, durationMs); warnings and details of the same invocation are JSON lines too, so one
+`jq` reads the whole file. Without a log file, only warnings go to stderr (which runtimes
+show next to a failed sandbox).
+"""
 
 from __future__ import annotations
 
@@ -12,27 +18,45 @@ from typing import Any
 from cni_plugin.verbs.request import Request
 
 _configured: dict[str, Any] = {}
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
-def _log_file(request: Request) -> str | None:
-    # Cheap precedence (env, then host file) — the stanza may not even parse.
-    path = request.environ.get("VPC_ATTACH_LOG_FILE")
-    if path:
-        return path
+def _setting(request: Request, stanza_key: str, env_key: str) -> str | None:
+    """stanza > environment > host file, cheaply (the stanza may not even parse)."""
+    try:
+        stanza = json.loads(request.stdin) if request.stdin else {}
+        value = stanza.get(stanza_key) if isinstance(stanza, dict) else None
+        if isinstance(value, str) and value:
+            return value
+    except (ValueError, RecursionError):
+        pass
+    if request.environ.get(env_key):
+        return request.environ[env_key]
     try:
         with open(request.environ.get("VPC_ATTACH_HOST_CONFIG") or "/etc/vpc-attach/host.json",
                   encoding="utf-8") as handle:
-            value = json.load(handle).get("logFile")
-            return value if isinstance(value, str) else None
+            value = json.load(handle).get(stanza_key)
+            return value if isinstance(value, str) and value else None
     except (OSError, ValueError, AttributeError):
         return None
 
 
+class JsonLines(logging.Formatter):
+    """One JSON object per record."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {"ts": _timestamp(record.created), "level": record.levelname.lower(),
+                "logger": record.name, "msg": record.getMessage()}
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line)
+
+
 def configure(request: Request) -> None:
-    """Send Python logging to the log file (or stderr); idempotent per file."""
-    path = _log_file(request)
-    level = (request.environ.get("VPC_ATTACH_LOG_LEVEL") or "info").upper()
-    if _configured.get("path") == path and path is not None:
+    """Send Python logging to the log file as JSON lines (or warnings to stderr)."""
+    path = _setting(request, "logFile", "VPC_ATTACH_LOG_FILE")
+    level = (_setting(request, "logLevel", "VPC_ATTACH_LOG_LEVEL") or "info").upper()
+    if _configured.get("key") == (path, level):
         return
     root = logging.getLogger()
     for old in list(root.handlers):
@@ -42,21 +66,22 @@ def configure(request: Request) -> None:
         handler = logging.FileHandler(path) if path else logging.StreamHandler(sys.stderr)
     except OSError:
         handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        path = None
+    handler.setFormatter(JsonLines())
     root.addHandler(handler)
-    root.setLevel(level if level in ("DEBUG", "INFO", "WARNING", "ERROR") else "INFO")
-    _configured["path"] = path
+    root.setLevel(level if path and level in LEVELS else "WARNING")
+    _configured["key"] = (path, level)
 
 
 def verb_line(request: Request, code: int, message: str, seconds: float) -> None:
     """Append the one-line summary of a verb to the log file, if one is configured."""
-    path = _log_file(request)
+    path = _setting(request, "logFile", "VPC_ATTACH_LOG_FILE")
     if not path:
         return
     env = request.environ
     args = dict(kv.split("=", 1) for kv in env.get("CNI_ARGS", "").split(";") if "=" in kv)
     line = {
-        "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + "Z",
+        "ts": _timestamp(time.time()),
         "verb": request.command,
         "containerID": env.get("CNI_CONTAINERID", ""),
         "ifname": env.get("CNI_IFNAME", ""),
@@ -74,3 +99,8 @@ def verb_line(request: Request, code: int, message: str, seconds: float) -> None
             os.close(fd)
     except OSError:
         pass  # logging must never change the answer
+
+
+def _timestamp(seconds: float) -> str:
+    millis = int(seconds % 1 * 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"

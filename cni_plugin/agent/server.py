@@ -51,22 +51,30 @@ class Agent:
                 conn, _ = self._listener.accept()
             except TimeoutError:
                 continue
+            self._start(conn)
+        # Clients already queued in the backlog have sent their verb: serve them too.
+        self._listener.setblocking(False)
+        while True:
+            try:
+                conn, _ = self._listener.accept()
             except OSError:
-                if self.stopping.is_set():
-                    break
-                raise
-            with self._cond:
-                self._inflight += 1
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+                break
+            conn.setblocking(True)
+            self._start(conn)
+        self._listener.close()
         self._drain()
+
+    def _start(self, conn: socket.socket) -> None:
+        with self._cond:
+            self._inflight += 1
+        threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
 
     def stop(self) -> None:
         """Stop accepting now; in-flight verbs keep running."""
         if self.stopping.is_set():
             return
         self.stopping.set()
-        self._unlink()
-        self._listener.close()
+        self._unlink()  # new invocations now run in-process; the serve loop drains the rest
 
     def _unlink(self) -> None:
         # Only our own socket file: a newer agent may already listen on the same path.

@@ -16,6 +16,8 @@ from netconf.errors import INVALID_CONFIG, IO_FAILURE, TRY_AGAIN_LATER, CniError
 from netconf.result import Result
 from netconf.runtime import RuntimeEnv
 
+OWN_IPAM = "vpc-attach-ipam"
+
 
 def find_plugin(plugin_type: str, cni_path: tuple[str, ...]) -> str:
     """Absolute path of the plugin `plugin_type` in CNI_PATH (code 7 naming it if absent)."""
@@ -32,6 +34,8 @@ def invoke(plugin_type: str, command: str, env: RuntimeEnv, stdin: bytes,
     """Run the delegate; its parsed stdout on success, its own CNI error re-raised on failure."""
     path = find_plugin(plugin_type, env.cni_path)
     child_env = {**_inherited_env(), **env.to_environ(), "CNI_COMMAND": command}
+    if plugin_type == OWN_IPAM:
+        return _invoke_own(plugin_type, command, child_env, stdin)
     try:
         proc = subprocess.run([path], input=stdin, env=child_env, capture_output=True,
                               timeout=deadline.remaining(), check=False)
@@ -51,6 +55,19 @@ def invoke(plugin_type: str, command: str, env: RuntimeEnv, stdin: bytes,
         raise CniError(IO_FAILURE, f"IPAM plugin {plugin_type!r} answered {command} with "
                        "invalid JSON", stdout[:200].decode(errors="replace")) from None
     return data if isinstance(data, dict) else None
+
+
+def _invoke_own(plugin_type: str, command: str, environ: dict[str, str],
+                stdin: bytes) -> dict[str, Any] | None:
+    # Our own IPAM plugin answers exactly as its executable would, without starting a second
+    # Python (about 0.25 s of imports per call): same env, same stdin, same JSON answer.
+    from cni_plugin.ipam.plugin.dispatch import run
+    from cni_plugin.verbs.request import Request
+
+    status, payload = run(Request(environ=environ, stdin=stdin))
+    if status != 0:
+        raise _delegate_error(plugin_type, command, json.dumps(payload).encode(), b"")
+    return payload
 
 
 def _inherited_env() -> dict[str, str]:
