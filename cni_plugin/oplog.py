@@ -25,9 +25,11 @@ def _setting(request: Request, stanza_key: str, env_key: str) -> str | None:
     """stanza > environment > host file, cheaply (the stanza may not even parse)."""
     try:
         stanza = json.loads(request.stdin) if request.stdin else {}
-        value = stanza.get(stanza_key) if isinstance(stanza, dict) else None
-        if isinstance(value, str) and value:
-            return value
+        if isinstance(stanza, dict):  # keys match case-insensitively, as the stanza's do
+            wanted = stanza_key.lower()
+            value = next((v for k, v in stanza.items() if k.lower() == wanted), None)
+            if isinstance(value, str) and value:
+                return value
     except (ValueError, RecursionError):
         pass
     if request.environ.get(env_key):

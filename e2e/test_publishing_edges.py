@@ -147,3 +147,11 @@ def test_only_this_nodes_stale_annotations_are_pruned(kube: Kube, node: Node, cl
     assert not any(naming.annotation_cid("ctr-dead-here") in key for key in notes)
     assert f"galactic.datum.net/netns.{naming.annotation_cid('ctr-dead-there')}" in notes
     assert sorted(adv["spec"]["prefixes"]) == ["fd00:52::/96", "fd00:53::/96"]
+
+
+def test_status_is_50_when_no_router_targets_this_node(plugin: Plugin, vpc: str, tmp_path: Path,
+                                                       cluster: Any) -> None:
+    plugin.environ.update({"VPC_ATTACH_NODE_NAME": "node-without-router",
+                           "VPC_ATTACH_KUBECONFIG": str(cluster.plugin_kubeconfig)})
+    answer = plugin.call("STATUS", _conf(vpc, "6", tmp_path))
+    assert answer.code == 50 and "BGPRouter" in answer.body["msg"], answer.stdout

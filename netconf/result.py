@@ -87,10 +87,10 @@ class Result(_Open):
     dns: DNS = Field(default_factory=DNS)
 
     @classmethod
-    def from_wire(cls, data: Any) -> Result:
-        """Parse a result of any supported version (code 6 if it is not one)."""
+    def from_wire(cls, data: Any, what: str = "prevResult") -> Result:
+        """Parse a result of any supported version (code 6 naming `what` if it is not one)."""
         if not isinstance(data, dict):
-            raise CniError(DECODE_FAILURE, "prevResult is not a JSON object")
+            raise CniError(DECODE_FAILURE, f"{what} is not a JSON object")
         body = {k: v for k, v in data.items() if k != "cniVersion"}
         ips = body.get("ips")
         if isinstance(ips, list):  # drop 0.3/0.4's ips[].version without editing the input
@@ -99,7 +99,7 @@ class Result(_Open):
         try:
             return cls.model_validate(body)
         except ValidationError as exc:
-            raise CniError(DECODE_FAILURE, "cannot decode prevResult",
+            raise CniError(DECODE_FAILURE, f"cannot decode {what}",
                            _first_error(exc)) from None
 
     def to_wire(self, cni_version: str) -> dict[str, Any]:

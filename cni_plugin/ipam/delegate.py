@@ -90,7 +90,7 @@ def add(plugin_type: str, env: RuntimeEnv, stdin: bytes, deadline: Deadline) -> 
     data = invoke(plugin_type, "ADD", env, stdin, deadline)
     if data is None:
         raise CniError(IO_FAILURE, f"IPAM plugin {plugin_type!r} returned no result")
-    return Result.from_wire(data)
+    return Result.from_wire(data, f"the result of IPAM plugin {plugin_type!r}")
 
 
 def delete(plugin_type: str, env: RuntimeEnv, stdin: bytes, deadline: Deadline) -> None:

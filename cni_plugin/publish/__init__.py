@@ -135,6 +135,9 @@ def publishing_status(inv: Invocation) -> None:
         from cni_plugin.publish.status import check_access
         try:
             check_access(ctx)
+            if inv.conf.publish.bgp:  # ADD would fail with code 7 without exactly one
+                from cni_plugin.publish.bgp import find_router
+                find_router(ctx, inv.deadline)
         finally:
             ctx.close()
     except CniError as exc:

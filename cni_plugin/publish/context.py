@@ -7,7 +7,7 @@ from typing import Any
 
 from cni_plugin.kube.client import ApiError, KubeClient
 from cni_plugin.verbs.request import Invocation
-from netconf.errors import INVALID_CONFIG, PUBLISH_FAILURE, CniError
+from netconf.errors import INVALID_CONFIG, PUBLISH_FAILURE, TRY_AGAIN_LATER, CniError
 
 
 @dataclass
@@ -59,7 +59,13 @@ class Router:
 
 
 def api_failure(exc: ApiError, doing: str) -> CniError:
-    """A non-transient API refusal as code 104 naming what was being done."""
+    """A non-transient API refusal as code 104 naming what was being done.
+
+    401 is code 11: the plugin's token is rotated by the DaemonSet, so a rejected credential
+    is expected to heal (a retried DEL must not be stuck on it)."""
+    if exc.status == 401:
+        return CniError(TRY_AGAIN_LATER, f"failed to {doing}: the API server rejected the "
+                        "plugin's credentials (token expired or being rotated?)", exc.message)
     hint = " (check the vpc-attach ClusterRole)" if exc.status == 403 else ""
     return CniError(PUBLISH_FAILURE, f"failed to {doing}: {exc.status} {exc.reason}{hint}",
                     exc.message)

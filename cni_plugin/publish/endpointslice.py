@@ -23,7 +23,7 @@ from cni_plugin.publish.resources import (
     TENANT_LABEL,
 )
 from cni_plugin.rollback import Rollback
-from netconf.errors import PUBLISH_FAILURE, CniError
+from netconf.errors import PUBLISH_FAILURE, TRY_AGAIN_LATER, CniError
 
 MAX_NAME = 253
 FAMILY_SUFFIX = {"IPv6": "ipv6", "IPv4": "ipv4"}
@@ -137,7 +137,8 @@ def _write_slice(ctx: PublishContext, namespace: str, name: str, body: dict[str,
         except ApiError as exc:
             if exc.status not in (404, 409):
                 raise
-    raise CniError(PUBLISH_FAILURE, f"EndpointSlice {namespace}/{name} keeps changing")
+    raise CniError(TRY_AGAIN_LATER, f"EndpointSlice {namespace}/{name} keeps changing",
+                   "too many write conflicts; retry")
 
 
 def delete_slices(ctx: PublishContext, deadline: Deadline) -> None:

@@ -367,6 +367,8 @@ def _start_apiserver(
             f"--tls-private-key-file={pki.apiserver_key}",
             f"--client-ca-file={pki.ca_cert}",
             "--authorization-mode=Node,RBAC",
+            # The packaged DaemonSet is privileged (it manages host networking).
+            "--allow-privileged=true",
             "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-account-key-file={pki.service_account_pub}",
             f"--service-account-signing-key-file={pki.service_account_key}",

@@ -164,5 +164,5 @@ def wait_until(
 def crd_established(api: KubeApi, name: str) -> bool:
     """Whether the CustomResourceDefinition ``name`` has condition Established=True."""
     crd = api.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-    conditions: Iterable[JsonObject] = crd.get("status", {}).get("conditions", [])
+    conditions: Iterable[JsonObject] = (crd.get("status") or {}).get("conditions") or []
     return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
