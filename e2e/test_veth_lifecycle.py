@@ -270,3 +270,15 @@ def test_lock_timeout_after_ipam_is_code_11_and_releases_the_allocation(
     assert links_in(netns) == {"lo"}
     assert naming.host_link_name(vpc, "7") not in links_in()
     assert host_local_reservations(tmp_path / "ipam", f"net-{vpc}") == []
+
+
+def test_del_with_an_unusable_config_succeeds_and_changes_nothing(
+        plugin: Plugin, netns: str, vpc: str, tmp_path: Path) -> None:
+    conf = _conf(vpc, tmp_path)
+    plugin.ok("ADD", conf, container_id="pod-u", netns=netns)
+    # The runtime's clean-up DEL after an ADD that failed on this config: nothing to undo.
+    plugin.ok("DEL", {**conf, "vpc": "not-base62!"}, container_id="pod-u", netns=netns)
+    assert naming.host_link_name(vpc, "7") in links_in(), "another config's link is untouched"
+    missing_env = plugin.call("DEL", conf, container_id="", netns=netns)
+    assert missing_env.code == 4, "an unusable environment is still an error"
+    plugin.ok("DEL", conf, container_id="pod-u", netns=netns)

@@ -29,3 +29,15 @@ fi
 .venv/bin/python -m e2e.tools build >&2
 # The local control plane (etcd, kube-apiserver, kube-controller-manager), same cache.
 .venv/bin/python -m e2e.cluster build >&2
+# containerd + runc (Debian) for the CRI e2e; then the CRI API stubs and the local pause image.
+need_cri=()
+command -v containerd >/dev/null || need_cri+=(containerd)
+command -v runc >/dev/null || [ -x /usr/sbin/runc ] || need_cri+=(runc)
+command -v gcc >/dev/null || need_cri+=(gcc)
+[ -n "$(find /usr/lib -name libc.a -print -quit 2>/dev/null)" ] || need_cri+=(libc6-dev)
+if [ ${#need_cri[@]} -gt 0 ]; then
+  echo "setup: installing ${need_cri[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_cri[@]}" >/dev/null
+fi
+.venv/bin/python -m e2e.cri build >&2

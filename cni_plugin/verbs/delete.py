@@ -10,14 +10,25 @@ from cni_plugin.ipam import delegate
 from cni_plugin.locks import file_lock
 from cni_plugin.publish import unpublish
 from cni_plugin.verbs.request import Invocation, Request
-from netconf.errors import CniError
+from netconf.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, INVALID_CONFIG, CniError
 
 log = logging.getLogger(__name__)
+UNUSABLE_CONFIG = (INCOMPATIBLE_VERSION, DECODE_FAILURE, INVALID_CONFIG)
 
 
 def delete(request: Request) -> None:
     """Undo ADD for this container; every step runs, the first failure is reported."""
-    inv = Invocation.parse(request)
+    try:
+        inv = Invocation.parse(request)
+    except CniError as exc:
+        if exc.code not in UNUSABLE_CONFIG:
+            raise
+        # An ADD with this config failed before changing anything, so there is nothing to
+        # undo; failing would leave the runtime's sandbox stuck. GC collects any leftovers
+        # of a config that was valid once.
+        log.warning("DEL with an unusable config succeeds without changes: %s (%s)",
+                    exc.msg, exc.details)
+        return
     failures: list[CniError] = []
     if inv.conf.ipam is not None:
         ipam_type = str(inv.conf.ipam["type"])
