@@ -7,6 +7,7 @@ Subcommands: `vpc-attach agent` (the node agent), `vpc-attach install` / `uninst
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 SUBCOMMANDS = ("agent", "install", "uninstall")
 
@@ -30,21 +31,23 @@ def _cni() -> None:
     import os
 
     environ = dict(os.environ)
-    if environ.get("CNI_COMMAND") != "VERSION":
-        from cni_plugin.agent.client import forward, socket_path
+    if environ.get("CNI_COMMAND") == "VERSION":  # ignores stdin; needs none of the models
+        from cni_plugin.verbs.version import version
 
-        stdin = sys.stdin.buffer.read()
-        answer = forward(environ, stdin, socket_path(environ, stdin))
-        if answer is not None:
-            _respond(*answer)
-    else:
-        stdin = b""
+        respond(0, version())
+    from cni_plugin.agent.client import forward, socket_path
+
+    stdin = sys.stdin.buffer.read()
+    answer = forward(environ, stdin, socket_path(environ, stdin))
+    if answer is not None:
+        respond(*answer)
     from cni_plugin.dispatch import answer_stdio
 
     answer_stdio(environ, stdin)
 
 
-def _respond(status: int, payload: dict[str, object] | None) -> None:
+def respond(status: int, payload: dict[str, object] | None) -> NoReturn:
+    """Print the answer (if any) as one JSON document and exit with status."""
     import json
 
     if payload is not None:

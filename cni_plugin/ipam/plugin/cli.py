@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 
 def main() -> None:
     """Entry point of `vpc-attach-ipam` (the IPAM plugin)."""
+    if os.environ.get("CNI_COMMAND") == "VERSION":  # ignores stdin; needs none of the models
+        from cni_plugin.cli import respond
+        from cni_plugin.verbs.version import version
+
+        respond(0, version())
     from cni_plugin.dispatch import serve_stdio
     from cni_plugin.ipam.plugin.dispatch import ipam_verbs
 

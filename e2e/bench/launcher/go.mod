@@ -1,0 +1,3 @@
+module vpc-attach/e2e/bench/launcher
+
+go 1.21
