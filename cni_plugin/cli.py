@@ -7,7 +7,6 @@ Subcommands: `vpc-attach agent` (the node agent), `vpc-attach install` / `uninst
 from __future__ import annotations
 
 import sys
-from typing import NoReturn
 
 SUBCOMMANDS = ("agent", "install", "uninstall")
 
@@ -40,13 +39,16 @@ def _cni() -> None:
     stdin = sys.stdin.buffer.read()
     answer = forward(environ, stdin, socket_path(environ, stdin))
     if answer is not None:
-        respond(*answer)
+        status, text = answer
+        sys.stdout.buffer.write(text)
+        sys.stdout.flush()
+        sys.exit(status)
     from cni_plugin.dispatch import answer_stdio
 
     answer_stdio(environ, stdin)
 
 
-def respond(status: int, payload: dict[str, object] | None) -> NoReturn:
+def respond(status: int, payload: dict[str, object] | None) -> None:
     """Print the answer (if any) as one JSON document and exit with status."""
     import json
 

@@ -1,49 +1,106 @@
-"""Wire format between the executable and the agent: length-prefixed JSON frames.
+"""Wire format between the executable and the agent: small binary frames.
 
-Request  {"v": 1, "environ": {...}, "stdin": "<base64>"}
-Response {"v": 1, "status": 0|1, "payload": {...}|null}   or   {"v": N, "error": "..."}
+The executable's side must start fast, so it neither encodes nor parses JSON (importing `json`
+pulls in `re` and `enum`: ~10 ms per call). A request carries the CNI_*/VPC_ATTACH_*
+environment and stdin as length-prefixed byte strings; the reply carries the exit status
+and the answer's JSON text, which the executable prints verbatim.
+
+  request = MAGIC  u32:count  count * (u32:len key, u32:len value)   (key b"\\0stdin" = stdin)
+  reply   = MAGIC  u8:status  u32:len  JSON text (empty = no answer)
+  refusal = b"vpa?"  (the agent speaks another version: the executable runs the verb itself)
 """
 
 from __future__ import annotations
 
-import json
-import socket
 import struct
-from typing import Any
 
-PROTOCOL_VERSION = 1
+TYPE_CHECKING = False  # typing costs milliseconds on the executable's path (client.py)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Protocol
+
+    class Stream(Protocol):
+        """What both `socket.socket` and `_socket.socket` offer."""
+
+        def sendall(self, data: bytes, /) -> None: ...
+        def recv(self, size: int, /) -> bytes: ...
+
+MAGIC = b"vpa1"
+REFUSAL = b"vpa?"
+STDIN_KEY = b"\x00stdin"
 MAX_FRAME = 16 * 1024 * 1024
-_HEADER = struct.Struct("!I")
+_U32 = struct.Struct("!I")
+_REPLY = struct.Struct("!BI")
 
 
 class ProtocolError(Exception):
     """The peer sent something that is not a frame of this protocol."""
 
 
-def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
-    """Write one frame."""
-    body = json.dumps(message, separators=(",", ":")).encode()
-    sock.sendall(_HEADER.pack(len(body)) + body)
+class VersionMismatch(ProtocolError):
+    """The peer speaks another protocol version."""
 
 
-def recv_frame(sock: socket.socket) -> dict[str, Any]:
-    """Read one frame (ProtocolError on garbage, ConnectionError on EOF)."""
-    (length,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+def encode_request(environ: Mapping[str, str], stdin: bytes) -> bytes:
+    """MAGIC + the environment and stdin as length-prefixed pairs."""
+    pairs = [(k.encode(), v.encode("utf-8", "surrogateescape")) for k, v in environ.items()]
+    pairs.append((STDIN_KEY, stdin))
+    parts = [MAGIC, _U32.pack(len(pairs))]
+    for key, value in pairs:
+        parts += [_U32.pack(len(key)), key, _U32.pack(len(value)), value]
+    return b"".join(parts)
+
+
+def read_request(sock: Stream) -> tuple[dict[str, str], bytes]:
+    """(environ, stdin) of one request; VersionMismatch for another version's frame."""
+    magic = recv_exact(sock, 4)
+    if magic != MAGIC:
+        raise VersionMismatch(f"request frame {magic!r}")
+    (count,) = _U32.unpack(recv_exact(sock, 4))
+    environ: dict[str, str] = {}
+    stdin = b""
+    total = 0
+    for _ in range(count):
+        key = _field(sock)
+        value = _field(sock)
+        total += len(key) + len(value)
+        if total > MAX_FRAME:
+            raise ProtocolError("request is too large")
+        if key == STDIN_KEY:
+            stdin = value
+        else:
+            environ[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
+    return environ, stdin
+
+
+def encode_reply(status: int, answer: bytes) -> bytes:
+    """MAGIC + status + the answer's JSON text."""
+    return MAGIC + _REPLY.pack(status & 0xFF, len(answer)) + answer
+
+
+def read_reply(sock: Stream) -> tuple[int, bytes]:
+    """(status, JSON text) of the agent's reply; VersionMismatch when it refused."""
+    magic = recv_exact(sock, 4)
+    if magic != MAGIC:
+        raise VersionMismatch(f"reply frame {magic!r}")
+    status, length = _REPLY.unpack(recv_exact(sock, _REPLY.size))
     if length > MAX_FRAME:
-        raise ProtocolError(f"frame of {length} bytes is too large")
-    try:
-        message = json.loads(_recv_exact(sock, length))
-    except ValueError as exc:
-        raise ProtocolError(f"frame is not JSON: {exc}") from None
-    if not isinstance(message, dict):
-        raise ProtocolError("frame is not a JSON object")
-    return message
+        raise ProtocolError("reply is too large")
+    return status, recv_exact(sock, length)
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
+def _field(sock: Stream) -> bytes:
+    (length,) = _U32.unpack(recv_exact(sock, 4))
+    if length > MAX_FRAME:
+        raise ProtocolError("field is too large")
+    return recv_exact(sock, length)
+
+
+def recv_exact(sock: Stream, size: int) -> bytes:
+    """Exactly size bytes (ConnectionError on EOF)."""
     chunks = []
     while size:
-        chunk = sock.recv(size)
+        chunk = sock.recv(min(size, 1 << 20))
         if not chunk:
             raise ConnectionError("connection closed mid-frame")
         chunks.append(chunk)

@@ -8,7 +8,7 @@ in-process meanwhile), lets in-flight verbs finish, then exits.
 from __future__ import annotations
 
 import argparse
-import base64
+import json
 import logging
 import os
 import signal
@@ -17,11 +17,16 @@ import stat
 import threading
 import time
 from types import FrameType
-from typing import Any
 
 from cni_plugin import dispatch, oplog
 from cni_plugin.agent.client import socket_path
-from cni_plugin.agent.protocol import PROTOCOL_VERSION, ProtocolError, recv_frame, send_frame
+from cni_plugin.agent.protocol import (
+    REFUSAL,
+    ProtocolError,
+    VersionMismatch,
+    encode_reply,
+    read_request,
+)
 from cni_plugin.agent.warm import WarmServices
 from cni_plugin.verbs.request import Request
 
@@ -97,19 +102,20 @@ class Agent:
         try:
             conn.settimeout(IDLE_READ_SECONDS)
             try:
-                message = recv_frame(conn)
-            except (OSError, ConnectionError, ProtocolError) as exc:
+                environ, stdin = read_request(conn)
+            except VersionMismatch as exc:
+                log.info("refusing a client of another protocol version: %s", exc)
+                conn.sendall(REFUSAL)
+                return
+            except (OSError, ProtocolError) as exc:
                 log.info("dropping a connection: %s", exc)
                 return
-            if message.get("v") != PROTOCOL_VERSION:
-                send_frame(conn, {"v": PROTOCOL_VERSION,
-                                  "error": f"unsupported protocol version {message.get('v')!r}"})
-                return
-            request = _request(message, self.services)
+            request = _request(environ, stdin, self.services)
             oplog.configure(request)
             status, payload = dispatch.run(request)
+            answer = json.dumps(payload).encode() if payload is not None else b""
             conn.settimeout(None)
-            send_frame(conn, {"v": PROTOCOL_VERSION, "status": status, "payload": payload})
+            conn.sendall(encode_reply(status, answer))
         except OSError as exc:
             log.warning("could not answer a client: %s", exc)
         finally:
@@ -119,15 +125,9 @@ class Agent:
                 self._cond.notify_all()
 
 
-def _request(message: dict[str, Any], services: WarmServices) -> Request:
-    environ = message.get("environ")
-    forwarded = {str(k): str(v) for k, v in environ.items()} if isinstance(environ, dict) else {}
+def _request(forwarded: dict[str, str], stdin: bytes, services: WarmServices) -> Request:
     # The agent's own VPC_ATTACH_* settings (from its DaemonSet) fill what the caller lacks.
     own = {k: v for k, v in os.environ.items() if k.startswith("VPC_ATTACH_")}
-    try:
-        stdin = base64.b64decode(str(message.get("stdin", "")), validate=True)
-    except ValueError:
-        stdin = b"\x00"  # undecodable: the verb answers code 6
     return Request(environ={**own, **forwarded}, stdin=stdin, services=services)
 
 
