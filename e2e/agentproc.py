@@ -53,8 +53,9 @@ class AgentProcess:
         """The operator log lines the agent wrote (one per verb it served)."""
         if not self.log.exists():
             return []
-        return [json.loads(line) for line in self.log.read_text().splitlines()
-                if line.startswith("{")]
+        records = [json.loads(line) for line in self.log.read_text().splitlines()
+                   if line.startswith("{")]
+        return [record for record in records if "verb" in record]
 
     def __enter__(self) -> AgentProcess:
         return self.start()
