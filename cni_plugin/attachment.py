@@ -13,13 +13,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
-from pyroute2 import IPRoute
-
 from cni_plugin import naming
 from cni_plugin.deadline import Deadline
 from cni_plugin.kernel import addresses, isolation, links, netns, sysctl, tap
 from cni_plugin.kernel.addresses import IPAddr, IPInterface, RouteSpec
 from cni_plugin.kernel.links import Link, Owner
+from cni_plugin.kernel.rtnl import DEFAULT_TIMEOUT, Rtnl
 from cni_plugin.locks import file_lock
 from cni_plugin.rollback import Rollback, Undo
 from cni_plugin.verbs.request import Invocation
@@ -76,23 +75,21 @@ class Addressing:
 
 
 @contextmanager
-def host_netlink() -> Iterator[IPRoute]:
-    """A netlink socket in the host netns, closed afterwards."""
-    ipr = netns.open_netlink()
-    try:
-        yield ipr
-    finally:
-        ipr.close()
+def host_netlink(deadline: Deadline | None = None) -> Iterator[Rtnl]:
+    """A netlink socket in the host netns, closed afterwards (each call bounded by deadline)."""
+    with netns.open_netlink(None, _timeout(deadline)) as rtnl:
+        yield rtnl
 
 
 @contextmanager
-def pod_netlink(path: str) -> Iterator[IPRoute]:
+def pod_netlink(path: str, deadline: Deadline | None = None) -> Iterator[Rtnl]:
     """A netlink socket in the pod netns at path, closed afterwards."""
-    ipr = netns.open_netlink(path)
-    try:
-        yield ipr
-    finally:
-        ipr.close()
+    with netns.open_netlink(path, _timeout(deadline)) as rtnl:
+        yield rtnl
+
+
+def _timeout(deadline: Deadline | None) -> float:
+    return deadline.remaining() if deadline is not None else DEFAULT_TIMEOUT
 
 
 def lock_path(inv: Invocation, name: str) -> str:
@@ -110,15 +107,15 @@ def owner_of(inv: Invocation) -> Owner:
     return Owner(inv.env.container_id, inv.env.ifname)
 
 
-def claim_host_link(ipr: IPRoute, inv: Invocation) -> None:
+def claim_host_link(rtnl: Rtnl, inv: Invocation) -> None:
     """Make room for our host link: remove our own leftover, refuse anyone else's."""
     name = host_link_name(inv)
-    existing = links.find(ipr, name)
+    existing = links.find(rtnl, name)
     if existing is None:
         return
     owner = existing.owner
     if owner == owner_of(inv):
-        links.delete(ipr, existing)  # a repeated ADD rebuilds from scratch, converging
+        links.delete(rtnl, existing)  # a repeated ADD rebuilds from scratch, converging
     elif owner is not None:
         raise CniError(TRY_AGAIN_LATER, f"attachment {name!r} is in use by container "
                        f"{owner.container_id!r} (interface {owner.ifname!r})",
@@ -129,45 +126,45 @@ def claim_host_link(ipr: IPRoute, inv: Invocation) -> None:
                        "vpcattachment")
 
 
-def ensure_vpc_table(ipr: IPRoute, inv: Invocation) -> isolation.VpcTable:
+def ensure_vpc_table(rtnl: Rtnl, inv: Invocation) -> isolation.VpcTable:
     """The VPC's isolation (shared, created once under the host-wide lock)."""
     with file_lock(lock_path(inv, "host"), inv.deadline.remaining()):
         if inv.conf.isolation == "vrf":
-            return isolation.ensure_vrf(ipr, inv.conf.vpc)
-        return isolation.ensure_table_rules(ipr, inv.conf.vpc, host_link_name(inv))
+            return isolation.ensure_vrf(rtnl, inv.conf.vpc)
+        return isolation.ensure_table_rules(rtnl, inv.conf.vpc, host_link_name(inv))
 
 
 def _undo_link(name: str, owner: Owner) -> Undo:
-    def undo(_: Deadline) -> None:
-        with host_netlink() as ipr:
-            link = links.find(ipr, name)
+    def undo(deadline: Deadline) -> None:
+        with host_netlink(deadline) as rtnl:
+            link = links.find(rtnl, name)
             if link is not None and link.owner == owner:
-                links.delete(ipr, link)
+                links.delete(rtnl, link)
     return undo
 
 
-def _setup_host_side(ipr: IPRoute, inv: Invocation, link: Link, vpc_table: isolation.VpcTable,
+def _setup_host_side(rtnl: Rtnl, inv: Invocation, link: Link, vpc_table: isolation.VpcTable,
                      plan: Addressing, workload_mac: str | None) -> Link:
     """Gateways, routes in the VPC table, neighbours, sysctls, isolation, link up."""
     if vpc_table.vrf_index is not None:
-        links.configure(ipr, link, master=vpc_table.vrf_index)
+        links.configure(rtnl, link, master=vpc_table.vrf_index)
     for key, value in sysctl.host_side_sysctls(link.name, 4 in plan.versions,
                                                6 in plan.versions).items():
         sysctl.set_sysctl(key, value)
-    links.configure(ipr, link, up=True)
+    links.configure(rtnl, link, up=True)
     for version, gateway in sorted(plan.gateways.items()):
         if inv.conf.attachment == "tap" and version == 4:
-            addresses.add_address(ipr, link.index, link.name, ipaddress.ip_interface(
+            addresses.add_address(rtnl, link.index, link.name, ipaddress.ip_interface(
                 f"{gateway}/{TAP_IPV4_GATEWAY_PREFIX}"), addresses.IFA_F_NOPREFIXROUTE)
         else:
-            addresses.add_address(ipr, link.index, link.name,
+            addresses.add_address(rtnl, link.index, link.name,
                                   ipaddress.ip_interface(f"{gateway}/{gateway.max_prefixlen}"))
     for workload in plan.workload:
-        addresses.add_route(ipr, host_route(workload, link.index, vpc_table.table), link.name)
+        addresses.add_route(rtnl, host_route(workload, link.index, vpc_table.table), link.name)
         if workload_mac:
-            addresses.add_permanent_neighbour(ipr, link.index, link.name, workload.ip,
+            addresses.add_permanent_neighbour(rtnl, link.index, link.name, workload.ip,
                                               workload_mac)
-    refreshed = links.by_index(ipr, link.index)
+    refreshed = links.by_index(rtnl, link.index)
     return refreshed or link
 
 
@@ -188,32 +185,32 @@ def attach_veth(inv: Invocation, plan: Addressing, rollback: Rollback) -> Result
     name = host_link_name(inv)
     owner = owner_of(inv)
     mtu = inv.conf.mtu
-    with host_netlink() as host_ipr, pod_netlink(inv.env.netns) as pod_ipr:
-        claim_pod_ifname(pod_ipr, inv)
-        claim_host_link(host_ipr, inv)
-        vpc_table = ensure_vpc_table(host_ipr, inv)
+    with host_netlink(inv.deadline) as host_rtnl, \
+            pod_netlink(inv.env.netns, inv.deadline) as pod_rtnl:
+        claim_pod_ifname(pod_rtnl, inv)
+        claim_host_link(host_rtnl, inv)
+        vpc_table = ensure_vpc_table(host_rtnl, inv)
         guest = naming.guest_link_name(inv.conf.vpc, inv.conf.vpcattachment)
         with netns_fd(inv.env.netns) as fd:
-            links.create_veth(host_ipr, name, guest, fd, mtu)
-        host_link = _require(links.find(host_ipr, name), name)
-        links.configure(host_ipr, host_link, alias=owner.alias)
+            links.create_veth(host_rtnl, name, guest, fd, mtu)
+        host_link = _require(links.find(host_rtnl, name), name)
+        links.configure(host_rtnl, host_link, alias=owner.alias)
         rollback.created(f"veth {name}", _undo_link(name, owner))
 
-        pod_link = _require(links.find(pod_ipr, guest), guest)
+        pod_link = _require(links.find(pod_rtnl, guest), guest)
         mac = inv.runtime_value("mac")
         if isinstance(mac, str) and mac:
-            with links.kernel_errors("set MAC of", guest):
-                pod_ipr.link("set", index=pod_link.index, address=mac)
-        links.configure(pod_ipr, pod_link, name=inv.env.ifname, alias=owner.alias, up=True)
+            links.set_mac(pod_rtnl, pod_link, mac)
+        links.configure(pod_rtnl, pod_link, name=inv.env.ifname, alias=owner.alias, up=True)
         for workload in plan.workload:
             # No connected route: every destination, even in the same prefix, goes via the
             # gateway and so through the VPC table (other Pods are not on this link).
-            addresses.add_address(pod_ipr, pod_link.index, inv.env.ifname, workload,
+            addresses.add_address(pod_rtnl, pod_link.index, inv.env.ifname, workload,
                                   addresses.IFA_F_NOPREFIXROUTE)
         for route in pod_routes(plan, pod_link.index):
-            addresses.add_route(pod_ipr, route, inv.env.ifname)
-        pod_link = _require(links.by_index(pod_ipr, pod_link.index), inv.env.ifname)
-        host_link = _setup_host_side(host_ipr, inv, host_link, vpc_table, plan, pod_link.mac)
+            addresses.add_route(pod_rtnl, route, inv.env.ifname)
+        pod_link = _require(links.by_index(pod_rtnl, pod_link.index), inv.env.ifname)
+        host_link = _setup_host_side(host_rtnl, inv, host_link, vpc_table, plan, pod_link.mac)
 
     return Result(
         interfaces=[
@@ -230,16 +227,16 @@ def attach_tap(inv: Invocation, plan: Addressing, rollback: Rollback) -> Result:
     name = host_link_name(inv)
     owner = owner_of(inv)
     options = inv.conf.tap_options
-    with host_netlink() as ipr:
-        claim_host_link(ipr, inv)
-        vpc_table = ensure_vpc_table(ipr, inv)
+    with host_netlink(inv.deadline) as rtnl:
+        claim_host_link(rtnl, inv)
+        vpc_table = ensure_vpc_table(rtnl, inv)
         tap.create_tap(name, owner=options.owner, group=options.group,
                        multi_queue=options.multi_queue, vnet_hdr=options.vnet_hdr)
-        link = _require(links.find(ipr, name), name)
-        links.configure(ipr, link, alias=owner.alias, mtu=inv.conf.mtu)
+        link = _require(links.find(rtnl, name), name)
+        links.configure(rtnl, link, alias=owner.alias, mtu=inv.conf.mtu)
         rollback.created(f"tap {name}", _undo_link(name, owner))
-        link = _require(links.find(ipr, name), name)
-        link = _setup_host_side(ipr, inv, link, vpc_table, plan, workload_mac=None)
+        link = _require(links.find(rtnl, name), name)
+        link = _setup_host_side(rtnl, inv, link, vpc_table, plan, workload_mac=None)
     return Result(
         interfaces=[Interface(name=link.name, mac=link.mac, mtu=inv.conf.mtu, sandbox="")],
         ips=plan.result_ips(interface=0),
@@ -247,13 +244,13 @@ def attach_tap(inv: Invocation, plan: Addressing, rollback: Rollback) -> Result:
     )
 
 
-def claim_pod_ifname(pod_ipr: IPRoute, inv: Invocation) -> None:
+def claim_pod_ifname(pod_rtnl: Rtnl, inv: Invocation) -> None:
     """CNI_IFNAME must be free in the pod netns, or be our own leftover (then removed)."""
-    existing = links.find(pod_ipr, inv.env.ifname)
+    existing = links.find(pod_rtnl, inv.env.ifname)
     if existing is None:
         return
     if existing.owner == owner_of(inv):
-        links.delete(pod_ipr, existing)
+        links.delete(pod_rtnl, existing)
         return
     raise CniError(INTERFACE_CONFLICT, f"interface {inv.env.ifname!r} already exists in netns "
                    f"{inv.env.netns!r}", "it was not created by vpc-attach for this container")
@@ -281,15 +278,15 @@ def _require(link: Link | None, name: str) -> Link:
 def detach(inv: Invocation) -> None:
     """Delete this container's host link (veth or tap) and pod interface; others' stay."""
     owner = owner_of(inv)
-    with host_netlink() as ipr:
-        link = links.find(ipr, host_link_name(inv))
+    with host_netlink(inv.deadline) as rtnl:
+        link = links.find(rtnl, host_link_name(inv))
         if link is not None and link.owner == owner:
-            links.delete(ipr, link)
+            links.delete(rtnl, link)
     if inv.conf.attachment == "veth" and inv.env.netns and netns.exists(inv.env.netns):
-        with suppress(netns.NetnsGone), pod_netlink(inv.env.netns) as pod_ipr:
-            pod_link = links.find(pod_ipr, inv.env.ifname)
+        with suppress(netns.NetnsGone), pod_netlink(inv.env.netns, inv.deadline) as pod_rtnl:
+            pod_link = links.find(pod_rtnl, inv.env.ifname)
             if pod_link is not None and pod_link.owner == owner:
-                links.delete(pod_ipr, pod_link)
+                links.delete(pod_rtnl, pod_link)
 
 
 def differences(inv: Invocation, prev: Result) -> list[str]:
@@ -297,8 +294,8 @@ def differences(inv: Invocation, prev: Result) -> list[str]:
     name = host_link_name(inv)
     plan = Addressing.from_result(prev)
     diffs: list[str] = []
-    with host_netlink() as ipr:
-        host_link = links.find(ipr, name)
+    with host_netlink(inv.deadline) as rtnl:
+        host_link = links.find(rtnl, name)
         if host_link is None:
             return [f"host link {name!r} is missing"]
         if host_link.owner != owner_of(inv):
@@ -308,7 +305,7 @@ def differences(inv: Invocation, prev: Result) -> list[str]:
             pod_mac, pod_diffs = _pod_differences(inv, prev, plan)
             diffs.extend(pod_diffs)
         diffs.extend(_link_differences(host_link, prev, inv.conf.mtu, "host link"))
-        diffs.extend(_host_differences(ipr, inv, host_link, plan, pod_mac))
+        diffs.extend(_host_differences(rtnl, inv, host_link, plan, pod_mac))
     return diffs
 
 
@@ -329,41 +326,41 @@ def _link_differences(link: Link, prev: Result, mtu: int | None, what: str) -> l
 def _pod_differences(inv: Invocation, prev: Result,
                      plan: Addressing) -> tuple[str | None, list[str]]:
     ifname = inv.env.ifname
-    with pod_netlink(inv.env.netns) as pod_ipr:
-        pod_link = links.find(pod_ipr, ifname)
+    with pod_netlink(inv.env.netns, inv.deadline) as pod_rtnl:
+        pod_link = links.find(pod_rtnl, ifname)
         if pod_link is None:
             return None, [f"interface {ifname!r} is missing in netns {inv.env.netns!r}"]
         diffs = _link_differences(pod_link, prev, inv.conf.mtu, "interface")
-        present = set(addresses.addresses(pod_ipr, pod_link.index))
+        present = set(addresses.addresses(pod_rtnl, pod_link.index))
         for workload in plan.workload:
             if workload not in present:
                 diffs.append(f"interface {ifname!r} lacks IPv{workload.version} address "
                              f"{workload}")
         for route in pod_routes(plan, pod_link.index):
-            if not addresses.has_route(pod_ipr, route):
+            if not addresses.has_route(pod_rtnl, route):
                 diffs.append(f"route {route.dst} via {route.gateway} dev {ifname} is missing")
         return pod_link.mac, diffs
 
 
-def _host_differences(ipr: IPRoute, inv: Invocation, link: Link, plan: Addressing,
+def _host_differences(rtnl: Rtnl, inv: Invocation, link: Link, plan: Addressing,
                       pod_mac: str | None) -> list[str]:
     diffs: list[str] = []
-    table = isolation.find_vpc_table(ipr, inv.conf.vpc, inv.conf.isolation)
+    table = isolation.find_vpc_table(rtnl, inv.conf.vpc, inv.conf.isolation)
     if table is None:
         return [*diffs, f"VPC {inv.conf.vpc!r} has no routing table ({inv.conf.isolation})"]
     if inv.conf.isolation == "vrf":
-        vrf = links.find(ipr, naming.vrf_name(inv.conf.vpc))
+        vrf = links.find(rtnl, naming.vrf_name(inv.conf.vpc))
         if vrf is None or link.master != vrf.index:
             diffs.append(f"host link {link.name!r} is not enslaved to its VRF")
-    elif not isolation.has_table_rules(ipr, link.name, table):
+    elif not isolation.has_table_rules(rtnl, link.name, table):
         diffs.append(f"policy rules 'iif {link.name} lookup {table}' are missing")
-    present = set(addresses.addresses(ipr, link.index))
+    present = set(addresses.addresses(rtnl, link.index, link_scope=True))
     for version, gateway in plan.gateways.items():
         if not any(a.ip == gateway for a in present):
             diffs.append(f"host link {link.name!r} lacks gateway IPv{version} address {gateway}")
-    neighbours = addresses.permanent_neighbours(ipr, link.index)
+    neighbours = addresses.permanent_neighbours(rtnl, link.index)
     for workload in plan.workload:
-        if not addresses.has_route(ipr, host_route(workload, link.index, table)):
+        if not addresses.has_route(rtnl, host_route(workload, link.index, table)):
             diffs.append(f"route to {workload.ip} via {link.name} in table {table} is missing")
         if pod_mac and neighbours.get(str(workload.ip)) != pod_mac:
             diffs.append(f"permanent neighbour {workload.ip} -> {pod_mac} on {link.name} is "

@@ -282,3 +282,15 @@ def test_del_with_an_unusable_config_succeeds_and_changes_nothing(
     missing_env = plugin.call("DEL", conf, container_id="", netns=netns)
     assert missing_env.code == 4, "an unusable environment is still an error"
     plugin.ok("DEL", conf, container_id="pod-u", netns=netns)
+
+
+def test_check_passes_with_a_link_local_default_gateway(plugin: Plugin, netns: str, vpc: str,
+                                                        tmp_path: Path) -> None:
+    # No gateway from IPAM: the pod's IPv6 default goes via fe80::1 on the host link.
+    conf = base_conf(vpc, "8", ipam={"type": "static", "addresses": [
+        {"address": "fd00:77::5/64"}]})
+    result = plugin.ok("ADD", conf, container_id="pod-ll", netns=netns)
+    assert result["routes"] == [{"dst": "::/0", "gw": "fe80::1"}]
+    assert plugin.call("CHECK", with_prev(conf, result), container_id="pod-ll",
+                       netns=netns).status == 0
+    plugin.ok("DEL", conf, container_id="pod-ll", netns=netns)

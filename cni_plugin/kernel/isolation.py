@@ -8,17 +8,15 @@ else needs to be stored. Shared per-VPC state is never deleted by DEL or rollbac
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import socket
 from dataclasses import dataclass
-from typing import Any
-
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
 
 from cni_plugin import naming
 from cni_plugin.kernel import links
 from cni_plugin.kernel.links import kernel_errors
+from cni_plugin.kernel.rtnl import RTN_UNREACHABLE, NetlinkError, Rtnl, RuleMsg
 from netconf.errors import KERNEL_FAILURE, CniError
 
 RESERVED_TABLES = frozenset({0, 253, 254, 255})
@@ -27,6 +25,10 @@ RULE_PRIORITY = 1000
 # Keeps lookups that miss the VPC table from falling through to the main table.
 UNREACHABLE_METRIC = 4278198272
 FAMILIES = (socket.AF_INET, socket.AF_INET6)
+DEFAULT_DSTS = (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))
+
+# Policy rules per family, read once per operation.
+Rules = dict[int, list[RuleMsg]]
 
 
 @dataclass(frozen=True)
@@ -37,20 +39,19 @@ class VpcTable:
     vrf_index: int | None  # the VRF device to enslave host links to (vrf mode)
 
 
-def _rule_table(msg: Any) -> int:
-    table = msg.get("FRA_TABLE")
-    return int(table if table is not None else msg["table"])
+def _all_rules(rtnl: Rtnl) -> Rules:
+    with kernel_errors("list", "policy rules"):
+        return {family: rtnl.rules(family) for family in FAMILIES}
 
 
-def used_tables(ipr: IPRoute) -> set[int]:
+def used_tables(rtnl: Rtnl, rules: Rules | None = None) -> set[int]:
     """Table ids referenced by any policy rule or VRF device."""
     used = set(RESERVED_TABLES)
-    for family in FAMILIES:
-        used.update(_rule_table(msg) for msg in ipr.get_rules(family=family))
-    for msg in ipr.get_links():
-        info = msg.get("IFLA_LINKINFO")
-        if info is not None and info.get("IFLA_INFO_KIND") == "vrf":
-            used.add(int(info.get("IFLA_INFO_DATA").get("IFLA_VRF_TABLE")))
+    for family_rules in (rules or _all_rules(rtnl)).values():
+        used.update(rule.table for rule in family_rules)
+    with kernel_errors("list", "links"):
+        used.update(link.vrf_table for link in rtnl.links()
+                    if link.kind == "vrf" and link.vrf_table is not None)
     return used
 
 
@@ -64,99 +65,105 @@ def lowest_free_table(used: set[int]) -> int:
     return table
 
 
-def _vrf_table(link: links.Link, ipr: IPRoute) -> int:
-    msg = ipr.get_links(link.index)[0]
-    return int(msg.get("IFLA_LINKINFO").get("IFLA_INFO_DATA").get("IFLA_VRF_TABLE"))
+def _vrf_table(link: links.Link, rtnl: Rtnl) -> int:
+    with kernel_errors("read the table of VRF", link.name):
+        table = rtnl.get_link(index=link.index).vrf_table
+    if table is None:
+        raise CniError(KERNEL_FAILURE, f"VRF {link.name!r} reports no routing table")
+    return table
 
 
-def _rules_for_vpc(ipr: IPRoute, vpc: str) -> dict[str, int]:
+def _rules_for_vpc(rules: Rules, vpc: str) -> dict[str, int]:
     """iif name -> table of our rules for the VPC's host links."""
     prefix = "G" + naming.pad_base62(vpc, naming.VPC_WIDTH)
     found: dict[str, int] = {}
     for family in FAMILIES:
-        for msg in ipr.get_rules(family=family):
-            iif = msg.get("FRA_IIFNAME")
+        for rule in rules[family]:
+            iif = rule.iifname
             if iif and iif.startswith(prefix) and iif.endswith("H") \
                     and len(iif) == len(prefix) + naming.ATTACHMENT_WIDTH + 1:
-                found[iif] = _rule_table(msg)
+                found[iif] = rule.table
     return found
 
 
-def ensure_vrf(ipr: IPRoute, vpc: str) -> VpcTable:
+def ensure_vrf(rtnl: Rtnl, vpc: str) -> VpcTable:
     """The VPC's VRF, created with a fresh table if missing (call under the host lock)."""
     name = naming.vrf_name(vpc)
-    existing = links.find(ipr, name)
+    existing = links.find(rtnl, name)
     if existing is not None:
         if existing.kind != "vrf":
             raise CniError(KERNEL_FAILURE, f"link {name!r} exists and is not a VRF",
                            f"kind {existing.kind!r}")
         if not existing.up:
-            links.configure(ipr, existing, up=True)
-        return VpcTable(_vrf_table(existing, ipr), existing.index)
-    table = lowest_free_table(used_tables(ipr))
+            links.configure(rtnl, existing, up=True)
+        return VpcTable(_vrf_table(existing, rtnl), existing.index)
+    table = lowest_free_table(used_tables(rtnl))
     try:
-        ipr.link("add", ifname=name, kind="vrf", vrf_table=table)
+        rtnl.new_vrf(name, table)
     except NetlinkError as exc:
         if exc.code == errno.EOPNOTSUPP or "Unknown device type" in str(exc):
             raise CniError(KERNEL_FAILURE, "this kernel has no VRF support (isolation 'vrf')",
                            "load the vrf module or configure \"isolation\": \"table\"") from None
         with kernel_errors("create VRF", name):
             raise
-    created = links.find(ipr, name)
+    created = links.find(rtnl, name)
     if created is None:
         raise CniError(KERNEL_FAILURE, f"VRF {name!r} vanished after creation")
-    links.configure(ipr, created, up=True)
-    _add_unreachable_defaults(ipr, table)
+    links.configure(rtnl, created, up=True)
+    _add_unreachable_defaults(rtnl, table)
     return VpcTable(table, created.index)
 
 
-def ensure_table_rules(ipr: IPRoute, vpc: str, host_link: str) -> VpcTable:
+def ensure_table_rules(rtnl: Rtnl, vpc: str, host_link: str) -> VpcTable:
     """The VPC's table (reused from its rules, else allocated) and `iif host_link` rules."""
-    rules = _rules_for_vpc(ipr, vpc)
-    table = next(iter(rules.values()), None)
+    rules = _all_rules(rtnl)
+    table = next(iter(_rules_for_vpc(rules, vpc).values()), None)
     if table is None:
-        table = lowest_free_table(used_tables(ipr))
-        _add_unreachable_defaults(ipr, table)
+        table = lowest_free_table(used_tables(rtnl, rules))
+        _add_unreachable_defaults(rtnl, table)
     for family in FAMILIES:
-        if not _has_rule(ipr, family, host_link, table):
+        if not _has_rule(rules[family], host_link, table):
             with kernel_errors("add policy rule for", host_link):
-                ipr.rule("add", family=family, iifname=host_link, table=table,
-                         priority=RULE_PRIORITY)
+                try:
+                    rtnl.new_rule(family, host_link, table, RULE_PRIORITY)
+                except NetlinkError as exc:
+                    if exc.code != errno.EEXIST:
+                        raise
     return VpcTable(table, None)
 
 
-def _has_rule(ipr: IPRoute, family: int, iif: str, table: int) -> bool:
-    return any(msg.get("FRA_IIFNAME") == iif and _rule_table(msg) == table
-               for msg in ipr.get_rules(family=family))
+def _has_rule(family_rules: list[RuleMsg], iif: str, table: int) -> bool:
+    return any(rule.iifname == iif and rule.table == table for rule in family_rules)
 
 
-def find_vpc_table(ipr: IPRoute, vpc: str, mode: str) -> int | None:
+def find_vpc_table(rtnl: Rtnl, vpc: str, mode: str) -> int | None:
     """The VPC's table if it has one already (read-only; for CHECK)."""
     if mode == "vrf":
-        vrf = links.find(ipr, naming.vrf_name(vpc))
-        return _vrf_table(vrf, ipr) if vrf is not None and vrf.kind == "vrf" else None
-    rules = _rules_for_vpc(ipr, vpc)
+        vrf = links.find(rtnl, naming.vrf_name(vpc))
+        return _vrf_table(vrf, rtnl) if vrf is not None and vrf.kind == "vrf" else None
+    rules = _rules_for_vpc(_all_rules(rtnl), vpc)
     return next(iter(rules.values()), None)
 
 
-def has_table_rules(ipr: IPRoute, host_link: str, table: int) -> bool:
+def has_table_rules(rtnl: Rtnl, host_link: str, table: int) -> bool:
     """True when both families' `iif host_link lookup table` rules exist."""
-    return all(_has_rule(ipr, family, host_link, table) for family in FAMILIES)
+    rules = _all_rules(rtnl)
+    return all(_has_rule(rules[family], host_link, table) for family in FAMILIES)
 
 
-def _add_unreachable_defaults(ipr: IPRoute, table: int) -> None:
-    for family, dst in ((socket.AF_INET, "0.0.0.0/0"), (socket.AF_INET6, "::/0")):
+def _add_unreachable_defaults(rtnl: Rtnl, table: int) -> None:
+    for dst in DEFAULT_DSTS:
         with kernel_errors("add unreachable default to table", str(table)):
-            ipr.route("replace", family=family, dst=dst, table=table, type="unreachable",
-                      priority=UNREACHABLE_METRIC)
+            rtnl.replace_route(dst, table=table, rtype=RTN_UNREACHABLE,
+                               priority=UNREACHABLE_METRIC)
 
 
-def vrf_supported(ipr: IPRoute) -> bool:
+def vrf_supported(rtnl: Rtnl) -> bool:
     """True when the kernel can create VRF devices (probed with a throwaway device)."""
     probe = f"vpaprobe{os.getpid() % 10**7}"
     try:
-        ipr.link("add", ifname=probe, kind="vrf", vrf_table=MAX_TABLE - 1)
+        rtnl.new_vrf(probe, MAX_TABLE - 1)
     except NetlinkError as exc:
         return bool(exc.code == errno.EEXIST)
-    links.ignore_missing(lambda: ipr.link("del", ifname=probe))
+    links.ignore_missing(lambda: rtnl.del_link(name=probe))
     return True

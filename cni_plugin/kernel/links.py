@@ -11,11 +11,9 @@ import errno
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
-
+from cni_plugin.kernel.rtnl import LinkMsg, NetlinkError, Rtnl
 from netconf.errors import KERNEL_FAILURE, CniError
 
 ALIAS_PREFIX = "vpc-attach/"
@@ -68,7 +66,7 @@ def kernel_errors(action: str, obj: str) -> Iterator[None]:
     try:
         yield
     except NetlinkError as exc:
-        raise CniError(KERNEL_FAILURE, f"failed to {action} {obj!r}: {exc.args[-1]}",
+        raise CniError(KERNEL_FAILURE, f"failed to {action} {obj!r}: {exc.message}",
                        f"netlink error {exc.code}") from None
     except OSError as exc:
         raise CniError(KERNEL_FAILURE, f"failed to {action} {obj!r}: {exc.strerror or exc}",
@@ -85,80 +83,71 @@ def ignore_missing(call: Callable[[], T]) -> T | None:
         raise
 
 
-def _to_link(msg: Any) -> Link:
-    info = msg.get("IFLA_LINKINFO")
-    kind = info.get("IFLA_INFO_KIND") if info is not None else None
-    return Link(
-        index=msg["index"],
-        name=msg.get("IFLA_IFNAME"),
-        kind=kind or "",
-        mac=(msg.get("IFLA_ADDRESS") or "").lower(),
-        mtu=msg.get("IFLA_MTU") or 0,
-        up=bool(msg["flags"] & 1),
-        alias=msg.get("IFLA_IFALIAS"),
-        master=msg.get("IFLA_MASTER"),
-    )
+def _to_link(msg: LinkMsg) -> Link:
+    return Link(index=msg.index, name=msg.name, kind=msg.kind, mac=msg.mac, mtu=msg.mtu,
+                up=msg.up, alias=msg.alias, master=msg.master)
 
 
-def find(ipr: IPRoute, name: str) -> Link | None:
+def find(rtnl: Rtnl, name: str) -> Link | None:
     """The link called name, or None."""
     try:
-        msgs = ipr.get_links(ifname=name)
+        return _to_link(rtnl.get_link(name=name))
     except NetlinkError as exc:
         if exc.code in (errno.ENODEV, errno.ENOENT):
             return None
         raise CniError(KERNEL_FAILURE, f"failed to look up link {name!r}: {exc}") from None
-    return _to_link(msgs[0]) if msgs else None
 
 
-def by_index(ipr: IPRoute, index: int) -> Link | None:
+def by_index(rtnl: Rtnl, index: int) -> Link | None:
     """The link with this index, or None."""
     try:
-        msgs = ipr.get_links(index)
+        return _to_link(rtnl.get_link(index=index))
     except NetlinkError:
         return None
-    return _to_link(msgs[0]) if msgs else None
 
 
-def all_links(ipr: IPRoute) -> list[Link]:
+def all_links(rtnl: Rtnl) -> list[Link]:
     """Every link of the netns."""
     with kernel_errors("list", "links"):
-        return [_to_link(msg) for msg in ipr.get_links()]
+        return [_to_link(msg) for msg in rtnl.links()]
 
 
-def create_veth(host_ipr: IPRoute, host_name: str, peer_name: str, peer_netns_fd: int,
+def create_veth(host_rtnl: Rtnl, host_name: str, peer_name: str, peer_netns_fd: int,
                 mtu: int | None) -> None:
     """Create host_name in this netns with its peer peer_name created directly in the pod netns."""
-    peer: dict[str, Any] = {"ifname": peer_name, "net_ns_fd": peer_netns_fd}
-    extra: dict[str, Any] = {}
-    if mtu is not None:
-        peer["mtu"] = mtu
-        extra["mtu"] = mtu
     with kernel_errors("create veth", host_name):
-        host_ipr.link("add", ifname=host_name, kind="veth", peer=peer, **extra)
+        host_rtnl.new_veth(host_name, peer_name, peer_netns_fd, mtu)
 
 
-def configure(ipr: IPRoute, link: Link, *, name: str | None = None, mtu: int | None = None,
+def configure(rtnl: Rtnl, link: Link, *, name: str | None = None, mtu: int | None = None,
               alias: str | None = None, up: bool | None = None, master: int | None = None) -> None:
-    """Rename / set MTU / alias / master / state of a link, in one place with clear errors."""
-    attrs: dict[str, Any] = {}
-    if name is not None and name != link.name:
-        attrs["ifname"] = name
-    if mtu is not None and mtu != link.mtu:
-        attrs["mtu"] = mtu
-    if alias is not None and alias != link.alias:
-        attrs["ifalias"] = alias
-    if master is not None and master != link.master:
-        attrs["master"] = master
-    if attrs:
-        with kernel_errors("configure link", link.name):
-            ipr.link("set", index=link.index, **attrs)
-    if up is not None and up != link.up:
-        with kernel_errors("set state of link", name or link.name):
-            ipr.link("set", index=link.index, state="up" if up else "down")
+    """Rename / set MTU / alias / master / state of a link, in one request with clear errors.
+
+    Only what differs is sent. The kernel renames and sets MTU and master before IFF_UP, so
+    a link can be renamed and brought up together.
+    """
+    new_name = name if name is not None and name != link.name else None
+    new_mtu = mtu if mtu is not None and mtu != link.mtu else None
+    new_alias = alias if alias is not None and alias != link.alias else None
+    new_master = master if master is not None and master != link.master else None
+    new_state = up if up is not None and up != link.up else None
+    attrs_change = any(v is not None for v in (new_name, new_mtu, new_alias, new_master))
+    if not attrs_change and new_state is None:
+        return
+    action, obj = ("configure link", link.name) if attrs_change else \
+        ("set state of link", name or link.name)
+    with kernel_errors(action, obj):
+        rtnl.set_link(link.index, name=new_name, mtu=new_mtu, alias=new_alias, master=new_master,
+                      up=new_state)
 
 
-def delete(ipr: IPRoute, link: Link) -> None:
+def set_mac(rtnl: Rtnl, link: Link, mac: str) -> None:
+    """Give a link this MAC address (aa:bb:cc:dd:ee:ff, validated with the config)."""
+    with kernel_errors("set MAC of", link.name):
+        rtnl.set_link(link.index, mac=mac)
+
+
+def delete(rtnl: Rtnl, link: Link) -> None:
     """Delete a link; already gone is fine."""
     with kernel_errors("delete link", link.name):
-        ignore_missing(lambda: ipr.link("del", index=link.index))
+        ignore_missing(lambda: rtnl.del_link(index=link.index))

@@ -11,8 +11,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from pyroute2 import IPRoute
-
+from cni_plugin.kernel.rtnl import DEFAULT_TIMEOUT, Rtnl
 from netconf.errors import INVALID_ENV, KERNEL_FAILURE, CniError
 
 CLONE_NEWNET = 0x40000000
@@ -55,12 +54,15 @@ def entered(path: str) -> Iterator[None]:
         os.close(home)
 
 
-def open_netlink(path: str | None = None) -> IPRoute:
-    """An IPRoute whose socket lives in the netns at path (host netns when None)."""
+def open_netlink(path: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> Rtnl:
+    """An rtnetlink socket living in the netns at path (host netns when None).
+
+    Every request on it waits at most timeout seconds for the kernel's answer.
+    """
     if path is None:
-        return IPRoute()
+        return Rtnl(timeout)
     with entered(path):
-        return IPRoute()
+        return Rtnl(timeout)
 
 
 def exists(path: str) -> bool:

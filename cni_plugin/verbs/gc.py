@@ -39,7 +39,7 @@ def gc(request: Request) -> None:
     valid = valid_attachments(inv.raw)
     failures: list[CniError] = []
     if inv.conf.attachment != "existing":
-        with attachment.host_netlink() as ipr:
+        with attachment.host_netlink(inv.deadline) as ipr:
             link = links.find(ipr, attachment.host_link_name(inv))
             owner = link.owner if link is not None else None
             if link is not None and owner is not None and \

@@ -17,8 +17,8 @@ def status(request: Request) -> None:
     if not at_least(inv.conf.cni_version, GC_STATUS_MIN_VERSION):
         raise CniError(INCOMPATIBLE_VERSION, "config version does not allow STATUS")
     if inv.conf.attachment != "existing" and inv.conf.isolation == "vrf":
-        with host_netlink() as ipr:
-            if not isolation.vrf_supported(ipr):
+        with host_netlink(inv.deadline) as rtnl:
+            if not isolation.vrf_supported(rtnl):
                 raise CniError(STATUS_NOT_AVAILABLE, "this kernel has no VRF support",
                                "configure \"isolation\": \"table\" or load the vrf module")
     publishing_status(inv)
