@@ -1,0 +1,198 @@
+"""The standalone executable (packaging/standalone) on real namespaces, as a host without Python
+would run it: VERSION, ADD/CHECK/DEL with IPAM delegated to host-local and to the bundled
+vpc-attach-ipam, no file in /tmp or $TMPDIR per call, and staged by its own installer.
+
+The build is cached by packaging/standalone/build.sh (keyed by a hash of the sources); a cold
+build takes about a minute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cni_plugin import naming
+from e2e.conftest import (
+    IS_ROOT,
+    Answer,
+    Plugin,
+    base_conf,
+    host_local,
+    host_local_reservations,
+    links_in,
+    with_prev,
+)
+
+pytestmark = pytest.mark.root
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD_TIMEOUT_SECONDS = 1500
+# Runs the plugin in a private mount namespace whose /tmp is a bind mount of "$0": anything the
+# call writes to /tmp lands there, and nothing other processes write to /tmp is seen. Everything
+# the calls need therefore lives outside /tmp (OUTSIDE_TMP).
+OUTSIDE_TMP = "/var/tmp"
+WATCH_TMP = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+             'mount --bind "$0" /tmp && exec "$@"']
+
+
+def outside_tmp(prefix: str) -> Path:
+    """A fresh directory that the /tmp bind mount does not hide."""
+    return Path(tempfile.mkdtemp(prefix=f"vpa-{prefix}-", dir=OUTSIDE_TMP))
+
+
+@pytest.fixture(scope="session")
+def standalone() -> Iterator[Path]:
+    """The standalone build (dist layout: vpc-attach, vpc-attach-ipam, vpc-attach.lib/)."""
+    if not IS_ROOT:
+        pytest.skip("needs root for network namespaces")
+    work = outside_tmp("standalone")
+    try:
+        out = work / "dist"
+        proc = subprocess.run(
+            ["bash", str(REPO / "packaging/standalone/build.sh"), "--out", str(out)],
+            capture_output=True, text=True, timeout=BUILD_TIMEOUT_SECONDS, check=False)
+        assert proc.returncode == 0, f"standalone build failed:\n{proc.stdout}\n{proc.stderr}"
+        yield out
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture
+def work() -> Iterator[Path]:
+    """This test's directory outside /tmp, removed afterwards."""
+    path = outside_tmp("test")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class WatchedPlugin(Plugin):
+    """A Plugin whose every call must leave /tmp and $TMPDIR empty."""
+
+    def __init__(self, cni_bin: Path, work: Path) -> None:
+        self.tmp_view = work / "tmp-view"
+        self.tmpdir = work / "tmpdir"
+        for directory in (self.tmp_view, self.tmpdir, work / "locks"):
+            directory.mkdir()
+        super().__init__(cni_bin=cni_bin, lock_dir=work / "locks",
+                         environ={"TMPDIR": str(self.tmpdir),
+                                  "VPC_ATTACH_AGENT_SOCKET": str(work / "no-agent.sock")},
+                         prefix=[*WATCH_TMP, str(self.tmp_view)])
+
+    def call(self, command: str, conf: dict[str, Any], **kw: Any) -> Answer:
+        """Run the verb, then check it left nothing behind in either temp dir."""
+        answer = super().call(command, conf, **kw)
+        leaked = [str(p) for d in (self.tmp_view, self.tmpdir) for p in d.iterdir()]
+        assert leaked == [], f"{command} left files in the temp dirs: {leaked}"
+        return answer
+
+
+def make_cni_bin(directory: Path, ours: Path, reference_plugins: Path) -> Path:
+    """A CNI bin dir: the reference plugins plus our two executables from `ours`."""
+    directory.mkdir(exist_ok=True)
+    for plugin in reference_plugins.iterdir():
+        if not (directory / plugin.name).exists():
+            (directory / plugin.name).symlink_to(plugin)
+    for name in ("vpc-attach", "vpc-attach-ipam"):
+        if not os.path.lexists(directory / name):
+            (directory / name).symlink_to(ours / name)
+    return directory
+
+
+@pytest.fixture
+def standalone_plugin(standalone: Path, reference_plugins: Path, work: Path) -> WatchedPlugin:
+    """The standalone executables, run the way a runtime runs them."""
+    return WatchedPlugin(make_cni_bin(work / "cni-bin", standalone, reference_plugins), work)
+
+
+def add_check_del(plugin: Plugin, conf: dict[str, Any], netns: str, vpc: str,
+                  att: str) -> dict[str, Any]:
+    """A full life cycle; returns the ADD result."""
+    result: dict[str, Any] = plugin.ok("ADD", conf, container_id="standalone-pod",
+                                          netns=netns)
+    assert naming.host_link_name(vpc, att) in links_in()
+    assert "eth0" in links_in(netns)
+    checked = with_prev(conf, result)
+    plugin.ok("CHECK", checked, container_id="standalone-pod", netns=netns)
+    plugin.ok("DEL", checked, container_id="standalone-pod", netns=netns)
+    assert naming.host_link_name(vpc, att) not in links_in()
+    plugin.ok("DEL", checked, container_id="standalone-pod", netns=netns)  # idempotent
+    return result
+
+
+def test_standalone_version_needs_no_python(standalone: Path,
+                                            standalone_plugin: WatchedPlugin) -> None:
+    for name in ("vpc-attach", "vpc-attach-ipam"):
+        answer = standalone_plugin.call("VERSION", {}, executable=name)
+        assert answer.status == 0, answer.stderr
+        assert answer.body["cniVersion"] == "1.1.0"
+        assert "0.3.0" in answer.body["supportedVersions"]
+    # The bundle carries its own interpreter: nothing on the host's Python is used.
+    env = {"PATH": "/nonexistent", "CNI_COMMAND": "VERSION"}
+    proc = subprocess.run([str(standalone / "vpc-attach")], env=env, capture_output=True,
+                          timeout=30, check=True)
+    assert json.loads(proc.stdout)["cniVersion"] == "1.1.0"
+    assert (standalone / "vpc-attach.lib").is_dir()
+
+
+def test_standalone_error_is_one_json_document(standalone_plugin: WatchedPlugin, vpc: str) -> None:
+    answer = standalone_plugin.call("ADD", base_conf(vpc, "1", bogus=True), netns="/nonexistent")
+    assert answer.status != 0 and answer.code == 7 and "bogus" in answer.body["msg"]
+    assert "Traceback" not in answer.stderr
+
+
+def test_standalone_add_check_del_with_host_local(standalone_plugin: WatchedPlugin, netns: str,
+                                                  vpc: str, work: Path) -> None:
+    ipam_dir = work / "ipam"
+    conf = base_conf(vpc, "5", ipam=host_local(ipam_dir, "fd00:55::/64", "10.55.0.0/24"))
+    result = add_check_del(standalone_plugin, conf, netns, vpc, "5")
+    assert sorted(ip["address"] for ip in result["ips"]) == ["10.55.0.2/32", "fd00:55::2/64"]
+    assert host_local_reservations(ipam_dir, f"net-{vpc}") == []
+
+
+def test_standalone_delegates_to_the_bundled_ipam(standalone_plugin: WatchedPlugin, netns: str,
+                                                  vpc: str, work: Path) -> None:
+    data = work / "pool"
+    conf = base_conf(vpc, "6", ipam={"type": "vpc-attach-ipam", "dataDir": str(data),
+                                     "ipv6_subnet": "fd00:56:ff01::/48",
+                                     "ipv4_subnet": "172.30.56.0/24"})
+    result = add_check_del(standalone_plugin, conf, netns, vpc, "6")
+    assert any(ip["address"].endswith("/96") for ip in result["ips"])
+    assert not [p for p in data.rglob("*") if p.is_file() and "standalone-pod" in p.read_text()]
+
+
+def test_installer_stages_the_standalone_build_that_then_runs(
+        standalone: Path, reference_plugins: Path, netns: str, vpc: str, work: Path) -> None:
+    root = work / "host"
+    root.mkdir()
+    install = [str(standalone / "vpc-attach"), "install", "--root", str(root),
+               "--no-kubeconfig"]
+    first = subprocess.run(install, capture_output=True, text=True, timeout=60, check=False)
+    assert first.returncode == 0, first.stderr
+    assert "created /opt/cni/bin/vpc-attach.bundle/" in first.stdout
+    again = subprocess.run(install, capture_output=True, text=True, timeout=60, check=False)
+    assert again.returncode == 0 and "nothing to change" in again.stdout
+
+    staged_bin = root / "opt/cni/bin"
+    assert (staged_bin / "vpc-attach").is_symlink()
+    plugin = WatchedPlugin(make_cni_bin(staged_bin, staged_bin, reference_plugins), work)
+    conf = base_conf(vpc, "8", ipam=host_local(work / "ipam", "fd00:58::/64"))
+    assert plugin.call("VERSION", {}).status == 0
+    add_check_del(plugin, conf, netns, vpc, "8")
+    assert plugin.call("VERSION", {}, executable="vpc-attach-ipam").status == 0
+
+    for link in reference_plugins.iterdir():  # what the test added, not the installer
+        (staged_bin / link.name).unlink()
+    removed = subprocess.run([str(standalone / "vpc-attach"), "uninstall", "--root", str(root)],
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert removed.returncode == 0, removed.stderr
+    assert list(root.iterdir()) == []
