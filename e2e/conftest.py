@@ -12,6 +12,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -287,3 +288,51 @@ def kube(cluster: Any) -> Kube:
             break
         time.sleep(0.1)
     return admin
+
+
+# The standalone build (packaging/standalone) -------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD_TIMEOUT_SECONDS = 1500
+# Runs the plugin in a private mount namespace whose /tmp is a bind mount of "$0": anything the
+# call writes to /tmp lands there, and nothing other processes write to /tmp is seen. Everything
+# the calls need therefore lives outside /tmp (OUTSIDE_TMP).
+OUTSIDE_TMP = "/var/tmp"
+WATCH_TMP = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+             'mount --bind "$0" /tmp && exec "$@"']
+
+
+def outside_tmp(prefix: str) -> Path:
+    """A fresh directory that the /tmp bind mount does not hide."""
+    return Path(tempfile.mkdtemp(prefix=f"vpa-{prefix}-", dir=OUTSIDE_TMP))
+
+
+@pytest.fixture(scope="session")
+def standalone() -> Iterator[Path]:
+    """The standalone build (dist layout: vpc-attach, vpc-attach-ipam, vpc-attach.lib/)."""
+    if not IS_ROOT:
+        pytest.skip("needs root for network namespaces")
+    work = outside_tmp("standalone")
+    try:
+        out = work / "dist"
+        proc = subprocess.run(
+            ["bash", str(REPO / "packaging/standalone/build.sh"), "--out", str(out)],
+            capture_output=True, text=True, timeout=BUILD_TIMEOUT_SECONDS, check=False)
+        assert proc.returncode == 0, f"standalone build failed:\n{proc.stdout}\n{proc.stderr}"
+        yield out
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def make_cni_bin(directory: Path, ours: Path, reference_plugins: Path) -> Path:
+    """A CNI bin dir: the reference plugins plus our two executables from `ours`."""
+    directory.mkdir(exist_ok=True)
+    for plugin in reference_plugins.iterdir():
+        if not (directory / plugin.name).exists():
+            (directory / plugin.name).symlink_to(plugin)
+    for name in ("vpc-attach", "vpc-attach-ipam"):
+        if not os.path.lexists(directory / name):
+            (directory / name).symlink_to(ours / name)
+    return directory
+
+

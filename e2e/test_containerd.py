@@ -28,7 +28,7 @@ from cni_plugin.kernel.links import Owner
 from cni_plugin.kernel.tap import IFF_MULTI_QUEUE, IFF_VNET_HDR
 from cni_plugin.publish.endpointslice import slice_name
 from cni_plugin.publish.resources import ENDPOINT_SLICES
-from e2e.conftest import AGENT_SOCKET, IS_ROOT, Kube, links_in
+from e2e.conftest import AGENT_SOCKET, IS_ROOT, Kube, links_in, make_cni_bin
 from e2e.publishing import (
     advertisement,
     create_pod,
@@ -88,8 +88,21 @@ class Runtime:
 
 
 @pytest.fixture(scope="module")
+def installed_bin(tmp_path_factory: pytest.TempPathFactory, standalone: Path,
+                  reference_plugins: Path) -> Path:
+    """The CNI bin dir as a node has it: the standalone build staged by its own installer
+    (no Python on the plugin's path), next to the reference plugins of the chain."""
+    root = tmp_path_factory.mktemp("node-root")
+    proc = subprocess.run([str(standalone / "vpc-attach"), "install", "--root", str(root),
+                           "--no-kubeconfig"], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    return make_cni_bin(root / "opt/cni/bin", root / "opt/cni/bin", reference_plugins)
+
+
+@pytest.fixture(scope="module")
 def runtime(tmp_path_factory: pytest.TempPathFactory, cluster: Any, kube: Kube,
-            cni_bin: Path) -> Iterator[Runtime]:
+            installed_bin: Path) -> Iterator[Runtime]:
     """containerd + runc with the CRI, the plugin pointed at the local control plane."""
     if not IS_ROOT:
         pytest.skip("needs root for containerd")
@@ -112,7 +125,8 @@ def runtime(tmp_path_factory: pytest.TempPathFactory, cluster: Any, kube: Kube,
         "logFile": str(log_file), "lockDir": str(base / "locks"),
         "agentSocket": AGENT_SOCKET["path"]}))
     conf_dir = base / "net.d"
-    containerd = Containerd(base / "containerd", CniSettings(cni_bin, conf_dir, max_conf_num=2),
+    containerd = Containerd(base / "containerd",
+                            CniSettings(installed_bin, conf_dir, max_conf_num=2),
                             pause_image(), env={"VPC_ATTACH_HOST_CONFIG": str(host_file)})
     containerd.start()
     try:
