@@ -156,6 +156,16 @@ class KubeClient:
         items: list[dict[str, Any]] = result.get("items") or []
         return items
 
+    def put_unless_changed(self, path: str, deadline: Deadline, body: dict[str, Any]) -> bool:
+        """PUT body; False when the object changed (409) or vanished (404) since it was read."""
+        try:
+            self.request("PUT", path, deadline, body=body)
+            return True
+        except ApiError as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+
     def delete(self, path: str, deadline: Deadline, *, uid: str | None = None,
                resource_version: str | None = None) -> bool:
         """Delete with preconditions; False when it was already gone or preconditions failed."""

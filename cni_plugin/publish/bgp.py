@@ -373,12 +373,8 @@ def withdraw_advertisement(ctx: PublishContext, deadline: Deadline, *, may_delet
         current["spec"]["prefixes"] = prefixes
         if restore is not None:
             _restore_fields(current["spec"], *restore)
-        try:
-            ctx.client.request("PUT", path, deadline, body=current)
+        if ctx.client.put_unless_changed(path, deadline, current):
             return
-        except ApiError as exc:
-            if exc.status not in (404, 409):
-                raise
     raise CniError(TRY_AGAIN_LATER, f"BGPAdvertisement {name!r} keeps changing")
 
 

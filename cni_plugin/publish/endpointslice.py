@@ -131,12 +131,8 @@ def _write_slice(ctx: PublishContext, namespace: str, name: str, body: dict[str,
                            f"managed by {MANAGED_BY}", f"its {MANAGED_BY_LABEL} label is "
                            f"{labels.get(MANAGED_BY_LABEL)!r}; it is left untouched")
         body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
-        try:
-            ctx.client.request("PUT", path, deadline, body=body)
+        if ctx.client.put_unless_changed(path, deadline, body):
             return
-        except ApiError as exc:
-            if exc.status not in (404, 409):
-                raise
     raise CniError(TRY_AGAIN_LATER, f"EndpointSlice {namespace}/{name} keeps changing",
                    "too many write conflicts; retry")
 
