@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -134,6 +135,15 @@ def ensure_vpc_table(rtnl: Rtnl, inv: Invocation) -> isolation.VpcTable:
         return isolation.ensure_table_rules(rtnl, inv.conf.vpc, host_link_name(inv))
 
 
+def _undo_temporary(name: str) -> Undo:
+    def undo(deadline: Deadline) -> None:
+        with host_netlink(deadline) as rtnl:
+            link = links.find(rtnl, name)
+            if link is not None:  # still unnamed: nobody else can own it
+                links.delete(rtnl, link)
+    return undo
+
+
 def _undo_link(name: str, owner: Owner) -> Undo:
     def undo(deadline: Deadline) -> None:
         with host_netlink(deadline) as rtnl:
@@ -191,11 +201,19 @@ def attach_veth(inv: Invocation, plan: Addressing, rollback: Rollback) -> Result
         claim_host_link(host_rtnl, inv)
         vpc_table = ensure_vpc_table(host_rtnl, inv)
         guest = naming.guest_link_name(inv.conf.vpc, inv.conf.vpcattachment)
+        stale = links.find(pod_rtnl, guest)
+        if stale is not None:  # a killed ADD's half-made pair: the G…G name is ours alone
+            links.delete(pod_rtnl, stale)
+        # The host end starts under a temporary name and becomes G…H together with its owner
+        # mark in one request, so a G…H without its owner never exists, even if we are killed.
+        temporary = f"vpa{secrets.token_hex(5)}"
         with netns_fd(inv.env.netns) as fd:
-            links.create_veth(host_rtnl, name, guest, fd, mtu)
-        host_link = _require(links.find(host_rtnl, name), name)
-        links.configure(host_rtnl, host_link, alias=owner.alias)
+            links.create_veth(host_rtnl, temporary, guest, fd, mtu)
+        rollback.created(f"veth {temporary}", _undo_temporary(temporary))
+        fresh = _require(links.find(host_rtnl, temporary), temporary)
+        links.configure(host_rtnl, fresh, name=name, alias=owner.alias)
         rollback.created(f"veth {name}", _undo_link(name, owner))
+        host_link = _require(links.find(host_rtnl, name), name)
 
         pod_link = _require(links.find(pod_rtnl, guest), guest)
         mac = inv.runtime_value("mac")
