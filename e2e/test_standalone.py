@@ -33,6 +33,7 @@ from e2e.conftest import (
 
 pytestmark = pytest.mark.root
 
+
 @pytest.fixture
 def work() -> Iterator[Path]:
     """This test's directory outside /tmp, removed afterwards."""
