@@ -158,13 +158,7 @@ class KubeClient:
 
     def put_unless_changed(self, path: str, deadline: Deadline, body: dict[str, Any]) -> bool:
         """PUT body; False when the object changed (409) or vanished (404) since it was read."""
-        try:
-            self.request("PUT", path, deadline, body=body)
-            return True
-        except ApiError as exc:
-            if exc.status in (404, 409):
-                return False
-            raise
+        return self._unless_changed("PUT", path, deadline, body)
 
     def delete(self, path: str, deadline: Deadline, *, uid: str | None = None,
                resource_version: str | None = None) -> bool:
@@ -175,11 +169,15 @@ class KubeClient:
         if resource_version:
             preconditions["resourceVersion"] = resource_version
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": preconditions}
+        return self._unless_changed("DELETE", path, deadline, body)
+
+    def _unless_changed(self, method: str, path: str, deadline: Deadline,
+                        body: dict[str, Any]) -> bool:
         try:
-            self.request("DELETE", path, deadline, body=body)
+            self.request(method, path, deadline, body=body)
             return True
         except ApiError as exc:
-            if exc.status in (404, 409):
+            if exc.status in (404, 409):  # gone, or a precondition / resourceVersion failed
                 return False
             raise
 
