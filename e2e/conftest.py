@@ -6,6 +6,7 @@ touched. Tests that need root skip with the reason when not run as root.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -96,17 +97,24 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None]:
         assert running.verb_lines(), "no invocation reached the agent"
 
 
-@pytest.fixture
-def netns() -> Iterator[str]:
-    """A fresh network namespace; its path is what a runtime passes as CNI_NETNS."""
+@contextlib.contextmanager
+def temporary_netns(prefix: str) -> Iterator[str]:
+    """A fresh network namespace (its path, as a runtime passes CNI_NETNS), deleted after."""
     if not IS_ROOT:
         pytest.skip("needs root for network namespaces")
-    name = f"vpa-test-{secrets.token_hex(4)}"
+    name = f"{prefix}-{secrets.token_hex(4)}"
     run_ip("netns", "add", name)
     try:
         yield f"/var/run/netns/{name}"
     finally:
         run_ip("netns", "del", name, check=False)
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    """A fresh network namespace for one test."""
+    with temporary_netns("vpa-test") as path:
+        yield path
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import errno
 import ipaddress
 import json
 import os
-import secrets
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ from cni_plugin.kernel.rtnl import (
     RouteMsg,
     Rtnl,
 )
-from e2e.conftest import run_ip
+from e2e.conftest import run_ip, temporary_netns
 
 pytestmark = pytest.mark.root
 IFA_F_NODAD = 0x02
@@ -40,14 +39,8 @@ TABLE_NAMES = {"main": 254, "local": 255, "default": 253}
 @pytest.fixture
 def space() -> Iterator[str]:
     """A second throwaway netns (the `netns` fixture gives the first)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root for network namespaces")
-    name = f"vpa-rtnl-{secrets.token_hex(4)}"
-    run_ip("netns", "add", name)
-    try:
-        yield f"/var/run/netns/{name}"
-    finally:
-        run_ip("netns", "del", name, check=False)
+    with temporary_netns("vpa-rtnl") as path:
+        yield path
 
 
 def ip_json(path: str, *args: str) -> Any:
