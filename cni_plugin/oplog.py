@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from cni_plugin.verbs.request import Request
+from netconf.host import DEFAULT_HOST_CONFIG, HOST_CONFIG_ENV
 
 _configured: dict[str, Any] = {}
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -35,7 +36,7 @@ def _setting(request: Request, stanza_key: str, env_key: str) -> str | None:
     if request.environ.get(env_key):
         return request.environ[env_key]
     try:
-        with open(request.environ.get("VPC_ATTACH_HOST_CONFIG") or "/etc/vpc-attach/host.json",
+        with open(request.environ.get(HOST_CONFIG_ENV) or DEFAULT_HOST_CONFIG,
                   encoding="utf-8") as handle:
             value = json.load(handle).get(stanza_key)
             return value if isinstance(value, str) and value else None
