@@ -31,9 +31,7 @@ def _cni() -> None:
 
     environ = dict(os.environ)
     if environ.get("CNI_COMMAND") == "VERSION":  # ignores stdin; needs none of the models
-        from cni_plugin.verbs.version import version
-
-        respond(0, version())
+        answer_version()
     from cni_plugin.agent.client import forward, socket_path
 
     stdin = sys.stdin.buffer.read()
@@ -48,14 +46,13 @@ def _cni() -> None:
     answer_stdio(environ, stdin)
 
 
-def respond(status: int, payload: dict[str, object] | None) -> None:
-    """Print the answer (if any) as one JSON document and exit with status."""
-    import json
+def answer_version() -> None:
+    """Print the VERSION answer and exit 0 (shared by both executables; no `json`)."""
+    from cni_plugin.verbs.version import version_json
 
-    if payload is not None:
-        sys.stdout.write(json.dumps(payload))
-        sys.stdout.flush()
-    sys.exit(status)
+    sys.stdout.write(version_json())
+    sys.stdout.flush()
+    sys.exit(0)
 
 
 def _subcommand(name: str, argv: list[str]) -> None:

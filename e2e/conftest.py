@@ -12,7 +12,6 @@ import os
 import secrets
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Any
 import pytest
 
 from cni_plugin import naming
+from e2e import cnibin
 
 IS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root for network namespaces")
@@ -44,19 +44,13 @@ def reference_plugins() -> Path:
 
 @pytest.fixture(scope="session")
 def cni_bin(tmp_path_factory: pytest.TempPathFactory, reference_plugins: Path) -> Path:
-    """A CNI_PATH dir holding the reference plugins, `vpc-attach` and `vpc-attach-ipam`."""
-    bin_dir = tmp_path_factory.mktemp("cni-bin")
-    for plugin in reference_plugins.iterdir():
-        (bin_dir / plugin.name).symlink_to(plugin)
-    for ours in ("vpc-attach", "vpc-attach-ipam"):
-        (bin_dir / ours).symlink_to(installed(ours))
-    return bin_dir
+    """A CNI_PATH dir: the reference plugins and launchers of `vpc-attach`, `vpc-attach-ipam`."""
+    return cnibin.populate(tmp_path_factory.mktemp("cni-bin"), reference_plugins)
 
 
 def installed(executable: str) -> str:
     """Our console script next to this interpreter (not a pyenv shim found on PATH)."""
-    beside = Path(sys.executable).parent / executable
-    found = str(beside) if beside.exists() else shutil.which(executable)
+    found = cnibin.console_script(executable)
     if found is None:
         pytest.fail(f"{executable} is not installed (run scripts/setup.sh)")
     return found

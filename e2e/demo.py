@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from e2e import cnibin
 from e2e.tools.gotools import reference_plugins_dir
 
 NETNS = "vpa-demo-pod"
@@ -47,19 +48,6 @@ def _show_object(title: str, obj: dict[str, Any] | None) -> None:
                                                "ownerReferences") if k in meta}}
     shown.update({k: v for k, v in obj.items() if k in ("spec", "addressType", "endpoints")})
     print(json.dumps(shown, indent=2))
-
-
-def _cni_bin(work: Path) -> Path:
-    cni_bin = work / "bin"
-    cni_bin.mkdir()
-    for plugin in reference_plugins_dir().iterdir():
-        (cni_bin / plugin.name).symlink_to(plugin)
-    for ours in ("vpc-attach", "vpc-attach-ipam"):
-        found = shutil.which(ours)
-        if found is None:
-            raise SystemExit(f"{ours} is not installed (run scripts/setup.sh)")
-        (cni_bin / ours).symlink_to(found)
-    return cni_bin
 
 
 def main() -> int:
@@ -93,10 +81,12 @@ def main() -> int:
             "ipam": {"type": "vpc-attach-ipam", "dataDir": str(work / "ipam"),
                      "ipv6_subnet": "fd00:21:ff01::/48", "ipv4_subnet": "172.21.1.0/24"},
         }
+        cni_bin = cnibin.populate(work / "bin", reference_plugins_dir())
+        plugin = [str(cni_bin / "vpc-attach")]  # as a runtime runs it: from CNI_PATH
         _run(["ip", "netns", "add", NETNS])
         env = {**os.environ, "CNI_CONTAINERID": CONTAINER_ID,
                "CNI_NETNS": f"/var/run/netns/{NETNS}", "CNI_IFNAME": "eth0",
-               "CNI_PATH": str(_cni_bin(work)),
+               "CNI_PATH": str(cni_bin),
                "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=demo;"
                            f"K8S_POD_UID={pod_uid}",
                "VPC_ATTACH_NODE_NAME": NODE,
@@ -105,7 +95,7 @@ def main() -> int:
                "VPC_ATTACH_LOG_FILE": str(work / "vpc-attach.log"),
                "VPC_ATTACH_HOST_CONFIG": str(work / "host.json")}
         print("network config:\n" + json.dumps(conf, indent=2))
-        add = _run(["vpc-attach"], input=json.dumps(conf), env={**env, "CNI_COMMAND": "ADD"})
+        add = _run(plugin, input=json.dumps(conf), env={**env, "CNI_COMMAND": "ADD"})
         print(f"\nADD exit {add.returncode}:\n" + json.dumps(json.loads(add.stdout), indent=2))
         if add.returncode != 0:
             return 1
@@ -127,7 +117,7 @@ def main() -> int:
             print(f"\nkept: netns {NETNS}, link {host}, cluster state {work / 'cluster'} "
                   f"(stop with: python -m e2e.cluster down --state-dir {work / 'cluster'})")
             return 0
-        delete = _run(["vpc-attach"], input=json.dumps({**conf, "prevResult": result}),
+        delete = _run(plugin, input=json.dumps({**conf, "prevResult": result}),
                       env={**env, "CNI_COMMAND": "DEL"})
         print(f"\nDEL exit {delete.returncode}; host link left: "
               f"{_run(['ip', 'link', 'show', host]).returncode == 0}; advertisement left: "

@@ -5,7 +5,9 @@ Codes 1-11 are the CNI spec's; 100+ are ours and are documented in docs/configur
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False  # not `typing`: the executable's VERSION path imports this module
+if TYPE_CHECKING:
+    from typing import Any
 
 INCOMPATIBLE_VERSION = 1
 UNSUPPORTED_FIELD = 2

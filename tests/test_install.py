@@ -18,9 +18,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cni_plugin.install import cli, engine, files
+from cni_plugin.install import cli, engine, files, launcher
 from cni_plugin.install.credentials import api_server, token_expiry
-from cni_plugin.install.errors import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, EXIT_USAGE
+from cni_plugin.install.errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    InstallError,
+)
 from cni_plugin.install.targets import Root
 from cni_plugin.kube.config import load_kubeconfig
 from netconf.host import HOST_CONFIG_ENV, resolve_host_settings
@@ -370,10 +376,39 @@ def test_missing_node_name_is_a_clear_error(host: Host, monkeypatch: pytest.Monk
     assert status == EXIT_FAILED and "node name unknown" in err and "spec.nodeName" in err
 
 
-def test_not_a_standalone_build_needs_a_source(host: Host,
+def test_without_a_source_stages_launchers_for_this_environment(
+        host: Host, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run(["install", "--root", str(host.root), "--no-kubeconfig"], capsys)
+    assert status == EXIT_OK and "/opt/cni/bin/vpc-attach" in out, err
+    for name, module in (("vpc-attach", "cni_plugin.cli"),
+                         ("vpc-attach-ipam", "cni_plugin.ipam.plugin.cli")):
+        staged = host.path(f"/opt/cni/bin/{name}")
+        assert staged.stat().st_mode & 0o777 == 0o755
+        lines = staged.read_text().splitlines()
+        assert lines[0] == f"#!{sys.executable} -IS" and f"from {module} import main" in lines
+        # Runs from anywhere and ignores PYTHONPATH (-I); the kernel passes -IS from the #! line.
+        proc = subprocess.run([str(staged)], input=b"", capture_output=True, timeout=60,
+                              check=False, cwd="/", env={"CNI_COMMAND": "VERSION",
+                                                         "PYTHONPATH": "/nonexistent"})
+        assert proc.returncode == 0, proc.stderr
+        assert "1.1.0" in json.loads(proc.stdout)["supportedVersions"]
+    probe = subprocess.run([str(host.path("/opt/cni/bin/vpc-attach"))], capture_output=True,
+                           timeout=60, check=False, env={"CNI_COMMAND": "NOPE"})
+    assert b"NOPE" in probe.stdout  # the plugin itself answered: a CNI error naming the verb
+    status, _, err = run(["uninstall", "--root", str(host.root)], capsys)
+    assert status == EXIT_OK, err
+    assert not host.path("/opt/cni/bin/vpc-attach").exists()
+
+
+def test_launcher_refuses_an_interpreter_no_shebang_can_name() -> None:
+    with pytest.raises(InstallError, match="cannot be a #! line"):
+        launcher.launcher("vpc-attach", "/" + "x" * 300, ["/lib"])
+    with pytest.raises(InstallError, match="cannot be a #! line"):
+        launcher.launcher("vpc-attach", "/opt/my python/bin/python3", ["/lib"])
+
+
+def test_a_plain_source_needs_both_executables(host: Host,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    status, _, err = run(["install", "--root", str(host.root), "--no-kubeconfig"], capsys)
-    assert status == EXIT_FAILED and "not a standalone build" in err and "--source" in err
     status, _, err = run(["install", "--root", str(host.root), "--no-kubeconfig",
                           "--source", str(host.sa_dir)], capsys)
     assert status == EXIT_FAILED and f"no executable vpc-attach in {host.sa_dir}" in err

@@ -318,3 +318,8 @@ def test_version_ordering_matches_the_spec_history(a: str, b: str) -> None:
     assert at_least(a, b) == (SUPPORTED_VERSIONS.index(a) >= SUPPORTED_VERSIONS.index(b))
     assert (version_key(a) < version_key(b)) == (SUPPORTED_VERSIONS.index(a)
                                                  < SUPPORTED_VERSIONS.index(b))
+
+
+def test_hand_written_version_answer_is_the_json_of_the_verb() -> None:
+    from cni_plugin.verbs.version import version, version_json
+    assert json.loads(version_json()) == version()

@@ -3,7 +3,8 @@
 A standalone build (packaging/standalone) is one executable plus its `vpc-attach.lib`
 directory; it is staged whole as `<bin>/vpc-attach.bundle/<digest>/` and both `vpc-attach` and
 `vpc-attach-ipam` become relative links into it (the executable dispatches on the name it runs
-as). Any other source must hold the two executables as files, and they are copied.
+as). Any other source must hold the two executables as files, and they are copied. Without a
+source, an installer running from a Python environment stages launchers for it (`launcher`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from cni_plugin.install.errors import InstallError
 from cni_plugin.install.files import file_fingerprint, link_fingerprint
+from cni_plugin.install.launcher import environment_launchers
 from cni_plugin.install.targets import BundleTarget, FileTarget, LinkTarget, Target
 
 EXECUTABLES = ("vpc-attach", "vpc-attach-ipam")
@@ -29,6 +31,12 @@ def default_source() -> Path | None:
     if getattr(sys, "frozen", False):
         return Path(sys.executable).resolve().parent
     return None
+
+
+def launcher_targets(bin_dir: str) -> list[Target]:
+    """Targets staging launchers of this Python environment's executables into bin_dir."""
+    return [FileTarget(f"{bin_dir}/{name}", content, 0o755)
+            for name, content in environment_launchers().items()]
 
 
 def binary_targets(source: Path, bin_dir: str) -> list[Target]:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TextIO
 
-from cni_plugin.install.binaries import binary_targets, default_source
+from cni_plugin.install.binaries import binary_targets, default_source, launcher_targets
 from cni_plugin.install.credentials import (
     SERVICEACCOUNT_DIR,
     api_server,
@@ -128,7 +128,8 @@ def _parser(command: str) -> argparse.ArgumentParser:
 
     stage = parser.add_argument_group("what to stage")
     stage.add_argument("--source", help="directory of the executables to stage: a standalone "
-                       "build (default: this executable's own, when it is one)")
+                       "build (default: this executable's own, when it is one; otherwise "
+                       "launchers for the Python environment the installer runs in)")
     stage.add_argument("--no-binaries", action="store_true", help="stage no executables")
     stage.add_argument("--conflist", help="a conflist file to copy into the conf dir")
     stage.add_argument("--conflist-name", help="its name there (default: the file's name)")
@@ -190,11 +191,8 @@ def install(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO,
     targets: list[Target] = []
     if not args.no_binaries:
         source = Path(args.source) if args.source else default_source()
-        if source is None:
-            raise InstallError("no executables to stage: this vpc-attach is not a standalone "
-                               "build", "pass --source DIR (a standalone build, e.g. "
-                               "dist/standalone) or --no-binaries")
-        targets += binary_targets(source, args.cni_bin_dir)
+        targets += launcher_targets(args.cni_bin_dir) if source is None \
+            else binary_targets(source, args.cni_bin_dir)
     node_name = _setting(args, "node_name", environ, None)
     if not node_name and not args.no_kubeconfig:
         raise InstallError("node name unknown", "pass --node-name or set NODE_NAME from the "

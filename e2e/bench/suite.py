@@ -34,6 +34,11 @@ from e2e.bench.subjects import AGENT, GO, IN_PROCESS, Subject
 
 INVOKE_TIMEOUT = 60.0  # every ADD/DEL; the plugin's own deadline is 30 s
 VERSION_TIMEOUT = 20.0
+CONSOLE_SCRIPT = "console-script-vpc-attach"  # pip's wrapper, for the start-up comparison
+# VERSION steps of a round: executable (relative to the work dir) and the row it feeds
+VERSION_STEPS = {"go-version": ("bin/ptp", "go-ptp/VERSION"),
+                 "vpc-version": ("bin/vpc-attach", "vpc-attach/VERSION"),
+                 "console-version": (CONSOLE_SCRIPT, "console/VERSION")}
 CONCURRENCY = 32
 SMALL_OBJECTS = 10
 SMALL, LARGE = "small", "large"
@@ -187,18 +192,14 @@ class Bench:
     # Set-up ------------------------------------------------------------------------------
 
     def _bin_dir(self) -> Path:
-        """CNI_PATH: the Go reference plugins and our two executables."""
+        """CNI_PATH: the Go reference plugins and our two executables, as a node gets them."""
+        from e2e import cnibin
         from e2e.tools.gotools import reference_plugins_dir
-        bin_dir = self.workdir / "bin"
-        bin_dir.mkdir()
-        for plugin in reference_plugins_dir().iterdir():
-            (bin_dir / plugin.name).symlink_to(plugin)
-        for ours in ("vpc-attach", "vpc-attach-ipam"):
-            beside = Path(sys.executable).parent / ours
-            found = str(beside) if beside.exists() else shutil.which(ours)
-            if found is None:
-                raise SystemExit(f"{ours} is not installed (run scripts/setup.sh)")
-            (bin_dir / ours).symlink_to(found)
+        bin_dir = cnibin.populate(self.workdir / "bin", reference_plugins_dir())
+        console = cnibin.console_script("vpc-attach")
+        if console is None:
+            raise SystemExit("vpc-attach is not installed (run scripts/setup.sh)")
+        (self.workdir / CONSOLE_SCRIPT).symlink_to(console)
         (self.workdir / "locks").mkdir()
         (self.workdir / "logs").mkdir()
         return bin_dir
@@ -352,7 +353,10 @@ class Bench:
         go_version = Row("go-ptp/VERSION", "Go ptp start-up (reference)", "VERSION", GO)
         ours = Row("vpc-attach/VERSION", "vpc-attach start-up", "VERSION", IN_PROCESS,
                    reference=go_version.key)
-        self.rows[go_version.key], self.rows[ours.key] = go_version, ours
+        console = Row("console/VERSION", "vpc-attach start-up, pip's console script instead "
+                      "of the launcher", "VERSION", IN_PROCESS, reference=go_version.key)
+        for row in (go_version, ours, console):
+            self.rows[row.key] = row
         for key in ("go-ptp", "kernel-hl-agent", "full-agent", "full-inproc"):
             subject = by_key[key]
             for verb in ("ADD", "DEL"):
@@ -406,8 +410,8 @@ class Bench:
 
     def _round(self, sequential: list[Subject], number: int, run_id: str,
                measured: bool) -> None:
-        """Every subject once (ADD then DEL in a fresh netns), plus both VERSION rows."""
-        steps: list[Subject | str] = [*sequential, "go-version", "vpc-version"]
+        """Every subject once (ADD then DEL in a fresh netns), plus the VERSION rows."""
+        steps: list[Subject | str] = [*sequential, *VERSION_STEPS]
         namespaces = {s.key: self.janitor.netns() for s in sequential}
         try:
             for step in _rotated(steps, number):
@@ -420,15 +424,12 @@ class Bench:
                 self.janitor.remove(netns)
 
     def _version(self, which: str, measured: bool) -> None:
-        bin_dir = self.workdir / "bin"
-        go = which == "go-version"
-        executable = bin_dir / ("ptp" if go else "vpc-attach")
+        executable, key = VERSION_STEPS[which]
         env = {"PATH": os.environ.get("PATH", ""), "CNI_COMMAND": "VERSION"}
-        done = spawn.run([str(executable)], env, json.dumps(subjects.version_stanza()).encode(),
-                         VERSION_TIMEOUT)
+        done = spawn.run([str(self.workdir / executable)], env,
+                         json.dumps(subjects.version_stanza()).encode(), VERSION_TIMEOUT)
         if measured:
-            self._record(self.rows["go-ptp/VERSION" if go else "vpc-attach/VERSION"], done,
-                         _problem(done, "VERSION", needs_json=True))
+            self._record(self.rows[key], done, _problem(done, "VERSION", needs_json=True))
 
     def _pair(self, subject: Subject, netns: Netns, run_id: str, measured: bool) -> None:
         container_id = f"bench-{self.token}-{subject.key}-{run_id}"

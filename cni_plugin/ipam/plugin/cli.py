@@ -8,10 +8,9 @@ import os
 def main() -> None:
     """Entry point of `vpc-attach-ipam` (the IPAM plugin)."""
     if os.environ.get("CNI_COMMAND") == "VERSION":  # ignores stdin; needs none of the models
-        from cni_plugin.cli import respond
-        from cni_plugin.verbs.version import version
+        from cni_plugin.cli import answer_version
 
-        respond(0, version())
+        answer_version()
     from cni_plugin.dispatch import serve_stdio
     from cni_plugin.ipam.plugin.dispatch import ipam_verbs
 

@@ -1,0 +1,60 @@
+"""Launchers: the executables staged from a Python environment rather than a standalone build.
+
+A runtime starts `vpc-attach` for every ADD and DEL, so its start-up is on every Pod's path.
+pip's console scripts start the interpreter with `site`, which scans the environment and runs
+its `.pth` files: about 10 ms per call on the reference machine (setuptools' distutils shim
+alone is ~5 ms), as much as the agent spends on a whole ADD. A launcher starts the same
+interpreter with `-I -S` (no PYTHON* variables, no user site, no script directory, no `site`)
+and sets the import path that `site` computes for this environment, read once when the
+launcher is written. The launcher is therefore tied to its environment: re-run the installer
+after moving it or adding path entries to it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from cni_plugin.install.errors import InstallError
+
+# name -> module whose main() it runs; the same entry points as pyproject's console scripts
+ENTRY_POINTS = {"vpc-attach": "cni_plugin.cli", "vpc-attach-ipam": "cni_plugin.ipam.plugin.cli"}
+# Linux reads at most 255 bytes of a "#!" line (BINPRM_BUF_SIZE - 1) and splits no arguments.
+SHEBANG_LIMIT = 255
+PATH_QUERY_TIMEOUT = 30.0
+
+
+def import_path(interpreter: str) -> list[str]:
+    """sys.path of interpreter started cleanly (isolated, with site): what a launcher sets."""
+    try:
+        proc = subprocess.run([interpreter, "-I", "-c", "import sys; print(*sys.path, sep='\\0')"],
+                              capture_output=True, timeout=PATH_QUERY_TIMEOUT, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise InstallError(f"cannot ask {interpreter} for its import path: {exc}") from exc
+    if proc.returncode != 0:
+        raise InstallError(f"cannot ask {interpreter} for its import path: "
+                           f"{proc.stderr.decode(errors='replace').strip()}")
+    return [entry for entry in proc.stdout.decode().rstrip("\n").split("\0") if entry]
+
+
+def launcher(name: str, interpreter: str, path: list[str]) -> bytes:
+    """The launcher script for executable name, run by interpreter with import path path."""
+    shebang = f"#!{interpreter} -IS"
+    if len(shebang.encode()) > SHEBANG_LIMIT or any(c.isspace() for c in interpreter):
+        raise InstallError(f"interpreter path {interpreter!r} cannot be a #! line (at most "
+                           f"{SHEBANG_LIMIT - 6} bytes, no white space)",
+                           "install from a standalone build (--source) instead")
+    return (f"{shebang}\n"
+            f"# {name}: written by `vpc-attach install` for this Python environment "
+            "(cni_plugin/install/launcher.py).\n"
+            "import sys\n"
+            f"sys.path[:] = {path!r}\n"
+            f"from {ENTRY_POINTS[name]} import main\n"
+            "main()\n").encode()
+
+
+def environment_launchers(interpreter: str | None = None) -> dict[str, bytes]:
+    """Both executables' launchers for interpreter's environment (default: this one)."""
+    interpreter = interpreter or sys.executable
+    path = import_path(interpreter)
+    return {name: launcher(name, interpreter, path) for name in ENTRY_POINTS}

@@ -1,0 +1,32 @@
+"""A CNI bin dir for the tests, the demo and the bench: the Go reference plugins plus our two
+executables staged the way `vpc-attach install` stages them from a Python environment
+(launchers that start this interpreter with -I -S; cni_plugin/install/launcher.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from cni_plugin.install.launcher import environment_launchers
+
+OURS = ("vpc-attach", "vpc-attach-ipam")
+
+
+def console_script(executable: str) -> str | None:
+    """pip's console script next to this interpreter (not a pyenv shim found on PATH)."""
+    beside = Path(sys.executable).parent / executable
+    return str(beside) if beside.exists() else shutil.which(executable)
+
+
+def populate(directory: Path, reference_plugins: Path) -> Path:
+    """Fill directory (created if needed) with links to the reference plugins and our launchers."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for plugin in reference_plugins.iterdir():
+        if not os.path.lexists(directory / plugin.name):
+            (directory / plugin.name).symlink_to(plugin)
+    for name, content in environment_launchers().items():
+        (directory / name).write_bytes(content)
+        (directory / name).chmod(0o755)
+    return directory
