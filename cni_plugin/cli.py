@@ -2,6 +2,10 @@
 
 Without arguments it is the CNI plugin: env + stdin in, one JSON document out, exit status.
 Subcommands: `vpc-attach agent` (the node agent), `vpc-attach install` / `uninstall`.
+
+Behind a standalone build's launcher (cni_plugin/install/launcher.py) `main` gets `full`, the
+build's own executable: this module then only answers VERSION and forwards to the agent, and
+hands everything else to `full` by exec — same arguments, environment and stdin.
 """
 
 from __future__ import annotations
@@ -11,10 +15,12 @@ import sys
 SUBCOMMANDS = ("agent", "install", "uninstall")
 
 
-def main() -> None:
-    """Entry point of `vpc-attach`."""
+def main(full: str | None = None) -> None:
+    """Entry point of `vpc-attach`; full: see the module doc."""
     args = sys.argv[1:]
     if args and args[0] in SUBCOMMANDS:
+        if full is not None:
+            _hand_over(full, None)
         _subcommand(args[0], args[1:])
         return
     if args and args[0] in ("-h", "--help"):
@@ -22,10 +28,10 @@ def main() -> None:
               "Without arguments: the CNI plugin (CNI_COMMAND etc. in the environment, "
               "the network config on stdin).")
         return
-    _cni()
+    _cni(full)
 
 
-def _cni() -> None:
+def _cni(full: str | None) -> None:
     # Forwarding path: standard library only (SPEC §11). VERSION never needs the agent.
     import os
 
@@ -41,6 +47,8 @@ def _cni() -> None:
         sys.stdout.buffer.write(text)
         sys.stdout.flush()
         sys.exit(status)
+    if full is not None:
+        _hand_over(full, stdin)
     from cni_plugin.dispatch import answer_stdio
 
     answer_stdio(environ, stdin)
@@ -53,6 +61,35 @@ def answer_version() -> None:
     sys.stdout.write(version_json())
     sys.stdout.flush()
     sys.exit(0)
+
+
+def _hand_over(executable: str, stdin: bytes | None) -> None:
+    """Become executable with our arguments and environment; stdin, if this process already
+    read it, is replayed from an anonymous file. Answers a CNI error if the exec fails."""
+    import os
+
+    try:
+        if stdin is not None:
+            replay = os.memfd_create("vpc-attach-stdin")
+            view = memoryview(stdin)
+            while view:
+                view = view[os.write(replay, view):]
+            os.lseek(replay, 0, os.SEEK_SET)
+            os.dup2(replay, 0)
+            os.close(replay)
+        os.execv(executable, [executable, *sys.argv[1:]])
+    except OSError as exc:
+        import json
+
+        from netconf.errors import IO_FAILURE, CniError
+        from netconf.versions import CURRENT_VERSION
+
+        error = CniError(IO_FAILURE, f"cannot run {executable}: {exc.strerror or exc}",
+                         "the standalone build this launcher belongs to is gone or broken; "
+                         "re-run `vpc-attach install`")
+        sys.stdout.write(json.dumps(error.to_dict(CURRENT_VERSION)))
+        sys.stdout.flush()
+        sys.exit(1)
 
 
 def _subcommand(name: str, argv: list[str]) -> None:

@@ -16,12 +16,12 @@ class AgentProcess:
     """A node agent process listening on `<directory>/agent.sock`."""
 
     def __init__(self, directory: Path, prefix: list[str] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, executable: str | None = None) -> None:
         from e2e.conftest import installed
         self.directory = directory
         self.socket = directory / "agent.sock"
         self.log = directory / "agent.log"
-        self._argv = [*(prefix or []), installed("vpc-attach"), "agent",
+        self._argv = [*(prefix or []), executable or installed("vpc-attach"), "agent",
                       "--socket", str(self.socket)]
         self._env = {**os.environ, "VPC_ATTACH_LOG_FILE": str(self.log), **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from cni_plugin import naming
+from e2e.agentproc import AgentProcess
 from e2e.conftest import (
     WATCH_TMP,
     Answer,
@@ -72,17 +73,17 @@ def standalone_plugin(standalone: Path, reference_plugins: Path, work: Path) -> 
 
 
 def add_check_del(plugin: Plugin, conf: dict[str, Any], netns: str, vpc: str,
-                  att: str) -> dict[str, Any]:
+                  att: str, **env: str) -> dict[str, Any]:
     """A full life cycle; returns the ADD result."""
     result: dict[str, Any] = plugin.ok("ADD", conf, container_id="standalone-pod",
-                                          netns=netns)
+                                          netns=netns, **env)
     assert naming.host_link_name(vpc, att) in links_in()
     assert "eth0" in links_in(netns)
     checked = with_prev(conf, result)
-    plugin.ok("CHECK", checked, container_id="standalone-pod", netns=netns)
-    plugin.ok("DEL", checked, container_id="standalone-pod", netns=netns)
+    plugin.ok("CHECK", checked, container_id="standalone-pod", netns=netns, **env)
+    plugin.ok("DEL", checked, container_id="standalone-pod", netns=netns, **env)
     assert naming.host_link_name(vpc, att) not in links_in()
-    plugin.ok("DEL", checked, container_id="standalone-pod", netns=netns)  # idempotent
+    plugin.ok("DEL", checked, container_id="standalone-pod", netns=netns, **env)  # idempotent
     return result
 
 
@@ -127,8 +128,9 @@ def test_standalone_delegates_to_the_bundled_ipam(standalone_plugin: WatchedPlug
     assert not [p for p in data.rglob("*") if p.is_file() and "standalone-pod" in p.read_text()]
 
 
-def test_installer_stages_the_standalone_build_that_then_runs(
-        standalone: Path, reference_plugins: Path, netns: str, vpc: str, work: Path) -> None:
+def test_installer_stages_the_standalone_build_under_a_root(standalone: Path,
+                                                            work: Path) -> None:
+    # As the DaemonSet's init container does it: the host's / mounted at --root.
     root = work / "host"
     root.mkdir()
     install = [str(standalone / "vpc-attach"), "install", "--root", str(root),
@@ -140,16 +142,65 @@ def test_installer_stages_the_standalone_build_that_then_runs(
     assert again.returncode == 0 and "nothing to change" in again.stdout
 
     staged_bin = root / "opt/cni/bin"
-    assert (staged_bin / "vpc-attach").is_symlink()
-    plugin = WatchedPlugin(make_cni_bin(staged_bin, staged_bin, reference_plugins), work)
-    conf = base_conf(vpc, "8", ipam=host_local(work / "ipam", "fd00:58::/64"))
-    assert plugin.call("VERSION", {}).status == 0
-    add_check_del(plugin, conf, netns, vpc, "8")
-    assert plugin.call("VERSION", {}, executable="vpc-attach-ipam").status == 0
+    (bundle,) = (staged_bin / "vpc-attach.bundle").iterdir()
+    host_bundle = f"/opt/cni/bin/vpc-attach.bundle/{bundle.name}"
+    # vpc-attach runs the bundle's interpreter, named by its path on the host, not below root.
+    lines = (staged_bin / "vpc-attach").read_text().splitlines()
+    assert lines[0] == f"#!{host_bundle}/vpc-attach.lib/bin/python3 -IS"
+    assert f"main(full='{host_bundle}/vpc-attach')" in lines
+    assert (bundle / "vpc-attach.lib/bin/python3").is_file()
+    assert (staged_bin / "vpc-attach-ipam").readlink() == \
+        Path(f"vpc-attach.bundle/{bundle.name}/vpc-attach")
 
-    for link in reference_plugins.iterdir():  # what the test added, not the installer
-        (staged_bin / link.name).unlink()
     removed = subprocess.run([str(standalone / "vpc-attach"), "uninstall", "--root", str(root)],
                              capture_output=True, text=True, timeout=60, check=False)
     assert removed.returncode == 0, removed.stderr
     assert list(root.iterdir()) == []
+
+
+def test_staged_launcher_forwards_itself_and_hands_the_rest_to_the_build(
+        standalone: Path, reference_plugins: Path, netns: str, vpc: str, work: Path) -> None:
+    # --root / with every host path below work, so the launcher's #! line is a real path here.
+    bin_dir = work / "opt/cni/bin"
+    install = subprocess.run(
+        [str(standalone / "vpc-attach"), "install", "--root", "/", "--no-kubeconfig",
+         "--manifest", str(work / "manifest.json"), "--cni-bin-dir", str(bin_dir),
+         "--cni-conf-dir", str(work / "net.d"), "--host-config", str(work / "host.json"),
+         "--node-name", "standalone-node"],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert install.returncode == 0, install.stderr
+    (bundle,) = (bin_dir / "vpc-attach.bundle").iterdir()
+    interpreter = (bin_dir / "vpc-attach").read_text().splitlines()[0][2:].split()[0]
+    assert interpreter == str(bundle / "vpc-attach.lib/bin/python3")
+    # The bundle's interpreter loads the bundle's libpython and standard library, whatever
+    # Python the host has (here one with the same version, which it must not pick up).
+    probe = subprocess.run(
+        [interpreter, "-IS", "-c", "import os, sys; print(sys.prefix, os.__file__, *sorted("
+         "{line.split()[-1] for line in open('/proc/self/maps') if 'libpython' in line}))"],
+        env={}, cwd="/", capture_output=True, text=True, timeout=30, check=True)
+    assert probe.stdout.split() and all(path.startswith(str(bundle))
+                                        for path in probe.stdout.split()), probe.stdout
+
+    plugin = WatchedPlugin(make_cni_bin(bin_dir, bin_dir, reference_plugins), work)
+    conf = base_conf(vpc, "8", ipam=host_local(work / "ipam", "fd00:58::/64"))
+    assert plugin.call("VERSION", {}).status == 0
+    # No agent: the launcher hands the verb to the build's executable, stdin replayed.
+    add_check_del(plugin, conf, netns, vpc, "8")
+    refused = plugin.call("ADD", base_conf(vpc, "8", bogus=True), netns="/nonexistent")
+    assert refused.code == 7 and "bogus" in refused.body["msg"]
+
+    # With an agent the launcher forwards by itself: the build's executable is not needed.
+    executable = bundle / "vpc-attach"
+    executable.rename(bundle / "vpc-attach.away")
+    try:
+        gone = plugin.call("ADD", conf, netns=netns, container_id="standalone-pod")
+        assert gone.code == 5 and str(executable) in gone.body["msg"]
+        assert naming.host_link_name(vpc, "8") not in links_in()
+        (work / "agent").mkdir()
+        with AgentProcess(work / "agent", executable=str(standalone / "vpc-attach")) as agent:
+            add_check_del(plugin, conf, netns, vpc, "8",
+                          VPC_ATTACH_AGENT_SOCKET=str(agent.socket))
+            served = [(line["verb"], line["containerID"]) for line in agent.verb_lines()]
+            assert served == [(verb, "standalone-pod") for verb in ("ADD", "CHECK", "DEL", "DEL")]
+    finally:
+        (bundle / "vpc-attach.away").rename(executable)

@@ -140,6 +140,37 @@ def test_install_stages_bundle_behind_relative_links(host: Host,
     assert ran.stdout.strip().endswith(b"vpc-attach-ipam")  # the name it runs as survives
 
 
+def test_bundle_with_an_interpreter_gets_a_launcher_and_upgrades_switch_it(
+        host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run(host.base_args(), capsys)  # an older build without an interpreter: links
+    assert host.path("/opt/cni/bin/vpc-attach").is_symlink()
+    newer = make_bundle(tmp_path / "newer", b"v2")
+    (newer / "vpc-attach.lib/bin").mkdir()
+    (newer / "vpc-attach.lib/bin/python3").write_bytes(b"\x7fELF interpreter")
+    (newer / "vpc-attach.lib/bin/python3").chmod(0o755)
+    status, out, err = run(["install", "--root", str(host.root), "--source", str(newer),
+                            "--serviceaccount-dir", str(host.sa_dir)], capsys)
+    assert status == EXIT_OK, err
+    staged = host.path("/opt/cni/bin/vpc-attach")
+    assert not staged.is_symlink() and staged.stat().st_mode & 0o777 == 0o755
+    bundles = sorted(p.name for p in host.path("/opt/cni/bin/vpc-attach.bundle").iterdir())
+    (digest,) = [b for b in bundles
+                 if host.path(f"/opt/cni/bin/vpc-attach.bundle/{b}/vpc-attach.lib/bin").exists()]
+    bundle = f"/opt/cni/bin/vpc-attach.bundle/{digest}"  # host paths: the #! line runs there
+    assert staged.read_text().splitlines() == [
+        f"#!{bundle}/vpc-attach.lib/bin/python3 -IS",
+        "# vpc-attach: written by `vpc-attach install` (cni_plugin/install/launcher.py).",
+        "from cni_plugin.cli import main",
+        f"main(full='{bundle}/vpc-attach')"]
+    assert os.readlink(host.path("/opt/cni/bin/vpc-attach-ipam")) == \
+        f"vpc-attach.bundle/{digest}/vpc-attach"
+    assert "updated /opt/cni/bin/vpc-attach\n" in out
+    status, _, err = run(["uninstall", "--root", str(host.root)], capsys)
+    assert status == EXIT_OK, err
+    assert not host.path("/opt/cni/bin").exists() or \
+        list(host.path("/opt/cni/bin").iterdir()) == []
+
+
 def test_install_writes_host_settings_the_plugin_reads(host: Host,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     status, _, _ = run(host.base_args("--log-level", "debug", "--namespace", "bgp"), capsys)

