@@ -294,17 +294,30 @@ def _require(link: Link | None, name: str) -> Link:
 
 
 def detach(inv: Invocation) -> None:
-    """Delete this container's host link (veth or tap) and pod interface; others' stay."""
+    """Delete this container's host link (veth or tap) and pod interface; others' stay.
+
+    Through the agent the links are retired instead and the host one (taking its veth peer
+    along) is deleted after the answer: the kernel's teardown is off the runtime's path.
+    """
     owner = owner_of(inv)
+    retired: str | None = None
     with host_netlink(inv.deadline) as rtnl:
         link = links.find(rtnl, host_link_name(inv))
         if link is not None and link.owner == owner:
-            links.delete(rtnl, link)
+            if inv.services.defers_link_deletion:
+                retired = links.retire(rtnl, link)
+            else:
+                links.delete(rtnl, link)
     if inv.conf.attachment == "veth" and inv.env.netns and netns.exists(inv.env.netns):
         with suppress(netns.NetnsGone), pod_netlink(inv.env.netns, inv.deadline) as pod_rtnl:
             pod_link = links.find(pod_rtnl, inv.env.ifname)
             if pod_link is not None and pod_link.owner == owner:
-                links.delete(pod_rtnl, pod_link)
+                if retired is not None:  # the peer of the retired host end: goes with it
+                    links.retire(pod_rtnl, pod_link)
+                else:
+                    links.delete(pod_rtnl, pod_link)
+    if retired is not None:
+        inv.services.delete_retired_later(retired)
 
 
 def differences(inv: Invocation, prev: Result) -> list[str]:

@@ -33,9 +33,10 @@ def main(full: str | None = None) -> None:
 
 def _cni(full: str | None) -> None:
     # Forwarding path: standard library only (SPEC §11). VERSION never needs the agent.
-    import os
+    import posix  # not os: see agent/client.py
 
-    environ = dict(os.environ)
+    environ = {key.decode("utf-8", "surrogateescape"): value.decode("utf-8", "surrogateescape")
+               for key, value in posix.environ.items()}
     if environ.get("CNI_COMMAND") == "VERSION":  # ignores stdin; needs none of the models
         answer_version()
     from cni_plugin.agent.client import forward, socket_path

@@ -2,7 +2,8 @@
 
 The executable uses `Services()` — nothing is kept between invocations. The node agent keeps
 one `WarmServices` (cni_plugin/agent/warm.py) for its lifetime: per-thread keep-alive API
-connections and watch caches of this node's BGPRouter and Pods.
+connections and watch caches of this node's BGPRouter and Pods, and it deletes retired links
+after answering (cni_plugin/kernel/links.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ class Services:
     """Cold services: a fresh client per call, no caches."""
 
     keeps_clients = False
+    # Whether DEL may retire links and leave their deletion to delete_retired_later.
+    defers_link_deletion = False
 
     def kube_client(self, kubeconfig: str) -> KubeClient:
         """An API client for kubeconfig (the caller closes it unless keeps_clients)."""
@@ -31,3 +34,7 @@ class Services:
                    name: str) -> dict[str, Any] | None:
         """This node's Pod from a synced watch cache, or None (ask the API)."""
         return None
+
+    def delete_retired_later(self, name: str) -> None:
+        """Delete the retired host link called name after the verb answers (or now)."""
+        raise NotImplementedError("only services that defer link deletion retire links")

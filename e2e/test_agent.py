@@ -21,7 +21,7 @@ import pytest
 from cni_plugin import naming
 from cni_plugin.agent.protocol import MAGIC, REFUSAL, recv_exact
 from e2e.agentproc import AgentProcess
-from e2e.conftest import Answer, Plugin, base_conf, installed, links_in, run_ip, with_prev
+from e2e.conftest import Answer, Plugin, base_conf, links_in, run_ip, with_prev
 
 pytestmark = pytest.mark.root
 HEAVY_MODULES = ("pydantic", "pyroute2", "yaml", "cni_plugin.dispatch", "cni_plugin.verbs",
@@ -42,17 +42,21 @@ def test_forwarded_call_imports_only_the_standard_library(plugin: Plugin, tmp_pa
                                                           vpc: str) -> None:
     with AgentProcess(tmp_path) as agent:
         env = plugin.env("DEL", "fwd-1", "", "eth0", VPC_ATTACH_AGENT_SOCKET=str(agent.socket))
-        proc = subprocess.run([sys.executable, "-X", "importtime", installed("vpc-attach")],
+        # The launcher as its #! line runs it (-I -S), with import timing on.
+        proc = subprocess.run([sys.executable, "-IS", "-X", "importtime",
+                               str(plugin.cni_bin / "vpc-attach")],
                               input=json.dumps(_pool_conf(vpc, "9", tmp_path)).encode(), env=env,
                               capture_output=True, timeout=60, check=False)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        baseline = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"],
+        baseline = subprocess.run([sys.executable, "-IS", "-X", "importtime", "-c", "pass"],
                                   capture_output=True, timeout=60, check=True)
-        startup = set(_imported(baseline.stderr))  # whatever this interpreter's site loads
+        startup = set(_imported(baseline.stderr))  # what the interpreter itself loads
         imported = [m for m in _imported(proc.stderr) if m not in startup]
         heavy = [m for m in imported if m.split(".")[0] in HEAVY_MODULES
                  or m.startswith(HEAVY_MODULES)]
         assert not heavy, f"the forwarding path imported {heavy}"
+        # Nor `os` or `struct` (~1.7 ms a call): `posix` and int.to_bytes do.
+        assert not {"os", "struct"} & set(imported), imported
         assert any(line["containerID"] == "fwd-1" for line in agent.verb_lines()), \
             "the agent served the DEL"
 
@@ -154,3 +158,78 @@ def test_restarting_the_agent_with_adds_in_flight_loses_nothing(
     finally:
         for name in names:
             os.system(f"ip netns del {name} 2>/dev/null")
+
+
+def _retired_links() -> dict[str, str]:
+    """Retired links on the host: name -> alias."""
+    found = {}
+    for line in run_ip("-o", "link", "show").splitlines():
+        name = line.split(":")[1].strip().split("@")[0]
+        if name.startswith("vpz") and "alias vpc-attach-retired/" in line:
+            found[name] = line.split("alias ", 1)[1].split()[0]
+    return found
+
+
+def _wait_until(condition: Any, timeout: float = 10.0) -> bool:
+    give_up = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > give_up:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_del_through_the_agent_retires_the_links_and_deletes_them_after_answering(
+        plugin: Plugin, netns: str, vpc: str, tmp_path: Path) -> None:
+    conf = _pool_conf(vpc, "4", tmp_path / "ipam")
+    host_name = naming.host_link_name(vpc, "4")
+    monitor = subprocess.Popen(["ip", "-o", "monitor", "link"], stdout=subprocess.PIPE,
+                               text=True)
+    try:
+        with AgentProcess(tmp_path) as agent:
+            env = {"VPC_ATTACH_AGENT_SOCKET": str(agent.socket)}
+            result = plugin.ok("ADD", conf, container_id="retire-1", netns=netns, **env)
+            plugin.ok("DEL", with_prev(conf, result), container_id="retire-1", netns=netns,
+                      **env)
+            # Answered: both names are free at once, whatever the kernel still has to do.
+            assert host_name not in links_in() and "eth0" not in links_in(netns)
+            assert _wait_until(lambda: "retire-1" not in str(_retired_links())), \
+                f"retired links were not deleted: {_retired_links()}"
+            # The same container can come back at once (a runtime retrying a sandbox).
+            result = plugin.ok("ADD", conf, container_id="retire-1", netns=netns, **env)
+            plugin.ok("DEL", with_prev(conf, result), container_id="retire-1", netns=netns,
+                      **env)
+            assert _wait_until(lambda: "retire-1" not in str(_retired_links()))
+            assert [line["verb"] for line in agent.verb_lines()] == ["ADD", "DEL", "ADD", "DEL"]
+    finally:
+        time.sleep(0.2)  # let ip monitor print the last deletion
+        monitor.terminate()
+        events, _ = monitor.communicate(timeout=10)
+    # The kernel saw each host end (by its index) renamed to vpz…, and deleted under that name.
+    indexes = {line.split(":")[0] for line in events.splitlines()
+               if line.startswith(f"{line.split(':')[0]}: {host_name}@")}
+    deleted = [line for line in events.splitlines() if line.startswith("Deleted ")
+               and line.split()[1].rstrip(":") in indexes and line.split()[2].startswith("vpz")]
+    assert len(indexes) == 2 and len(deleted) == 2, events
+
+
+def test_agent_start_and_gc_delete_retired_links_left_behind(
+        plugin: Plugin, vpc: str, tmp_path: Path) -> None:
+    left = [f"vpz{secrets.token_hex(6)}" for _ in range(2)]
+    foreign = f"vpz{secrets.token_hex(6)}"  # a vpz… name without our alias: not ours
+    for name in (*left, foreign):
+        run_ip("link", "add", name, "type", "veth", "peer", "name", f"p{name[3:]}")
+    for name in left:
+        run_ip("link", "set", name, "alias", "vpc-attach-retired/dead-agent/eth0")
+    try:
+        with AgentProcess(tmp_path):
+            assert left[0] not in links_in() and left[1] not in links_in()
+        assert foreign in links_in()
+        run_ip("link", "add", left[0], "type", "veth", "peer", "name", f"p{left[0][3:]}")
+        run_ip("link", "set", left[0], "alias", "vpc-attach-retired/dead-agent/eth0")
+        conf = {**_pool_conf(vpc, "1", tmp_path / "ipam"), "cni.dev/valid-attachments": []}
+        plugin.ok("GC", conf)  # in-process: no agent runs
+        assert left[0] not in links_in() and foreign in links_in()
+    finally:
+        for name in (*left, foreign):
+            run_ip("link", "del", name, check=False)

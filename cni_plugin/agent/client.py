@@ -1,7 +1,8 @@
 """The executable's side: forward one invocation to the agent, or say it cannot.
 
 Standard library only (SPEC §11), and only its cheapest parts: `_socket` rather than
-`socket`, no `json`, no `typing` (each pulls in `re`/`enum`, ~10 ms on every call).
+`socket`, `posix` rather than `os` (~1.4 ms: the launcher starts without `site`, which would
+have imported it), no `json`, no `typing` (each pulls in `re`/`enum`, ~10 ms on every call).
 `forward` returns None when the agent is absent, refuses the connection or speaks another
 protocol version — the caller then runs the verb itself. Once the request has been sent, a
 lost agent is an error (code 11), never a silent re-run.
@@ -10,7 +11,7 @@ lost agent is an error (code 11), never a silent re-run.
 from __future__ import annotations
 
 import _socket
-import os
+import posix
 
 from cni_plugin.agent.protocol import (
     ProtocolError,
@@ -72,7 +73,9 @@ def socket_path(environ: Mapping[str, str], stdin: bytes) -> str:
 
 def forward(environ: Mapping[str, str], stdin: bytes, path: str) -> tuple[int, bytes] | None:
     """The agent's (status, answer JSON text), or None when the caller should run the verb."""
-    if not os.path.exists(path):
+    try:
+        posix.stat(path)
+    except (OSError, ValueError):
         return None
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:

@@ -12,8 +12,6 @@ and the answer's JSON text, which the executable prints verbatim.
 
 from __future__ import annotations
 
-import struct
-
 TYPE_CHECKING = False  # typing costs milliseconds on the executable's path (client.py)
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -29,8 +27,7 @@ MAGIC = b"vpa1"
 REFUSAL = b"vpa?"
 STDIN_KEY = b"\x00stdin"
 MAX_FRAME = 16 * 1024 * 1024
-_U32 = struct.Struct("!I")
-_REPLY = struct.Struct("!BI")
+# Integers are big-endian, with int.to_bytes rather than `struct` (one import less per call).
 
 
 class ProtocolError(Exception):
@@ -45,9 +42,9 @@ def encode_request(environ: Mapping[str, str], stdin: bytes) -> bytes:
     """MAGIC + the environment and stdin as length-prefixed pairs."""
     pairs = [(k.encode(), v.encode("utf-8", "surrogateescape")) for k, v in environ.items()]
     pairs.append((STDIN_KEY, stdin))
-    parts = [MAGIC, _U32.pack(len(pairs))]
+    parts = [MAGIC, _u32(len(pairs))]
     for key, value in pairs:
-        parts += [_U32.pack(len(key)), key, _U32.pack(len(value)), value]
+        parts += [_u32(len(key)), key, _u32(len(value)), value]
     return b"".join(parts)
 
 
@@ -56,7 +53,7 @@ def read_request(sock: Stream) -> tuple[dict[str, str], bytes]:
     magic = recv_exact(sock, 4)
     if magic != MAGIC:
         raise VersionMismatch(f"request frame {magic!r}")
-    (count,) = _U32.unpack(recv_exact(sock, 4))
+    count = int.from_bytes(recv_exact(sock, 4), "big")
     environ: dict[str, str] = {}
     stdin = b""
     total = 0
@@ -75,7 +72,7 @@ def read_request(sock: Stream) -> tuple[dict[str, str], bytes]:
 
 def encode_reply(status: int, answer: bytes) -> bytes:
     """MAGIC + status + the answer's JSON text."""
-    return MAGIC + _REPLY.pack(status & 0xFF, len(answer)) + answer
+    return MAGIC + bytes((status & 0xFF,)) + _u32(len(answer)) + answer
 
 
 def read_reply(sock: Stream) -> tuple[int, bytes]:
@@ -83,17 +80,22 @@ def read_reply(sock: Stream) -> tuple[int, bytes]:
     magic = recv_exact(sock, 4)
     if magic != MAGIC:
         raise VersionMismatch(f"reply frame {magic!r}")
-    status, length = _REPLY.unpack(recv_exact(sock, _REPLY.size))
+    head = recv_exact(sock, 5)
+    status, length = head[0], int.from_bytes(head[1:], "big")
     if length > MAX_FRAME:
         raise ProtocolError("reply is too large")
     return status, recv_exact(sock, length)
 
 
 def _field(sock: Stream) -> bytes:
-    (length,) = _U32.unpack(recv_exact(sock, 4))
+    length = int.from_bytes(recv_exact(sock, 4), "big")
     if length > MAX_FRAME:
         raise ProtocolError("field is too large")
     return recv_exact(sock, length)
+
+
+def _u32(value: int) -> bytes:
+    return value.to_bytes(4, "big")
 
 
 def recv_exact(sock: Stream, size: int) -> bytes:

@@ -175,7 +175,9 @@ def main(argv: list[str]) -> int:
     path = args.socket or socket_path(os.environ, b"")
     oplog.configure(Request(environ=dict(os.environ), stdin=b""))
     _warm_up()
-    agent = Agent(path, WarmServices())
+    services = WarmServices()
+    services.reaper.sweep()
+    agent = Agent(path, services)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("agent got signal %d", signum)

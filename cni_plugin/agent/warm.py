@@ -10,6 +10,7 @@ import threading
 import urllib.parse
 from typing import Any
 
+from cni_plugin.agent.reaper import Reaper
 from cni_plugin.deadline import Deadline
 from cni_plugin.kube.client import KubeClient
 from cni_plugin.kube.config import KubeCredentials, load_kubeconfig
@@ -19,6 +20,7 @@ from cni_plugin.services import Services
 log = logging.getLogger(__name__)
 WATCH_SECONDS = 300  # the server ends each watch after this; we then re-list
 RETRY_SECONDS = 2.0
+REAPER_DRAIN_SECONDS = 30.0  # at shutdown; what is left is swept by the next agent or a GC
 
 
 class WatchCache:
@@ -131,8 +133,10 @@ class WarmServices(Services):
     """Services that outlive one invocation (the agent's)."""
 
     keeps_clients = True
+    defers_link_deletion = True
 
     def __init__(self) -> None:
+        self.reaper = Reaper()
         self._lock = threading.Lock()
         self._creds: dict[str, tuple[float, KubeCredentials]] = {}
         self._local = threading.local()
@@ -181,8 +185,13 @@ class WarmServices(Services):
         """A Pod from the watch of this node's Pods (started on first use)."""
         return self._watch(kubeconfig, PODS.path(), f"spec.nodeName={node}").get(namespace, name)
 
+    def delete_retired_later(self, name: str) -> None:
+        """Hand a retired host link to the reaper."""
+        self.reaper.submit(name)
+
     def close(self) -> None:
-        """Stop every watch."""
+        """Finish pending link deletions (bounded), then stop every watch."""
+        self.reaper.drain(REAPER_DRAIN_SECONDS)
         with self._lock:
             for cache in self._watches.values():
                 cache.stop()

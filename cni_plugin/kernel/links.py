@@ -3,11 +3,18 @@
 Ownership (SPEC §5): every per-attachment link carries the alias
 `vpc-attach/<containerID>/<ifname>`, so ADD can refuse to take over another container's
 attachment and DEL only deletes what its own container created.
+
+Retired links: the kernel takes ~17 ms to delete a veth (it waits for RCU grace periods), longer
+than the rest of a DEL. The node agent therefore *retires* a link — down (its routes go with
+it), renamed `vpz<hex>` with the alias `vpc-attach-retired/<containerID>/<ifname>` — and
+deletes it right after answering (cni_plugin/agent/reaper.py). A retired link carries no
+traffic, holds no name an ADD needs, and is never mistaken for a live attachment.
 """
 
 from __future__ import annotations
 
 import errno
+import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,6 +24,8 @@ from cni_plugin.kernel.rtnl import LinkMsg, NetlinkError, Rtnl
 from netconf.errors import KERNEL_FAILURE, CniError
 
 ALIAS_PREFIX = "vpc-attach/"
+RETIRED_ALIAS_PREFIX = "vpc-attach-retired/"
+RETIRED_NAME_PREFIX = "vpz"
 T = TypeVar("T")
 
 
@@ -151,3 +160,32 @@ def delete(rtnl: Rtnl, link: Link) -> None:
     """Delete a link; already gone is fine."""
     with kernel_errors("delete link", link.name):
         ignore_missing(lambda: rtnl.del_link(index=link.index))
+
+
+def retire(rtnl: Rtnl, link: Link) -> str:
+    """Take an attachment link out of service at once (see the module doc); its new name.
+
+    Down first: the kernel refuses to rename a running link. Already gone is fine.
+    """
+    name = f"{RETIRED_NAME_PREFIX}{secrets.token_hex(6)}"
+    owner = (link.alias or "")[len(ALIAS_PREFIX):]
+    with kernel_errors("retire link", link.name):
+        ignore_missing(lambda: rtnl.set_link(link.index, up=False))
+        ignore_missing(lambda: rtnl.set_link(link.index, name=name,
+                                             alias=RETIRED_ALIAS_PREFIX + owner))
+    return name
+
+
+def is_retired(link: Link) -> bool:
+    """Whether link is one of our retired links (never someone else's vpz… link)."""
+    return link.name.startswith(RETIRED_NAME_PREFIX) and \
+        (link.alias or "").startswith(RETIRED_ALIAS_PREFIX)
+
+
+def delete_retired(rtnl: Rtnl, name: str) -> bool:
+    """Delete the retired link called name, if it still is one; whether one was deleted."""
+    link = find(rtnl, name)
+    if link is None or not is_retired(link):
+        return False
+    delete(rtnl, link)
+    return True

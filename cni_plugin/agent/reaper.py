@@ -1,0 +1,106 @@
+"""The agent's reaper: deletes retired links once the DEL that retired them has answered.
+
+A DEL through the agent retires its links (cni_plugin/kernel/links.py: down, renamed, no
+traffic, no name held) and hands the host end here; deleting it takes the kernel ~17 ms, which
+the runtime then no longer waits for. One thread deletes them in order; the kernel serialises
+link deletions anyway. Retired links a killed agent left behind are swept when the next one
+starts (GC sweeps them too). When more than MAX_PENDING wait, the DEL deletes its own link
+before answering, so a storm of DELs cannot pile up unbounded work.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+
+from cni_plugin.kernel import links, netns
+from cni_plugin.kernel.rtnl import Rtnl
+from netconf.errors import CniError
+
+log = logging.getLogger(__name__)
+MAX_PENDING = 256
+NETLINK_TIMEOUT = 10.0
+
+
+class Reaper:
+    """A queue of retired host links and the thread deleting them."""
+
+    def __init__(self, max_pending: int = MAX_PENDING) -> None:
+        self.max_pending = max_pending
+        self._pending: deque[str] = deque()
+        self._busy = False
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, name: str) -> None:
+        """Delete the retired host link name soon (now, in this thread, if too many wait)."""
+        with self._cond:
+            if len(self._pending) < self.max_pending:
+                self._pending.append(name)
+                self._start()
+                self._cond.notify_all()
+                return
+        log.info("reaper: %d deletions pending; deleting %s now", self.max_pending, name)
+        with netns.open_netlink(None, NETLINK_TIMEOUT) as rtnl:
+            _delete(rtnl, name)
+
+    def sweep(self) -> int:
+        """Delete every retired link of the host netns now (a killed agent's); how many."""
+        with netns.open_netlink(None, NETLINK_TIMEOUT) as rtnl:
+            found = [link.name for link in links.all_links(rtnl) if links.is_retired(link)]
+            deleted = sum(_delete(rtnl, name) for name in found)
+        if deleted:
+            log.info("reaper: deleted %d retired link(s) left by an earlier agent", deleted)
+        return deleted
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until nothing is pending or being deleted; whether that happened in time."""
+        give_up = time.monotonic() + timeout
+        with self._cond:
+            while self._pending or self._busy:
+                left = give_up - time.monotonic()
+                if left <= 0:
+                    log.warning("reaper: %d retired link(s) still pending at shutdown; the "
+                                "next agent or a GC deletes them", len(self._pending))
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def _start(self) -> None:
+        # Called with the lock held. The thread is created from whichever verb thread submits
+        # first, which is in the host netns again by then (netns.entered restores it).
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="vpc-attach-reaper",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        rtnl: Rtnl | None = None
+        while True:
+            with self._cond:
+                while not self._pending:
+                    self._cond.wait()
+                name = self._pending.popleft()
+                self._busy = True
+            try:
+                if rtnl is None:
+                    rtnl = netns.open_netlink(None, NETLINK_TIMEOUT)
+                _delete(rtnl, name)
+            except (CniError, OSError) as exc:
+                log.warning("reaper: could not delete retired link %s: %s", name, exc)
+                if rtnl is not None:
+                    rtnl.close()
+                    rtnl = None
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+
+def _delete(rtnl: Rtnl, name: str) -> bool:
+    deleted = links.delete_retired(rtnl, name)
+    if deleted:
+        log.debug("reaper: deleted retired link %s", name)
+    return deleted
