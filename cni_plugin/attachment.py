@@ -10,9 +10,9 @@ from __future__ import annotations
 import ipaddress
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cni_plugin import naming
 from cni_plugin.deadline import Deadline
@@ -174,8 +174,8 @@ def _setup_host_side(rtnl: Rtnl, inv: Invocation, link: Link, vpc_table: isolati
         if workload_mac:
             addresses.add_permanent_neighbour(rtnl, link.index, link.name, workload.ip,
                                               workload_mac)
-    refreshed = links.by_index(rtnl, link.index)
-    return refreshed or link
+    master = vpc_table.vrf_index if vpc_table.vrf_index is not None else link.master
+    return replace(link, up=True, master=master)
 
 
 def host_route(workload: IPInterface, oif: int, table: int) -> RouteSpec:
@@ -190,8 +190,12 @@ def pod_routes(plan: Addressing, oif: int) -> list[RouteSpec]:
             for v in sorted(plan.versions)]
 
 
-def attach_veth(inv: Invocation, plan: Addressing, rollback: Rollback) -> Result:
-    """Create the veth attachment and return the kernel part of the result."""
+def attach_veth(inv: Invocation, addressing: Callable[[], Addressing],
+                rollback: Rollback) -> Result:
+    """Create the veth attachment and return the kernel part of the result.
+
+    addressing() is asked only once the links exist: the IPAM delegate runs meanwhile.
+    """
     name = host_link_name(inv)
     owner = owner_of(inv)
     mtu = inv.conf.mtu
@@ -213,13 +217,14 @@ def attach_veth(inv: Invocation, plan: Addressing, rollback: Rollback) -> Result
         fresh = _require(links.find(host_rtnl, temporary), temporary)
         links.configure(host_rtnl, fresh, name=name, alias=owner.alias)
         rollback.created(f"veth {name}", _undo_link(name, owner))
-        host_link = _require(links.find(host_rtnl, name), name)
+        host_link = replace(fresh, name=name, alias=owner.alias)  # same link, same index
 
         pod_link = _require(links.find(pod_rtnl, guest), guest)
         mac = inv.runtime_value("mac")
         if isinstance(mac, str) and mac:
             links.set_mac(pod_rtnl, pod_link, mac)
         links.configure(pod_rtnl, pod_link, name=inv.env.ifname, alias=owner.alias, up=True)
+        plan = addressing()
         for workload in plan.workload:
             # No connected route: every destination, even in the same prefix, goes via the
             # gateway and so through the VPC table (other Pods are not on this link).
@@ -227,7 +232,10 @@ def attach_veth(inv: Invocation, plan: Addressing, rollback: Rollback) -> Result
                                   addresses.IFA_F_NOPREFIXROUTE)
         for route in pod_routes(plan, pod_link.index):
             addresses.add_route(pod_rtnl, route, inv.env.ifname)
-        pod_link = _require(links.by_index(pod_rtnl, pod_link.index), inv.env.ifname)
+        if isinstance(mac, str) and mac:  # the MAC as the kernel stored it
+            pod_link = _require(links.by_index(pod_rtnl, pod_link.index), inv.env.ifname)
+        else:
+            pod_link = replace(pod_link, name=inv.env.ifname, alias=owner.alias, up=True)
         host_link = _setup_host_side(host_rtnl, inv, host_link, vpc_table, plan, pod_link.mac)
 
     return Result(
@@ -240,8 +248,10 @@ def attach_veth(inv: Invocation, plan: Addressing, rollback: Rollback) -> Result
     )
 
 
-def attach_tap(inv: Invocation, plan: Addressing, rollback: Rollback) -> Result:
-    """Create the host tap for a VM and return the kernel part of the result."""
+def attach_tap(inv: Invocation, addressing: Callable[[], Addressing],
+               rollback: Rollback) -> Result:
+    """Create the host tap for a VM and return the kernel part of the result (addressing() as
+    in attach_veth)."""
     name = host_link_name(inv)
     owner = owner_of(inv)
     options = inv.conf.tap_options
@@ -254,6 +264,7 @@ def attach_tap(inv: Invocation, plan: Addressing, rollback: Rollback) -> Result:
         links.configure(rtnl, link, alias=owner.alias, mtu=inv.conf.mtu)
         rollback.created(f"tap {name}", _undo_link(name, owner))
         link = _require(links.find(rtnl, name), name)
+        plan = addressing()
         link = _setup_host_side(rtnl, inv, link, vpc_table, plan, workload_mac=None)
     return Result(
         interfaces=[Interface(name=link.name, mac=link.mac, mtu=inv.conf.mtu, sandbox="")],

@@ -13,7 +13,8 @@ import secrets
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -223,6 +224,16 @@ def links_in(netns: str | None = None) -> set[str]:
     return {line.split(":")[1].strip().split("@")[0] for line in run_ip(*args).splitlines()}
 
 
+def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Whether condition became true within timeout seconds (polled every 20 ms)."""
+    give_up = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > give_up:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def host_local_reservations(data_dir: Path, network: str) -> list[str]:
     """Addresses host-local holds for network."""
     net_dir = data_dir / network
@@ -324,6 +335,20 @@ def standalone() -> Iterator[Path]:
         yield out
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def stage_standalone(standalone: Path, work: Path) -> Path:
+    """Stage the standalone build as a node's installer does, but with --root / and every host
+    path below work, so the launcher's #! line names a path that exists here; the bin dir."""
+    bin_dir = work / "opt/cni/bin"
+    proc = subprocess.run(
+        [str(standalone / "vpc-attach"), "install", "--root", "/", "--no-kubeconfig",
+         "--manifest", str(work / "install-manifest.json"), "--cni-bin-dir", str(bin_dir),
+         "--cni-conf-dir", str(work / "net.d"), "--host-config", str(work / "host.json"),
+         "--node-name", "standalone-node"],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return bin_dir
 
 
 def make_cni_bin(directory: Path, ours: Path, reference_plugins: Path) -> Path:

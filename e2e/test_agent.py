@@ -21,7 +21,7 @@ import pytest
 from cni_plugin import naming
 from cni_plugin.agent.protocol import MAGIC, REFUSAL, recv_exact
 from e2e.agentproc import AgentProcess
-from e2e.conftest import Answer, Plugin, base_conf, links_in, run_ip, with_prev
+from e2e.conftest import Answer, Plugin, base_conf, eventually, links_in, run_ip, with_prev
 
 pytestmark = pytest.mark.root
 HEAVY_MODULES = ("pydantic", "pyroute2", "yaml", "cni_plugin.dispatch", "cni_plugin.verbs",
@@ -170,15 +170,6 @@ def _retired_links() -> dict[str, str]:
     return found
 
 
-def _wait_until(condition: Any, timeout: float = 10.0) -> bool:
-    give_up = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > give_up:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def test_del_through_the_agent_retires_the_links_and_deletes_them_after_answering(
         plugin: Plugin, netns: str, vpc: str, tmp_path: Path) -> None:
     conf = _pool_conf(vpc, "4", tmp_path / "ipam")
@@ -193,13 +184,13 @@ def test_del_through_the_agent_retires_the_links_and_deletes_them_after_answerin
                       **env)
             # Answered: both names are free at once, whatever the kernel still has to do.
             assert host_name not in links_in() and "eth0" not in links_in(netns)
-            assert _wait_until(lambda: "retire-1" not in str(_retired_links())), \
+            assert eventually(lambda: "retire-1" not in str(_retired_links())), \
                 f"retired links were not deleted: {_retired_links()}"
             # The same container can come back at once (a runtime retrying a sandbox).
             result = plugin.ok("ADD", conf, container_id="retire-1", netns=netns, **env)
             plugin.ok("DEL", with_prev(conf, result), container_id="retire-1", netns=netns,
                       **env)
-            assert _wait_until(lambda: "retire-1" not in str(_retired_links()))
+            assert eventually(lambda: "retire-1" not in str(_retired_links()))
             assert [line["verb"] for line in agent.verb_lines()] == ["ADD", "DEL", "ADD", "DEL"]
     finally:
         time.sleep(0.2)  # let ip monitor print the last deletion

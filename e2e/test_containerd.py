@@ -28,7 +28,7 @@ from cni_plugin.kernel.links import Owner
 from cni_plugin.kernel.tap import IFF_MULTI_QUEUE, IFF_VNET_HDR
 from cni_plugin.publish.endpointslice import slice_name
 from cni_plugin.publish.resources import ENDPOINT_SLICES
-from e2e.conftest import AGENT_SOCKET, IS_ROOT, Kube, links_in, make_cni_bin
+from e2e.conftest import AGENT_SOCKET, IS_ROOT, Kube, links_in, make_cni_bin, stage_standalone
 from e2e.publishing import (
     advertisement,
     create_pod,
@@ -92,12 +92,8 @@ def installed_bin(tmp_path_factory: pytest.TempPathFactory, standalone: Path,
                   reference_plugins: Path) -> Path:
     """The CNI bin dir as a node has it: the standalone build staged by its own installer
     (no Python on the plugin's path), next to the reference plugins of the chain."""
-    root = tmp_path_factory.mktemp("node-root")
-    proc = subprocess.run([str(standalone / "vpc-attach"), "install", "--root", str(root),
-                           "--no-kubeconfig"], capture_output=True, text=True, timeout=120,
-                          check=False)
-    assert proc.returncode == 0, proc.stderr
-    return make_cni_bin(root / "opt/cni/bin", root / "opt/cni/bin", reference_plugins)
+    bin_dir = stage_standalone(standalone, tmp_path_factory.mktemp("node"))
+    return make_cni_bin(bin_dir, bin_dir, reference_plugins)
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ from e2e.conftest import (
     links_in,
     make_cni_bin,
     outside_tmp,
+    stage_standalone,
     with_prev,
 )
 
@@ -160,15 +161,7 @@ def test_installer_stages_the_standalone_build_under_a_root(standalone: Path,
 
 def test_staged_launcher_forwards_itself_and_hands_the_rest_to_the_build(
         standalone: Path, reference_plugins: Path, netns: str, vpc: str, work: Path) -> None:
-    # --root / with every host path below work, so the launcher's #! line is a real path here.
-    bin_dir = work / "opt/cni/bin"
-    install = subprocess.run(
-        [str(standalone / "vpc-attach"), "install", "--root", "/", "--no-kubeconfig",
-         "--manifest", str(work / "manifest.json"), "--cni-bin-dir", str(bin_dir),
-         "--cni-conf-dir", str(work / "net.d"), "--host-config", str(work / "host.json"),
-         "--node-name", "standalone-node"],
-        capture_output=True, text=True, timeout=60, check=False)
-    assert install.returncode == 0, install.stderr
+    bin_dir = stage_standalone(standalone, work)
     (bundle,) = (bin_dir / "vpc-attach.bundle").iterdir()
     interpreter = (bin_dir / "vpc-attach").read_text().splitlines()[0][2:].split()[0]
     assert interpreter == str(bundle / "vpc-attach.lib/bin/python3")

@@ -2,6 +2,10 @@
 
 The delegate gets the same CNI_* environment (with CNI_COMMAND set to the verb) and the full
 network config on stdin; its answer is one JSON document on stdout.
+
+ADD starts the delegate with `start_add` and collects its answer when the addresses are needed:
+an exec'd plugin (a Go `host-local` takes ~4 ms, mostly its start-up) runs while ADD creates the
+links, which need no addresses yet.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from contextlib import suppress
 from typing import Any
 
 from cni_plugin.deadline import Deadline
@@ -40,13 +45,23 @@ def invoke(plugin_type: str, command: str, env: RuntimeEnv, stdin: bytes,
         proc = subprocess.run([path], input=stdin, env=child_env, capture_output=True,
                               timeout=deadline.remaining(), check=False)
     except subprocess.TimeoutExpired:
-        raise CniError(TRY_AGAIN_LATER, f"IPAM plugin {plugin_type!r} timed out on {command}",
-                       f"no answer within {deadline.seconds:g}s") from None
+        raise _timed_out(plugin_type, command, deadline) from None
     except OSError as exc:
         raise CniError(IO_FAILURE, f"cannot run IPAM plugin {plugin_type!r}: {exc}") from None
-    stdout = proc.stdout.strip()
-    if proc.returncode != 0:
-        raise _delegate_error(plugin_type, command, stdout, proc.stderr)
+    return _answer(plugin_type, command, proc.returncode, proc.stdout, proc.stderr)
+
+
+def _timed_out(plugin_type: str, command: str, deadline: Deadline) -> CniError:
+    return CniError(TRY_AGAIN_LATER, f"IPAM plugin {plugin_type!r} timed out on {command}",
+                    f"no answer within {deadline.seconds:g}s")
+
+
+def _answer(plugin_type: str, command: str, returncode: int, stdout: bytes,
+            stderr: bytes) -> dict[str, Any] | None:
+    """The delegate's parsed answer, or its own CNI error."""
+    stdout = stdout.strip()
+    if returncode != 0:
+        raise _delegate_error(plugin_type, command, stdout, stderr)
     if not stdout:
         return None
     try:
@@ -87,10 +102,91 @@ def _delegate_error(plugin_type: str, command: str, stdout: bytes, stderr: bytes
 
 def add(plugin_type: str, env: RuntimeEnv, stdin: bytes, deadline: Deadline) -> Result:
     """Delegated ADD: the allocation as a Result."""
-    data = invoke(plugin_type, "ADD", env, stdin, deadline)
+    return _allocation(plugin_type, invoke(plugin_type, "ADD", env, stdin, deadline))
+
+
+def _allocation(plugin_type: str, data: dict[str, Any] | None) -> Result:
     if data is None:
         raise CniError(IO_FAILURE, f"IPAM plugin {plugin_type!r} returned no result")
     return Result.from_wire(data, f"the result of IPAM plugin {plugin_type!r}")
+
+
+class PendingAdd:
+    """A delegated ADD in flight: `result()` collects it; `settle()` ends it for a rollback.
+
+    Our own IPAM plugin runs in-process at once (no process to overlap). An exec'd plugin gets
+    its whole stdin up front when it fits in the pipe (it always does for a network config;
+    otherwise it is written when the result is collected).
+    """
+
+    PIPE_CAPACITY = 65536  # Linux's default pipe buffer: a write this size never blocks
+
+    def __init__(self, plugin_type: str, env: RuntimeEnv, stdin: bytes,
+                 deadline: Deadline) -> None:
+        self.plugin_type = plugin_type
+        self._deadline = deadline
+        self._stdin: bytes | None = stdin
+        self._done: Result | CniError | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        path = find_plugin(plugin_type, env.cni_path)
+        child_env = {**_inherited_env(), **env.to_environ(), "CNI_COMMAND": "ADD"}
+        if plugin_type == OWN_IPAM:
+            try:
+                self._done = _allocation(plugin_type, _invoke_own(plugin_type, "ADD",
+                                                                  child_env, stdin))
+            except CniError as exc:
+                self._done = exc
+            return
+        try:
+            self._proc = subprocess.Popen([path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, env=child_env)
+        except OSError as exc:
+            raise CniError(IO_FAILURE, f"cannot run IPAM plugin {plugin_type!r}: {exc}") from None
+        pipe = self._proc.stdin
+        if len(stdin) <= self.PIPE_CAPACITY and pipe is not None:
+            with suppress(BrokenPipeError):  # it exited early: its answer says why
+                pipe.write(stdin)
+            with suppress(BrokenPipeError):
+                pipe.close()
+            self._proc.stdin = None  # communicate() must not touch the closed pipe
+            self._stdin = None
+
+    @property
+    def failed(self) -> bool:
+        """Whether the delegate answered with an error (then it allocated nothing)."""
+        return isinstance(self._done, CniError)
+
+    def result(self) -> Result:
+        """The allocation (waits for the delegate; its CNI error, or code 11 on timeout)."""
+        if self._done is None:
+            self._done = self._collect()
+        if isinstance(self._done, CniError):
+            raise self._done
+        return self._done
+
+    def _collect(self) -> Result | CniError:
+        assert self._proc is not None
+        try:
+            stdout, stderr = self._proc.communicate(self._stdin,
+                                                    timeout=self._deadline.remaining())
+        except subprocess.TimeoutExpired:
+            self.settle()
+            raise _timed_out(self.plugin_type, "ADD", self._deadline) from None
+        try:
+            return _allocation(self.plugin_type, _answer(self.plugin_type, "ADD",
+                                                         self._proc.returncode, stdout, stderr))
+        except CniError as exc:
+            return exc
+
+    def settle(self) -> None:
+        """Make sure the delegate no longer runs (before its DEL undoes the ADD)."""
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        try:
+            self._proc.communicate(self._stdin, timeout=max(self._deadline.remaining(), 1.0))
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.communicate()
 
 
 def delete(plugin_type: str, env: RuntimeEnv, stdin: bytes, deadline: Deadline) -> None:

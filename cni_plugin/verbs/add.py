@@ -1,9 +1,17 @@
-"""ADD: parse → delegate IPAM (undo on failure) → kernel → publish → result."""
+"""ADD: parse → delegate IPAM (undo on failure) → kernel → publish → result.
+
+The IPAM delegate runs while the links are created; the addresses are collected when the kernel
+work needs them (attachment.attach_veth / attach_tap call `addressing`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import cache
+
 from cni_plugin import attachment
 from cni_plugin.attachment import Addressing
+from cni_plugin.deadline import Deadline
 from cni_plugin.ipam import delegate
 from cni_plugin.locks import file_lock
 from cni_plugin.publish import Publisher
@@ -20,18 +28,18 @@ def add(request: Request) -> Result:
     prev = inv.conf.prev()
     rollback = Rollback()
     try:
-        allocation = _allocate(inv, prev, rollback)
-        plan = Addressing.from_result(allocation)
+        allocation = _start_allocation(inv, prev, rollback)
+        addressing = cache(lambda: Addressing.from_result(allocation()))
         if inv.conf.attachment == "existing":
-            result = allocation
+            result = allocation()
         else:
             with file_lock(attachment.lock_path(inv, attachment.host_link_name(inv)),
                            inv.deadline.remaining()):
                 attach = attachment.attach_veth if inv.conf.attachment == "veth" \
                     else attachment.attach_tap
-                result = chain(prev, attach(inv, plan, rollback))
+                result = chain(prev, attach(inv, addressing, rollback))
         if publisher is not None:
-            publisher.publish(plan, rollback)
+            publisher.publish(addressing(), rollback)
     except BaseException:
         rollback.run()
         raise
@@ -39,21 +47,28 @@ def add(request: Request) -> Result:
     return result
 
 
-def _allocate(inv: Invocation, prev: Result | None, rollback: Rollback) -> Result:
-    """The addresses: delegated IPAM (its release recorded for rollback) or prevResult."""
+def _start_allocation(inv: Invocation, prev: Result | None,
+                      rollback: Rollback) -> Callable[[], Result]:
+    """The addresses, as a call: delegated IPAM (started now, its release recorded for
+    rollback; the links are made while it runs) or prevResult."""
     if inv.conf.attachment == "existing":
         if prev is None:
             raise CniError(INVALID_CONFIG, "missing config key 'prevResult'",
                            "attachment 'existing' publishes what an earlier plugin created")
-        return prev
+        return lambda: prev
     ipam = inv.conf.ipam
     if ipam is None:
-        return Result()  # a tap without ipam is L2 only
+        return Result  # a tap without ipam is L2 only
     ipam_type = str(ipam["type"])
-    allocation = delegate.add(ipam_type, inv.env, inv.stdin, inv.deadline)
-    rollback.created(f"IPAM allocation ({ipam_type})",
-                     lambda d: delegate.delete(ipam_type, inv.env, inv.stdin, d))
-    return allocation
+    pending = delegate.PendingAdd(ipam_type, inv.env, inv.stdin, inv.deadline)
+
+    def release(deadline: Deadline) -> None:
+        pending.settle()
+        if not pending.failed:  # an ADD it refused allocated nothing
+            delegate.delete(ipam_type, inv.env, inv.stdin, deadline)
+
+    rollback.created(f"IPAM allocation ({ipam_type})", release)
+    return pending.result
 
 
 def chain(prev: Result | None, ours: Result) -> Result:
