@@ -63,7 +63,8 @@ class Reaper:
                 left = give_up - time.monotonic()
                 if left <= 0:
                     log.warning("reaper: %d retired link(s) still pending at shutdown; the "
-                                "next agent or a GC deletes them", len(self._pending))
+                                "next agent or a GC deletes them",
+                                len(self._pending) + self._busy)
                     return False
                 self._cond.wait(left)
         return True

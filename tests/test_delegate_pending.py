@@ -1,0 +1,83 @@
+"""delegate.PendingAdd: an IPAM delegate started before the kernel work and collected later,
+with small shell-script plugins (real processes, no root)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from cni_plugin.deadline import Deadline
+from cni_plugin.ipam import delegate
+from netconf.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
+from netconf.runtime import RuntimeEnv
+
+RESULT = {"cniVersion": "1.1.0", "ips": [{"address": "10.1.2.3/24"}]}
+
+
+def plugin(directory: Path, name: str, body: str) -> RuntimeEnv:
+    """A CNI_PATH holding one executable shell script; the env that finds it."""
+    path = directory / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return RuntimeEnv(command="ADD", container_id="c1", netns="/var/run/netns/x",
+                      ifname="eth0", cni_path=(str(directory),))
+
+
+def test_the_delegate_runs_while_the_caller_works(tmp_path: Path) -> None:
+    # The plugin records when it read its stdin; the caller collects only later.
+    env = plugin(tmp_path, "slow-ipam", f"cat > {tmp_path}/stdin; date +%s.%N > {tmp_path}/read; "
+                 f"echo '{json.dumps(RESULT)}'")
+    began = time.time()
+    pending = delegate.PendingAdd("slow-ipam", env, b'{"name": "n"}', Deadline(10))
+    time.sleep(0.5)  # the kernel work
+    collected = time.time()
+    result = pending.result()
+    assert [str(ip.address) for ip in result.ips] == ["10.1.2.3/24"]
+    assert began < float((tmp_path / "read").read_text()) < collected
+    assert (tmp_path / "stdin").read_bytes() == b'{"name": "n"}'
+    assert not pending.failed
+
+
+def test_stdin_larger_than_a_pipe_is_written_when_collected(tmp_path: Path) -> None:
+    env = plugin(tmp_path, "ipam", f"cat > {tmp_path}/stdin; echo '{json.dumps(RESULT)}'")
+    big = b"x" * (delegate.PendingAdd.PIPE_CAPACITY * 3)
+    pending = delegate.PendingAdd("ipam", env, big, Deadline(10))
+    pending.result()
+    assert (tmp_path / "stdin").read_bytes() == big
+
+
+def test_a_refusal_is_the_delegates_error_and_marks_nothing_allocated(tmp_path: Path) -> None:
+    env = plugin(tmp_path, "ipam", "cat >/dev/null; "
+                 "echo '{\"cniVersion\": \"1.1.0\", \"code\": 102, \"msg\": \"pool full\"}'; "
+                 "exit 1")
+    pending = delegate.PendingAdd("ipam", env, b"{}", Deadline(10))
+    with pytest.raises(CniError) as caught:
+        pending.result()
+    assert caught.value.code == 102 and "pool full" in caught.value.msg
+    assert pending.failed
+
+
+def test_settle_ends_a_delegate_that_outlives_the_deadline(tmp_path: Path) -> None:
+    env = plugin(tmp_path, "ipam", "exec sleep 30")
+    pending = delegate.PendingAdd("ipam", env, b"{}", Deadline(0.3))
+    began = time.monotonic()
+    with pytest.raises(CniError) as caught:
+        pending.result()
+    assert caught.value.code == TRY_AGAIN_LATER
+    assert time.monotonic() - began < 10  # killed, not waited for
+    assert not pending.failed  # unknown: the rollback still releases
+
+
+def test_a_missing_or_unrunnable_plugin_fails_at_start(tmp_path: Path) -> None:
+    env = plugin(tmp_path, "ipam", "true")
+    with pytest.raises(CniError) as caught:
+        delegate.PendingAdd("absent", env, b"{}", Deadline(10))
+    assert "not found in CNI_PATH" in caught.value.msg
+    (tmp_path / "broken").write_text("#!/nonexistent/interpreter\n")
+    (tmp_path / "broken").chmod(0o755)
+    with pytest.raises(CniError) as caught:
+        delegate.PendingAdd("broken", env, b"{}", Deadline(10))
+    assert caught.value.code == IO_FAILURE
