@@ -585,3 +585,14 @@ def test_root_maps_host_paths_both_ways(parts: list[str]) -> None:
     root = Root(Path("/host"))
     host_path = "/" + "/".join(parts)
     assert root.host(root.local(host_path)) == os.path.normpath(host_path)
+
+
+def test_an_environment_that_does_not_import_vpc_attach_from_a_path_is_refused(
+        tmp_path: Path) -> None:
+    # An empty venv stands in for one whose editable install is an import hook: -I -S with
+    # the baked path cannot import the entry points there, so no launcher is written.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "env")],
+                   check=True, timeout=120)
+    with pytest.raises(InstallError, match="does not import vpc-attach from a path") as caught:
+        launcher.environment_launchers(str(tmp_path / "env/bin/python"))
+    assert "editable_mode=compat" in (caught.value.hint or "")

@@ -69,9 +69,15 @@ class Reaper:
                 self._cond.wait(left)
         return True
 
+    def start(self) -> None:
+        """Start the deleting thread (the agent does at start-up, from its main thread: a
+        thread begins in its creator's netns); submit() starts it otherwise."""
+        with self._cond:
+            self._start()
+
     def _start(self) -> None:
-        # Called with the lock held. The thread is created from whichever verb thread submits
-        # first, which is in the host netns again by then (netns.entered restores it).
+        # With the lock held. A verb thread that submits is back in the host netns by then
+        # (netns.entered restores it), so a lazily started thread is too.
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="vpc-attach-reaper",
                                             daemon=True)

@@ -177,6 +177,7 @@ def main(argv: list[str]) -> int:
     _warm_up()
     services = WarmServices()
     services.reaper.sweep()
+    services.reaper.start()  # from this thread: it is in the host netns
     agent = Agent(path, services)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -69,7 +69,26 @@ def environment_launchers(interpreter: str | None = None) -> dict[str, bytes]:
     """Both executables' launchers for interpreter's environment (default: this one)."""
     interpreter = interpreter or sys.executable
     path = import_path(interpreter)
+    _check_importable(interpreter, path)
     return {name: launcher(name, interpreter, path) for name in ENTRY_POINTS}
+
+
+def _check_importable(interpreter: str, path: list[str]) -> None:
+    """The entry points import as a launcher will import them (-I -S, path as given)."""
+    probe = f"import sys; sys.path[:] = {path!r}; " + \
+        "; ".join(f"import {module}" for module in ENTRY_POINTS.values())
+    try:
+        proc = subprocess.run([interpreter, "-IS", "-c", probe], capture_output=True,
+                              timeout=PATH_QUERY_TIMEOUT, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise InstallError(f"cannot check the launchers with {interpreter}: {exc}") from exc
+    if proc.returncode != 0:
+        last = (proc.stderr.decode(errors="replace").strip().splitlines() or ["?"])[-1]
+        raise InstallError(
+            f"this Python environment does not import vpc-attach from a path ({last})",
+            "an editable install whose .pth file holds an import hook; reinstall with "
+            "`pip install .`, or `pip install -e . --config-settings editable_mode=compat`, "
+            "or stage a standalone build (--source)")
 
 
 def bundle_launcher(bundle: str, contents: str, executable: str) -> bytes:
