@@ -43,7 +43,7 @@ def test_the_delegate_runs_while_the_caller_works(tmp_path: Path) -> None:
 
 def test_stdin_larger_than_a_pipe_is_written_when_collected(tmp_path: Path) -> None:
     env = plugin(tmp_path, "ipam", f"cat > {tmp_path}/stdin; echo '{json.dumps(RESULT)}'")
-    big = b"x" * (delegate.PendingAdd.PIPE_CAPACITY * 3)
+    big = b"x" * (3 * 65536)  # three times what a pipe holds
     pending = delegate.PendingAdd("ipam", env, big, Deadline(10))
     pending.result()
     assert (tmp_path / "stdin").read_bytes() == big
@@ -81,3 +81,24 @@ def test_a_missing_or_unrunnable_plugin_fails_at_start(tmp_path: Path) -> None:
     with pytest.raises(CniError) as caught:
         delegate.PendingAdd("broken", env, b"{}", Deadline(10))
     assert caught.value.code == IO_FAILURE
+
+
+def test_a_delegate_that_never_reads_its_stdin_cannot_hang_the_add(tmp_path: Path) -> None:
+    env = plugin(tmp_path, "ipam", "exec sleep 30")  # never reads stdin
+    began = time.monotonic()
+    pending = delegate.PendingAdd("ipam", env, b"x" * (4 * 65536), Deadline(0.5))
+    assert time.monotonic() - began < 2  # starting it did not block on the full pipe
+    with pytest.raises(CniError) as caught:
+        pending.result()
+    assert caught.value.code == TRY_AGAIN_LATER
+    assert time.monotonic() - began < 10
+
+
+def test_settle_lets_a_running_delegate_finish_before_its_release(tmp_path: Path) -> None:
+    # A rollback before the result was collected: the ADD must be over before its DEL runs.
+    env = plugin(tmp_path, "ipam", f"cat >/dev/null; sleep 0.3; touch {tmp_path}/finished; "
+                 f"echo '{json.dumps(RESULT)}'")
+    pending = delegate.PendingAdd("ipam", env, b"{}", Deadline(10))
+    pending.settle()
+    assert (tmp_path / "finished").exists()
+    assert not pending.failed

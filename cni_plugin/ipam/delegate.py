@@ -115,11 +115,9 @@ class PendingAdd:
     """A delegated ADD in flight: `result()` collects it; `settle()` ends it for a rollback.
 
     Our own IPAM plugin runs in-process at once (no process to overlap). An exec'd plugin gets
-    its whole stdin up front when it fits in the pipe (it always does for a network config;
-    otherwise it is written when the result is collected).
+    as much of its stdin up front as its pipe takes without blocking (a network config fits in
+    the 64 KiB a pipe holds); the rest is written when the result is collected.
     """
-
-    PIPE_CAPACITY = 65536  # Linux's default pipe buffer: a write this size never blocks
 
     def __init__(self, plugin_type: str, env: RuntimeEnv, stdin: bytes,
                  deadline: Deadline) -> None:
@@ -142,13 +140,29 @@ class PendingAdd:
                                           stderr=subprocess.PIPE, env=child_env)
         except OSError as exc:
             raise CniError(IO_FAILURE, f"cannot run IPAM plugin {plugin_type!r}: {exc}") from None
-        pipe = self._proc.stdin
-        if len(stdin) <= self.PIPE_CAPACITY and pipe is not None:
-            with suppress(BrokenPipeError):  # it exited early: its answer says why
-                pipe.write(stdin)
+        self._feed()
+
+    def _feed(self) -> None:
+        # Write what the pipe takes without blocking (a whole network config, normally); the
+        # rest, if any, goes with communicate(), under the deadline like everything else.
+        pipe = self._proc.stdin if self._proc is not None else None
+        if pipe is None or self._stdin is None:
+            return
+        fd = pipe.fileno()
+        os.set_blocking(fd, False)
+        try:
+            written = os.write(fd, self._stdin)
+        except BlockingIOError:
+            written = 0
+        except BrokenPipeError:  # it exited early: its answer says why
+            written = len(self._stdin)
+        finally:
+            os.set_blocking(fd, True)
+        self._stdin = self._stdin[written:]
+        if not self._stdin:
             with suppress(BrokenPipeError):
                 pipe.close()
-            self._proc.stdin = None  # communicate() must not touch the closed pipe
+            self._proc.stdin = None  # type: ignore[union-attr]  # communicate() skips it
             self._stdin = None
 
     @property
@@ -166,11 +180,11 @@ class PendingAdd:
 
     def _collect(self) -> Result | CniError:
         assert self._proc is not None
+        rest, self._stdin = self._stdin, None  # a later communicate() resumes, without input
         try:
-            stdout, stderr = self._proc.communicate(self._stdin,
-                                                    timeout=self._deadline.remaining())
+            stdout, stderr = self._proc.communicate(rest, timeout=self._deadline.remaining())
         except subprocess.TimeoutExpired:
-            self.settle()
+            self.settle(wait=False)  # the deadline is spent
             raise _timed_out(self.plugin_type, "ADD", self._deadline) from None
         try:
             return _allocation(self.plugin_type, _answer(self.plugin_type, "ADD",
@@ -178,15 +192,18 @@ class PendingAdd:
         except CniError as exc:
             return exc
 
-    def settle(self) -> None:
-        """Make sure the delegate no longer runs (before its DEL undoes the ADD)."""
+    def settle(self, wait: bool = True) -> None:
+        """Make sure the delegate no longer runs (before its DEL undoes the ADD): let it finish
+        within what is left of the deadline (at least 1 s), or kill it (at once: not wait)."""
         if self._proc is None or self._proc.poll() is not None:
             return
-        try:
-            self._proc.communicate(self._stdin, timeout=max(self._deadline.remaining(), 1.0))
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.communicate()
+        rest, self._stdin = self._stdin, None
+        if wait:
+            with suppress(subprocess.TimeoutExpired):
+                self._proc.communicate(rest, timeout=max(self._deadline.remaining(), 1.0))
+                return
+        self._proc.kill()
+        self._proc.communicate()
 
 
 def delete(plugin_type: str, env: RuntimeEnv, stdin: bytes, deadline: Deadline) -> None:
