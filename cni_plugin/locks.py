@@ -12,6 +12,25 @@ from contextlib import contextmanager
 from netconf.errors import TRY_AGAIN_LATER, CniError
 
 _POLL_SECONDS = 0.005
+_MAX_POLL_SECONDS = 0.05
+
+
+def acquire(fd: int, timeout: float) -> bool:
+    """Take an exclusive flock on fd within timeout seconds (polling with back-off, never
+    blocking); whether it was taken. Every lock of the project and its tools goes through here."""
+    give_up = time.monotonic() + timeout
+    delay = _POLL_SECONDS
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+        if time.monotonic() >= give_up:
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, _MAX_POLL_SECONDS)
 
 
 @contextmanager
@@ -20,20 +39,9 @@ def file_lock(path: str, timeout: float) -> Iterator[None]:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        give_up = time.monotonic() + timeout
-        delay = _POLL_SECONDS
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if time.monotonic() >= give_up:
-                    raise CniError(TRY_AGAIN_LATER, f"timed out waiting for lock {path!r}",
-                                   f"waited {timeout:.1f}s; another invocation holds it") from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.05)
+        if not acquire(fd, timeout):
+            raise CniError(TRY_AGAIN_LATER, f"timed out waiting for lock {path!r}",
+                           f"waited {timeout:.1f}s; another invocation holds it")
         yield
     finally:
         os.close(fd)  # closing releases the flock

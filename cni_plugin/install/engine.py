@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +31,7 @@ from cni_plugin.install.files import (
 )
 from cni_plugin.install.manifest import Manifest
 from cni_plugin.install.targets import BundleTarget, FileTarget, LinkTarget, Root, Target
+from cni_plugin.locks import acquire
 
 # The installed bundle and the one before it: calls started just before an upgrade may still
 # be loading modules from the previous one.
@@ -293,17 +292,9 @@ class Installer:
         except OSError as exc:
             raise InstallError(f"cannot open manifest directory {directory}: {exc}") from None
         try:
-            deadline = time.monotonic() + LOCK_TIMEOUT_SECONDS
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise InstallError(
-                            f"another vpc-attach install holds the lock on {directory}",
-                            f"waited {LOCK_TIMEOUT_SECONDS:.0f} s") from None
-                    time.sleep(0.1)
+            if not acquire(fd, LOCK_TIMEOUT_SECONDS):
+                raise InstallError(f"another vpc-attach install holds the lock on {directory}",
+                                   f"waited {LOCK_TIMEOUT_SECONDS:.0f} s")
             yield created
         finally:
             os.close(fd)

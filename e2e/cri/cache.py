@@ -6,16 +6,15 @@ lock, so it appears complete or not at all and two processes never build it at o
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from cni_plugin.locks import acquire
 from e2e.tools.gotools import cache_root
 
 LOCK_TIMEOUT = 600.0
@@ -47,15 +46,8 @@ def run(argv: Sequence[str], *, timeout: float, cwd: Path | None = None,
 def _locked(path: Path, timeout: float) -> Iterator[None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        give_up = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > give_up:
-                    raise BuildError(f"timed out waiting for build lock {path}") from None
-                time.sleep(0.2)
+        if not acquire(fd, timeout):
+            raise BuildError(f"timed out waiting for build lock {path}")
         yield
     finally:
         os.close(fd)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import json
 import os
 import pathlib
@@ -34,8 +33,9 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator, Mapping, Sequence
+
+from cni_plugin.locks import acquire
 
 __all__ = [
     "CNI_MODULE",
@@ -181,17 +181,9 @@ def _lock(root: pathlib.Path, name: str, timeout: float) -> Iterator[None]:
     lock_path = root / f".{name}.lock"
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise GoToolsError(
-                        f"timed out after {timeout:.0f}s waiting for build lock {lock_path}"
-                    ) from None
-                time.sleep(0.5)
+        if not acquire(fd, timeout):
+            raise GoToolsError(f"timed out after {timeout:.0f}s waiting for build lock "
+                               f"{lock_path}")
         yield
     finally:
         os.close(fd)  # releases the flock
