@@ -102,15 +102,17 @@ def write_atomic(path: Path, content: bytes | Path, mode: int) -> None:
 def copy_into(fd: int, content: bytes | Path) -> None:
     """Write content (bytes, or a local file's bytes) to an open file descriptor."""
     if isinstance(content, bytes):
-        view = memoryview(content)
-        while view:
-            view = view[os.write(fd, view):]
+        _write_all(fd, content)
         return
     with open(content, "rb") as source:
         for chunk in iter(lambda: source.read(1 << 20), b""):
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(fd, view):]
+            _write_all(fd, chunk)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def symlink_atomic(path: Path, target: str) -> None:
