@@ -167,6 +167,12 @@ def as_ip(payload: bytes) -> str:
     return str(ipaddress.ip_address(payload))
 
 
+def optional(attrs: dict[int, bytes], key: int, convert: Callable[[bytes], T]) -> T | None:
+    """convert(attrs[key]), or None when the attribute is absent."""
+    value = attrs.get(key)
+    return None if value is None else convert(value)
+
+
 def mac_bytes(mac: str) -> bytes:
     """aa:bb:cc:dd:ee:ff -> 6 bytes; ValueError when malformed."""
     return bytes(int(octet, 16) for octet in mac.split(":"))
@@ -319,14 +325,13 @@ def decode_link(payload: bytes) -> LinkMsg:
         info = parse_attrs(attrs[IFLA_LINKINFO])
         kind = as_str(info.get(IFLA_INFO_KIND, b""))
         if kind == "vrf" and IFLA_INFO_DATA in info:
-            table = parse_attrs(info[IFLA_INFO_DATA]).get(IFLA_VRF_TABLE)
-            vrf_table = as_u32(table) if table is not None else None
+            vrf_table = optional(parse_attrs(info[IFLA_INFO_DATA]), IFLA_VRF_TABLE, as_u32)
     return LinkMsg(
         index=index, flags=flags, name=as_str(attrs.get(IFLA_IFNAME, b"")), kind=kind,
         mac=as_mac(attrs.get(IFLA_ADDRESS, b"")),
         mtu=as_u32(attrs[IFLA_MTU]) if IFLA_MTU in attrs else 0,
-        alias=as_str(attrs[IFLA_IFALIAS]) if IFLA_IFALIAS in attrs else None,
-        master=as_u32(attrs[IFLA_MASTER]) if IFLA_MASTER in attrs else None,
+        alias=optional(attrs, IFLA_IFALIAS, as_str),
+        master=optional(attrs, IFLA_MASTER, as_u32),
         vrf_table=vrf_table)
 
 
@@ -336,8 +341,8 @@ def decode_addr(payload: bytes) -> AddrMsg:
     attrs = parse_attrs(payload, _IFADDRMSG.size)
     return AddrMsg(
         family=family, prefixlen=prefixlen, scope=scope, index=index,
-        address=as_ip(attrs[IFA_ADDRESS]) if IFA_ADDRESS in attrs else None,
-        local=as_ip(attrs[IFA_LOCAL]) if IFA_LOCAL in attrs else None)
+        address=optional(attrs, IFA_ADDRESS, as_ip),
+        local=optional(attrs, IFA_LOCAL, as_ip))
 
 
 def decode_route(payload: bytes) -> RouteMsg:
@@ -348,10 +353,10 @@ def decode_route(payload: bytes) -> RouteMsg:
         family=family, dst_len=dst_len,
         table=as_u32(attrs[RTA_TABLE]) if RTA_TABLE in attrs else table,
         type=rtype, scope=scope, flags=flags,
-        dst=as_ip(attrs[RTA_DST]) if RTA_DST in attrs else None,
-        gateway=as_ip(attrs[RTA_GATEWAY]) if RTA_GATEWAY in attrs else None,
-        oif=as_u32(attrs[RTA_OIF]) if RTA_OIF in attrs else None,
-        priority=as_u32(attrs[RTA_PRIORITY]) if RTA_PRIORITY in attrs else None)
+        dst=optional(attrs, RTA_DST, as_ip),
+        gateway=optional(attrs, RTA_GATEWAY, as_ip),
+        oif=optional(attrs, RTA_OIF, as_u32),
+        priority=optional(attrs, RTA_PRIORITY, as_u32))
 
 
 def decode_neigh(payload: bytes) -> NeighMsg:
@@ -360,8 +365,8 @@ def decode_neigh(payload: bytes) -> NeighMsg:
     attrs = parse_attrs(payload, _NDMSG.size)
     return NeighMsg(
         family=family, ifindex=ifindex, state=state,
-        dst=as_ip(attrs[NDA_DST]) if NDA_DST in attrs else None,
-        lladdr=as_mac(attrs[NDA_LLADDR]) if NDA_LLADDR in attrs else None)
+        dst=optional(attrs, NDA_DST, as_ip),
+        lladdr=optional(attrs, NDA_LLADDR, as_mac))
 
 
 def decode_rule(payload: bytes) -> RuleMsg:
@@ -370,9 +375,9 @@ def decode_rule(payload: bytes) -> RuleMsg:
     attrs = parse_attrs(payload, _FIB_RULE_HDR.size)
     return RuleMsg(
         family=family, table=as_u32(attrs[FRA_TABLE]) if FRA_TABLE in attrs else table,
-        priority=as_u32(attrs[FRA_PRIORITY]) if FRA_PRIORITY in attrs else None,
+        priority=optional(attrs, FRA_PRIORITY, as_u32),
         action=action,
-        iifname=as_str(attrs[FRA_IIFNAME]) if FRA_IIFNAME in attrs else None)
+        iifname=optional(attrs, FRA_IIFNAME, as_str))
 
 
 def decoded(decode: Callable[[bytes], T], payload: bytes) -> T:
