@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -224,16 +224,6 @@ def links_in(netns: str | None = None) -> set[str]:
     return {line.split(":")[1].strip().split("@")[0] for line in run_ip(*args).splitlines()}
 
 
-def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
-    """Whether condition became true within timeout seconds (polled every 20 ms)."""
-    give_up = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > give_up:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def host_local_reservations(data_dir: Path, network: str) -> list[str]:
     """Addresses host-local holds for network."""
     net_dir = data_dir / network
@@ -295,7 +285,6 @@ class Kube:
 def kube(cluster: Any) -> Kube:
     """Cluster-admin access (for arranging tests, never for the plugin)."""
     admin = Kube(cluster.admin_kubeconfig)
-    import time
     for _ in range(300):  # Pods need the namespace's default ServiceAccount (made by KCM)
         if admin.get("/api/v1/namespaces/default/serviceaccounts/default") is not None:
             break

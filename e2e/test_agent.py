@@ -3,8 +3,8 @@ ADDs in flight."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import secrets
 import signal
 import socket
@@ -21,7 +21,16 @@ import pytest
 from cni_plugin import naming
 from cni_plugin.agent.protocol import MAGIC, REFUSAL, recv_exact
 from e2e.agentproc import AgentProcess
-from e2e.conftest import Answer, Plugin, base_conf, eventually, links_in, run_ip, with_prev
+from e2e.conftest import (
+    Answer,
+    Plugin,
+    base_conf,
+    links_in,
+    run_ip,
+    temporary_netns,
+    with_prev,
+)
+from e2e.publishing import wait_for
 
 pytestmark = pytest.mark.root
 HEAVY_MODULES = ("pydantic", "pyroute2", "yaml", "cni_plugin.dispatch", "cni_plugin.verbs",
@@ -52,8 +61,8 @@ def test_forwarded_call_imports_only_the_standard_library(plugin: Plugin, tmp_pa
                                   capture_output=True, timeout=60, check=True)
         startup = set(_imported(baseline.stderr))  # what the interpreter itself loads
         imported = [m for m in _imported(proc.stderr) if m not in startup]
-        heavy = [m for m in imported if m.split(".")[0] in HEAVY_MODULES
-                 or m.startswith(HEAVY_MODULES)]
+        heavy = [m for m in imported
+                 if any(m == h or m.startswith(h + ".") for h in HEAVY_MODULES)]
         assert not heavy, f"the forwarding path imported {heavy}"
         # Nor `os` or `struct` (~1.7 ms a call): `posix` and int.to_bytes do.
         assert not {"os", "struct"} & set(imported), imported
@@ -116,23 +125,23 @@ def _parallel_adds(plugin: Plugin, socket_path: Path, jobs: list[tuple[dict[str,
 def test_restarting_the_agent_with_adds_in_flight_loses_nothing(
         plugin: Plugin, vpc: str, tmp_path: Path, how: signal.Signals) -> None:
     count = 8
-    names = [f"vpa-rs-{secrets.token_hex(3)}" for _ in range(count)]
-    for name in names:
-        run_ip("netns", "add", name)
-    jobs = [(_pool_conf(vpc, str(i + 1), tmp_path / "ipam"), f"restart-{i}",
-             f"/var/run/netns/{names[i]}") for i in range(count)]
-    first_dir, second_dir = tmp_path / "a1", tmp_path / "a2"
-    first_dir.mkdir()
-    second_dir.mkdir()
-    try:
-        first = AgentProcess(first_dir).start()
+    with contextlib.ExitStack() as stack:
+        namespaces = [stack.enter_context(temporary_netns("vpa-rs")) for _ in range(count)]
+        jobs = [(_pool_conf(vpc, str(i + 1), tmp_path / "ipam"), f"restart-{i}", namespaces[i])
+                for i in range(count)]
+        first_dir, second_dir = tmp_path / "a1", tmp_path / "a2"
+        first_dir.mkdir()
+        second_dir.mkdir()
+        first = stack.enter_context(AgentProcess(first_dir))
         answers: list[Answer] = []
         runner = threading.Thread(target=lambda: answers.extend(
             _parallel_adds(plugin, first.socket, jobs)))
         runner.start()
-        time.sleep(0.3)  # ADDs are now in flight inside the agent
+        vpc_links = f"G{naming.pad_base62(vpc, 9)}"
+        wait_for(lambda: any(name.startswith(vpc_links) for name in links_in()),
+                 "an ADD to reach the kernel", 30)  # ADDs are now in flight inside the agent
         first.stop(how)
-        second = AgentProcess(second_dir).start()  # the restarted agent, on its own socket
+        second = stack.enter_context(AgentProcess(second_dir))  # restarted, on its own socket
         runner.join(timeout=120)
         assert len(answers) == count
         for answer in answers:  # completed, or failed cleanly with one CNI error object
@@ -154,10 +163,6 @@ def test_restarting_the_agent_with_adds_in_flight_loses_nothing(
                       VPC_ATTACH_AGENT_SOCKET=str(second.socket))
         assert not any(naming.host_link_name(vpc, str(i + 1)) in links_in()
                        for i in range(count))
-        second.stop()
-    finally:
-        for name in names:
-            os.system(f"ip netns del {name} 2>/dev/null")
 
 
 def _retired_links() -> dict[str, str]:
@@ -184,13 +189,14 @@ def test_del_through_the_agent_retires_the_links_and_deletes_them_after_answerin
                       **env)
             # Answered: both names are free at once, whatever the kernel still has to do.
             assert host_name not in links_in() and "eth0" not in links_in(netns)
-            assert eventually(lambda: "retire-1" not in str(_retired_links())), \
-                f"retired links were not deleted: {_retired_links()}"
+            wait_for(lambda: "retire-1" not in str(_retired_links()),
+                     "the retired links to be deleted", 10)
             # The same container can come back at once (a runtime retrying a sandbox).
             result = plugin.ok("ADD", conf, container_id="retire-1", netns=netns, **env)
             plugin.ok("DEL", with_prev(conf, result), container_id="retire-1", netns=netns,
                       **env)
-            assert eventually(lambda: "retire-1" not in str(_retired_links()))
+            wait_for(lambda: "retire-1" not in str(_retired_links()),
+                     "the retired links to be deleted", 10)
             assert [line["verb"] for line in agent.verb_lines()] == ["ADD", "DEL", "ADD", "DEL"]
     finally:
         time.sleep(0.2)  # let ip monitor print the last deletion

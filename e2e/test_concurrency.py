@@ -13,12 +13,12 @@ from cni_plugin import naming
 from e2e.conftest import (
     Plugin,
     base_conf,
-    eventually,
     host_local,
     host_local_reservations,
     links_in,
     run_ip,
 )
+from e2e.publishing import wait_for
 
 pytestmark = pytest.mark.root
 PODS = 32
@@ -57,7 +57,8 @@ def test_32_concurrent_adds_then_dels_get_distinct_addresses_and_leave_nothing(
         assert host_local_reservations(tmp_path / "ipam", "conc") == []
         assert not any("eth0" in links_in(f"/var/run/netns/{n}") for n in names)
         # Through the agent the pod ends are retired and go with their host ends just after.
-        assert eventually(lambda: all(links_in(f"/var/run/netns/{n}") == {"lo"} for n in names))
+        wait_for(lambda: all(links_in(f"/var/run/netns/{n}") == {"lo"} for n in names),
+                 "the retired pod ends to go", 10)
     finally:
         for name in names:
             os.system(f"ip netns del {name} 2>/dev/null")

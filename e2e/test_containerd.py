@@ -13,9 +13,7 @@ import json
 import os
 import secrets
 import shutil
-import statistics
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +47,6 @@ CNI_VERSION = "1.0.0"
 IPV6_POOL = "fd00:c7::/48"
 IPV4_POOL = "10.207.0.0/24"
 LIBCNI_RESULTS = Path("/var/lib/cni/results")  # containerd 1.6 does not make it configurable
-TIMING_RUNS = int(os.environ.get("VPC_ATTACH_E2E_CRI_RUNS", "5"))
 
 
 @dataclass
@@ -404,46 +401,3 @@ def test_denied_endpoint_slice_fails_run_pod_sandbox_and_rolls_back_what_the_add
     assert vrf_instance(kube, naming.vrf_instance_name(vpc, runtime.node)) is None, \
         "this ADD created the VPC's instance, so its rollback deleted it"
 
-
-def test_sandbox_timings(kube: Kube, runtime: Runtime, vpc: str, tmp_path: Path,
-                         capsys: pytest.CaptureFixture[str],
-                         record_property: Any) -> None:
-    """RunPodSandbox/StopPodSandbox medians: our chain next to the Go reference chain."""
-    variants = {
-        "vpc-attach veth (publishing on)": _vpc_attach_chain("t-pub", vpc, "20",
-                                                             tmp_path / "pub"),
-        "vpc-attach veth (publishing off)": _vpc_attach_chain(
-            "t-nopub", vpc, "21", tmp_path / "nopub",
-            publish={"bgp": False, "endpointSlice": False}),
-        "ptp + host-local (Go reference)": _ptp_network("t-ref", tmp_path / "ref",
-                                                        "10.209.0.0/24"),
-    }
-    rows = []
-    for label, conflist in variants.items():
-        runtime.use_networks(conflist)
-        runs, stops, pods = [], [], []
-        for _ in range(TIMING_RUNS):
-            sandbox = _sandbox(kube, runtime, "cri-time")
-            pods.append(sandbox.name)
-            started = time.perf_counter()
-            sandbox_id = runtime.cri.run_pod_sandbox(sandbox)
-            runs.append(time.perf_counter() - started)
-            started = time.perf_counter()
-            runtime.cri.stop_pod_sandbox(sandbox_id)
-            stops.append(time.perf_counter() - started)
-            runtime.cri.remove_pod_sandbox(sandbox_id)
-        plugin_ms = {verb: [e["durationMs"] for pod in pods for e in runtime.verbs(pod)
-                            if e["verb"] == verb] for verb in ("ADD", "DEL")}
-        rows.append((label, statistics.median(runs), statistics.median(stops), plugin_ms))
-        record_property(f"{label} RunPodSandbox median s", statistics.median(runs))
-        record_property(f"{label} StopPodSandbox median s", statistics.median(stops))
-    _, ref_run, ref_stop, _ = rows[-1]
-    with capsys.disabled():
-        print(f"\ncontainerd CRI timings, median of {TIMING_RUNS} runs "
-              f"({runtime.cri.version()}):")
-        for label, run_s, stop_s, plugin_ms in rows:
-            own = "".join(f"  vpc-attach {verb} {statistics.median(ms):4.0f} ms"
-                          for verb, ms in plugin_ms.items() if ms)
-            print(f"  {label:34} RunPodSandbox {run_s * 1000:5.0f} ms ({run_s / ref_run:3.1f}x)"
-                  f"  StopPodSandbox {stop_s * 1000:5.0f} ms ({stop_s / ref_stop:3.1f}x){own}")
-    assert all(run_s > 0 and stop_s > 0 for _, run_s, stop_s, _ in rows)

@@ -27,16 +27,19 @@ def plugin(directory: Path, name: str, body: str) -> RuntimeEnv:
 
 
 def test_the_delegate_runs_while_the_caller_works(tmp_path: Path) -> None:
-    # The plugin records when it read its stdin; the caller collects only later.
-    env = plugin(tmp_path, "slow-ipam", f"cat > {tmp_path}/stdin; date +%s.%N > {tmp_path}/read; "
+    # The plugin reads its stdin, says so, and answers only once the caller (busy with the
+    # kernel work) lets it: it ran before result() was asked for.
+    env = plugin(tmp_path, "slow-ipam", f"cat > {tmp_path}/stdin; touch {tmp_path}/read; "
+                 f"while [ ! -e {tmp_path}/go ]; do sleep 0.01; done; "
                  f"echo '{json.dumps(RESULT)}'")
-    began = time.time()
-    pending = delegate.PendingAdd("slow-ipam", env, b'{"name": "n"}', Deadline(10))
-    time.sleep(0.5)  # the kernel work
-    collected = time.time()
+    pending = delegate.PendingAdd("slow-ipam", env, b'{"name": "n"}', Deadline(30))
+    give_up = time.monotonic() + 20
+    while not (tmp_path / "read").exists():
+        assert time.monotonic() < give_up, "the delegate never got its stdin"
+        time.sleep(0.01)
+    (tmp_path / "go").touch()
     result = pending.result()
     assert [str(ip.address) for ip in result.ips] == ["10.1.2.3/24"]
-    assert began < float((tmp_path / "read").read_text()) < collected
     assert (tmp_path / "stdin").read_bytes() == b'{"name": "n"}'
     assert not pending.failed
 
