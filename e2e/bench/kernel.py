@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import itertools
 import subprocess
+import time
 from dataclasses import dataclass
 
 from cni_plugin import naming
+from cni_plugin.kernel import links, netns
 
 IP_TIMEOUT = 20.0
+REAPER_TIMEOUT = 10.0
 
 
 def ip(*args: str, check: bool = True) -> str:
@@ -22,6 +25,18 @@ def ip(*args: str, check: bool = True) -> str:
     if check and proc.returncode != 0:
         raise RuntimeError(f"ip {' '.join(args)} failed: {proc.stderr.strip()}")
     return proc.stdout
+
+
+def reaper_done(timeout: float = REAPER_TIMEOUT) -> bool:
+    """Wait until no retired link is left on the host (cni_plugin/kernel/links.py): the agent
+    has finished the kernel work a DEL through it deferred. Whether it did within timeout."""
+    give_up = time.monotonic() + timeout
+    with netns.open_netlink(None) as rtnl:
+        while any(links.is_retired(link) for link in links.all_links(rtnl)):
+            if time.monotonic() > give_up:
+                return False
+            time.sleep(0.002)
+    return True
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from cni_plugin import naming
-from e2e.bench import spawn, subjects, targets
+from e2e.bench import kernel, spawn, subjects, targets
 from e2e.bench.kernel import KernelJanitor, Netns
 from e2e.bench.report import MemoryRow, Report, Row
 from e2e.bench.subjects import AGENT, GO, IN_PROCESS, Subject
@@ -53,6 +53,11 @@ METHOD_NOTES = [
     "host-local; the launcher's own ~2.4 MiB is the floor).",
     "Agent rows count only invocations found in the agent's log; VERSION never consults the "
     "agent (the executable answers it), so the start-up row is the executable alone.",
+    "DEL through the agent answers once its links are retired (down, renamed); the agent "
+    "deletes them right after. Agent DEL rows therefore exclude the kernel's ~17 ms veth "
+    "teardown that the Go reference and in-process DEL include. After every agent DEL (and "
+    "burst) the bench waits, unmeasured, until those deletions are done, so they overlap no "
+    "other row.",
     "10 versus 2,000 objects: two control planes side by side, each with its own agent, so "
     "that comparison is interleaved like every other. The 32-concurrent in-process row has no "
     "target: it shows the fallback under a burst.",
@@ -440,6 +445,7 @@ class Bench:
                          Invocation(f"{subject.key}/ADD", "ADD", container_id,
                                     subject.path == AGENT))
         deleted, del_problem = self._del(subject, netns, container_id, pod, "1", result)
+        self._after_agent_dels(subject)
         if measured and result is not None:
             self._record(self.rows[f"{subject.key}/DEL"], deleted, del_problem,
                          Invocation(f"{subject.key}/DEL", "DEL", container_id,
@@ -503,6 +509,7 @@ class Bench:
                 return t0, time.perf_counter(), outcome
 
             deleted = _concurrently(delete, members)
+            self._after_agent_dels(subject)
             row = self.rows[f"{subject.key}/DELx{CONCURRENCY}"]
             for (j, run_id), (_, _, (done, problem)) in zip(members, deleted, strict=True):
                 if added[j][2][1] is not None:
@@ -513,6 +520,13 @@ class Bench:
         finally:
             for netns in namespaces:
                 self.janitor.remove(netns)
+
+    def _after_agent_dels(self, subject: Subject) -> None:
+        """Outside any measurement: let the agent finish deleting what its DELs retired, so
+        that kernel work overlaps no other row (the Go reference's in particular)."""
+        if subject.path == AGENT and not kernel.reaper_done():
+            log(f"{subject.key}: retired links still present after "
+                f"{kernel.REAPER_TIMEOUT:.0f} s; the next rows may overlap their deletion")
 
     def _record(self, row: Row, done: spawn.Execution, problem: str | None,
                 invocation: Invocation | None = None) -> None:
