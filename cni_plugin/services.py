@@ -1,7 +1,7 @@
 """Long-lived resources a verb may borrow: Kubernetes clients and watch caches.
 
 The executable uses `Services()` — nothing is kept between invocations. The node agent keeps
-one `WarmServices` (cni_plugin/agent/warm.py) for its lifetime: per-thread keep-alive API
+one `WarmServices` (cni_plugin/agent/warm.py) for its lifetime: a pool of keep-alive API
 connections and watch caches of this node's BGPRouter and Pods, and it deletes retired links
 after answering (cni_plugin/kernel/links.py).
 """
@@ -17,13 +17,16 @@ from cni_plugin.kube.config import load_kubeconfig
 class Services:
     """Cold services: a fresh client per call, no caches."""
 
-    keeps_clients = False
     # Whether DEL may retire links and leave their deletion to delete_retired_later.
     defers_link_deletion = False
 
     def kube_client(self, kubeconfig: str) -> KubeClient:
-        """An API client for kubeconfig (the caller closes it unless keeps_clients)."""
+        """An API client for kubeconfig, used by one thread until release_client."""
         return KubeClient(load_kubeconfig(kubeconfig))
+
+    def release_client(self, kubeconfig: str, client: KubeClient) -> None:
+        """Done with a client of kube_client (cold services close it)."""
+        client.close()
 
     def cached_routers(self, kubeconfig: str, namespace: str,
                        node: str) -> list[dict[str, Any]] | None:

@@ -20,7 +20,9 @@ from cni_plugin.services import Services
 log = logging.getLogger(__name__)
 WATCH_SECONDS = 300  # the server ends each watch after this; we then re-list
 RETRY_SECONDS = 2.0
-REAPER_DRAIN_SECONDS = 30.0  # at shutdown; what is left is swept by the next agent or a GC
+REAPER_DRAIN_SECONDS = 30.0
+# Idle API clients kept per kubeconfig: about the verbs that publish at once.
+MAX_IDLE_CLIENTS = 16  # at shutdown; what is left is swept by the next agent or a GC
 
 
 class WatchCache:
@@ -132,14 +134,13 @@ def _key(obj: dict[str, Any]) -> str:
 class WarmServices(Services):
     """Services that outlive one invocation (the agent's)."""
 
-    keeps_clients = True
     defers_link_deletion = True
 
     def __init__(self) -> None:
         self.reaper = Reaper()
         self._lock = threading.Lock()
         self._creds: dict[str, tuple[float, KubeCredentials]] = {}
-        self._local = threading.local()
+        self._idle: dict[str, list[KubeClient]] = {}  # released clients, per kubeconfig
         self._watches: dict[tuple[str, str, str], WatchCache] = {}
 
     def _credentials(self, kubeconfig: str) -> KubeCredentials:
@@ -154,24 +155,41 @@ class WarmServices(Services):
         return creds
 
     def kube_client(self, kubeconfig: str) -> KubeClient:
-        """This thread's keep-alive client for kubeconfig (rebuilt when the file changes)."""
+        """An idle keep-alive client for kubeconfig, or a new one (each verb runs on a thread
+        of its own, so clients are pooled, not per thread); none from an older kubeconfig."""
         creds = self._credentials(kubeconfig)
-        clients: dict[str, KubeClient] = self._local.__dict__.setdefault("clients", {})
-        client = clients.get(kubeconfig)
-        if client is None or client.creds is not creds:
-            if client is not None:
-                client.close()
-            client = clients[kubeconfig] = KubeClient(creds)
-        return client
+        stale: list[KubeClient] = []
+        found = None
+        with self._lock:
+            idle = self._idle.get(kubeconfig, [])
+            while idle and found is None:
+                client = idle.pop()
+                if client.creds is creds:
+                    found = client
+                else:
+                    stale.append(client)
+        for client in stale:
+            client.close()
+        return found or KubeClient(creds)
+
+    def release_client(self, kubeconfig: str, client: KubeClient) -> None:
+        """Keep the client for the next verb (at most MAX_IDLE_CLIENTS per kubeconfig)."""
+        with self._lock:
+            current = self._creds.get(kubeconfig)
+            idle = self._idle.setdefault(kubeconfig, [])
+            if current is not None and client.creds is current[1] and \
+                    len(idle) < MAX_IDLE_CLIENTS:
+                idle.append(client)
+                return
+        client.close()
 
     def _watch(self, kubeconfig: str, path: str, selector: str) -> WatchCache:
         key = (kubeconfig, path, selector)
-        with self._lock:
+        creds = self._credentials(kubeconfig)
+        with self._lock:  # created under the lock: racing first uses start one watch, not two
             cache = self._watches.get(key)
-        if cache is None:
-            cache = WatchCache(self._credentials(kubeconfig), path, selector)
-            with self._lock:
-                cache = self._watches.setdefault(key, cache)
+            if cache is None:
+                cache = self._watches[key] = WatchCache(creds, path, selector)
         return cache
 
     def cached_routers(self, kubeconfig: str, namespace: str,
@@ -190,8 +208,13 @@ class WarmServices(Services):
         self.reaper.submit(name)
 
     def close(self) -> None:
-        """Finish pending link deletions (bounded), then stop every watch."""
+        """Finish pending link deletions (bounded), close idle clients, stop every watch."""
         self.reaper.drain(REAPER_DRAIN_SECONDS)
+        with self._lock:
+            idle = [client for clients in self._idle.values() for client in clients]
+            self._idle.clear()
+        for client in idle:
+            client.close()
         with self._lock:
             for cache in self._watches.values():
                 cache.stop()

@@ -31,9 +31,8 @@ class PublishContext:
         return self.inv.host.kubeconfig or ""
 
     def close(self) -> None:
-        """Release the client unless the services keep it warm."""
-        if not self.inv.services.keeps_clients:
-            self.client.close()
+        """Hand the client back to the services (closed, or kept warm for the next verb)."""
+        self.inv.services.release_client(self.kubeconfig, self.client)
 
     @property
     def namespace(self) -> str:
