@@ -12,36 +12,53 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from typing import Any
 
 from cni_plugin.verbs.request import Request
-from netconf.host import DEFAULT_HOST_CONFIG, HOST_CONFIG_ENV
+from netconf.host import DEFAULT_HOST_CONFIG, HOST_CONFIG_ENV, LOG_LEVELS
 
 _configured: dict[str, Any] = {}
-LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+_configure_lock = threading.Lock()  # the agent's verb threads share the root logger
 
 
-def _setting(request: Request, stanza_key: str, env_key: str) -> str | None:
-    """stanza > environment > host file, cheaply (the stanza may not even parse)."""
+def settings(request: Request) -> tuple[str | None, str]:
+    """(log file or None, level): stanza > environment > host file, cheaply and leniently (the
+    stanza may not even parse; netconf.host validates the same settings for the verbs)."""
+    stanza: dict[str, Any] = {}
     try:
-        stanza = json.loads(request.stdin) if request.stdin else {}
-        if isinstance(stanza, dict):  # keys match case-insensitively, as the stanza's do
-            wanted = stanza_key.lower()
-            value = next((v for k, v in stanza.items() if k.lower() == wanted), None)
-            if isinstance(value, str) and value:
-                return value
+        parsed = json.loads(request.stdin) if request.stdin else {}
+        if isinstance(parsed, dict):  # keys match case-insensitively, as the stanza's do
+            stanza = {str(k).lower(): v for k, v in parsed.items()}
     except (ValueError, RecursionError):
         pass
-    if request.environ.get(env_key):
-        return request.environ[env_key]
+    host: dict[str, Any] | None = None
+
+    def setting(stanza_key: str, env_key: str) -> str | None:
+        nonlocal host
+        value = stanza.get(stanza_key.lower())
+        if isinstance(value, str) and value:
+            return value
+        if request.environ.get(env_key):
+            return request.environ[env_key]
+        if host is None:
+            host = _host_file(request)
+        value = host.get(stanza_key)
+        return value if isinstance(value, str) and value else None
+
+    path = setting("logFile", "VPC_ATTACH_LOG_FILE")
+    return path, (setting("logLevel", "VPC_ATTACH_LOG_LEVEL") or "info").lower()
+
+
+def _host_file(request: Request) -> dict[str, Any]:
     try:
         with open(request.environ.get(HOST_CONFIG_ENV) or DEFAULT_HOST_CONFIG,
                   encoding="utf-8") as handle:
-            value = json.load(handle).get(stanza_key)
-            return value if isinstance(value, str) and value else None
-    except (OSError, ValueError, AttributeError):
-        return None
+            content = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return content if isinstance(content, dict) else {}
 
 
 class JsonLines(logging.Formatter):
@@ -57,28 +74,29 @@ class JsonLines(logging.Formatter):
 
 def configure(request: Request) -> None:
     """Send Python logging to the log file as JSON lines (or warnings to stderr)."""
-    path = _setting(request, "logFile", "VPC_ATTACH_LOG_FILE")
-    level = (_setting(request, "logLevel", "VPC_ATTACH_LOG_LEVEL") or "info").upper()
-    if _configured.get("key") == (path, level):
-        return
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
-    handler: logging.Handler
-    try:
-        handler = logging.FileHandler(path) if path else logging.StreamHandler(sys.stderr)
-    except OSError:
-        handler = logging.StreamHandler(sys.stderr)
-        path = None
-    handler.setFormatter(JsonLines())
-    root.addHandler(handler)
-    root.setLevel(level if path and level in LEVELS else "WARNING")
-    _configured["key"] = (path, level)
+    path, level = settings(request)
+    with _configure_lock:
+        if _configured.get("key") == (path, level):
+            return
+        root = logging.getLogger()
+        for old in list(root.handlers):
+            root.removeHandler(old)
+            old.close()
+        handler: logging.Handler
+        try:
+            handler = logging.FileHandler(path) if path else logging.StreamHandler(sys.stderr)
+        except OSError:
+            handler = logging.StreamHandler(sys.stderr)
+            path = None
+        handler.setFormatter(JsonLines())
+        root.addHandler(handler)
+        root.setLevel(level.upper() if path and level in LOG_LEVELS else "WARNING")
+        _configured["key"] = (path, level)
 
 
 def verb_line(request: Request, code: int, message: str, seconds: float) -> None:
     """Append the one-line summary of a verb to the log file, if one is configured."""
-    path = _setting(request, "logFile", "VPC_ATTACH_LOG_FILE")
+    path, _ = settings(request)
     if not path:
         return
     env = request.environ
