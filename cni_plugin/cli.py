@@ -13,6 +13,9 @@ from __future__ import annotations
 import sys
 
 SUBCOMMANDS = ("agent", "install", "uninstall")
+# Set for the executable a launcher hands a verb to: that verb already asked the agent (not a
+# VPC_ATTACH_* name: it must not be forwarded, and it is removed before the verb runs).
+HANDED_OVER = "_VPC_ATTACH_HANDED_OVER"
 
 
 def main(full: str | None = None) -> None:
@@ -39,10 +42,16 @@ def _cni(full: str | None) -> None:
                for key, value in posix.environ.items()}
     if environ.get("CNI_COMMAND") == "VERSION":  # ignores stdin; needs none of the models
         answer_version()
-    from cni_plugin.agent.client import forward, socket_path
-
     stdin = sys.stdin.buffer.read()
-    answer = forward(environ, stdin, socket_path(environ, stdin))
+    answer = None
+    if environ.pop(HANDED_OVER, None) is not None:
+        import os
+
+        os.environ.pop(HANDED_OVER, None)  # not for IPAM delegates
+    else:
+        from cni_plugin.agent.client import forward, socket_path
+
+        answer = forward(environ, stdin, socket_path(environ, stdin))
     if answer is not None:
         status, text = answer
         sys.stdout.buffer.write(text)
@@ -78,6 +87,7 @@ def _hand_over(executable: str, stdin: bytes | None) -> None:
             os.lseek(replay, 0, os.SEEK_SET)
             os.dup2(replay, 0)
             os.close(replay)
+            os.environ[HANDED_OVER] = "1"  # it must not ask the agent a second time
         os.execv(executable, [executable, *sys.argv[1:]])
     except OSError as exc:
         import json

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from typing import Any
 import pytest
 
 from cni_plugin import naming
+from cni_plugin.agent.protocol import MAGIC, REFUSAL, recv_exact
 from e2e.agentproc import AgentProcess
 from e2e.conftest import (
     WATCH_TMP,
@@ -197,3 +200,43 @@ def test_staged_launcher_forwards_itself_and_hands_the_rest_to_the_build(
             assert served == [(verb, "standalone-pod") for verb in ("ADD", "CHECK", "DEL", "DEL")]
     finally:
         (bundle / "vpc-attach.away").rename(executable)
+
+
+def test_a_verb_handed_to_the_build_does_not_ask_the_agent_again(
+        standalone: Path, reference_plugins: Path, netns: str, vpc: str, work: Path) -> None:
+    # An agent of another protocol version refuses: the launcher hands the verb over, and the
+    # build's executable runs it without connecting a second time.
+    bin_dir = stage_standalone(standalone, work)
+    plugin = WatchedPlugin(make_cni_bin(bin_dir, bin_dir, reference_plugins), work)
+    path = work / "future.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen(8)
+    listener.settimeout(0.2)
+    connections: list[bytes] = []
+    stop = threading.Event()
+
+    def future_agent() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            connections.append(recv_exact(conn, 4))
+            conn.sendall(REFUSAL)
+            conn.close()
+
+    thread = threading.Thread(target=future_agent)
+    thread.start()
+    try:
+        conf = base_conf(vpc, "7", ipam=host_local(work / "ipam", "fd00:57::/64"))
+        env = {"VPC_ATTACH_AGENT_SOCKET": str(path)}
+        result = plugin.ok("ADD", conf, container_id="handed", netns=netns, **env)
+        assert naming.host_link_name(vpc, "7") in links_in()
+        assert connections == [MAGIC], "asked once, by the launcher"
+        plugin.ok("DEL", with_prev(conf, result), container_id="handed", netns=netns, **env)
+        assert len(connections) == 2
+    finally:
+        stop.set()
+        thread.join(10)
+        listener.close()
