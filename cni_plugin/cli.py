@@ -36,7 +36,7 @@ def main(full: str | None = None) -> None:
 
 def _cni(full: str | None) -> None:
     # Forwarding path: standard library only (SPEC §11). VERSION never needs the agent.
-    import posix  # not os: see agent/client.py
+    import posix  # not os: see agent/client.py's docstring
 
     environ = {key.decode("utf-8", "surrogateescape"): value.decode("utf-8", "surrogateescape")
                for key, value in posix.environ.items()}

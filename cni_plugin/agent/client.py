@@ -1,8 +1,9 @@
 """The executable's side: forward one invocation to the agent, or say it cannot.
 
 Standard library only (SPEC §11), and only its cheapest parts: `_socket` rather than
-`socket`, `posix` rather than `os` (~1.4 ms: the launcher starts without `site`, which would
-have imported it), no `json`, no `typing` (each pulls in `re`/`enum`, ~10 ms on every call).
+`socket`, no `os` (~1.4 ms: the launcher starts without `site`, which would have imported
+it; cli.py reads the environment through `posix`), no `json`, no `typing` (each pulls in
+`re`/`enum`, ~10 ms on every call).
 `forward` returns None when the agent is absent, refuses the connection or speaks another
 protocol version — the caller then runs the verb itself. Once the request has been sent, a
 lost agent is an error (code 11), never a silent re-run.
@@ -11,7 +12,6 @@ lost agent is an error (code 11), never a silent re-run.
 from __future__ import annotations
 
 import _socket
-import posix
 
 from cni_plugin.agent.protocol import (
     ProtocolError,
@@ -73,17 +73,13 @@ def socket_path(environ: Mapping[str, str], stdin: bytes) -> str:
 
 def forward(environ: Mapping[str, str], stdin: bytes, path: str) -> tuple[int, bytes] | None:
     """The agent's (status, answer JSON text), or None when the caller should run the verb."""
-    try:
-        posix.stat(path)
-    except (OSError, ValueError):
-        return None
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.settimeout(CONNECT_TIMEOUT)
         try:
             sock.connect(path)
-        except OSError:
-            return None  # absent, refused, or a stale socket file: run in-process
+        except (OSError, ValueError):
+            return None  # absent, refused, a stale socket file, or no path: run in-process
         forwarded = {k: v for k, v in environ.items() if k.startswith(FORWARDED_PREFIXES)}
         try:
             sock.sendall(encode_request(forwarded, stdin))

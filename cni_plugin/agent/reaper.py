@@ -49,8 +49,7 @@ class Reaper:
     def sweep(self) -> int:
         """Delete every retired link of the host netns now (a killed agent's); how many."""
         with netns.open_netlink(None, NETLINK_TIMEOUT) as rtnl:
-            found = [link.name for link in links.all_links(rtnl) if links.is_retired(link)]
-            deleted = sum(_delete(rtnl, name) for name in found)
+            deleted = len(links.delete_all_retired(rtnl))
         if deleted:
             log.info("reaper: deleted %d retired link(s) left by an earlier agent", deleted)
         return deleted

@@ -176,9 +176,9 @@ def main(argv: list[str]) -> int:
     oplog.configure(Request(environ=dict(os.environ), stdin=b""))
     _warm_up()
     services = WarmServices()
+    agent = Agent(path, services)  # binds first: refuses to start next to a running agent
     services.reaper.sweep()
     services.reaper.start()  # from this thread: it is in the host netns
-    agent = Agent(path, services)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("agent got signal %d", signum)

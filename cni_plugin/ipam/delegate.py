@@ -3,7 +3,7 @@
 The delegate gets the same CNI_* environment (with CNI_COMMAND set to the verb) and the full
 network config on stdin; its answer is one JSON document on stdout.
 
-ADD starts the delegate with `start_add` and collects its answer when the addresses are needed:
+ADD starts the delegate as a `PendingAdd` and collects its answer when the addresses are needed:
 an exec'd plugin (a Go `host-local` takes ~4 ms, mostly its start-up) runs while ADD creates the
 links, which need no addresses yet.
 """
@@ -37,8 +37,7 @@ def find_plugin(plugin_type: str, cni_path: tuple[str, ...]) -> str:
 def invoke(plugin_type: str, command: str, env: RuntimeEnv, stdin: bytes,
            deadline: Deadline) -> dict[str, Any] | None:
     """Run the delegate; its parsed stdout on success, its own CNI error re-raised on failure."""
-    path = find_plugin(plugin_type, env.cni_path)
-    child_env = {**_inherited_env(), **env.to_environ(), "CNI_COMMAND": command}
+    path, child_env = _delegate(plugin_type, command, env)
     if plugin_type == OWN_IPAM:
         return _invoke_own(plugin_type, command, child_env, stdin)
     try:
@@ -85,9 +84,12 @@ def _invoke_own(plugin_type: str, command: str, environ: dict[str, str],
     return payload
 
 
-def _inherited_env() -> dict[str, str]:
-    # The delegate needs PATH etc., but not our own CNI_* values from the parent process.
-    return {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
+def _delegate(plugin_type: str, command: str, env: RuntimeEnv) -> tuple[str, dict[str, str]]:
+    """The delegate's path in CNI_PATH and its environment for command: PATH etc. from ours,
+    but the invocation's CNI_* values, not this process's."""
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
+    return (find_plugin(plugin_type, env.cni_path),
+            {**inherited, **env.to_environ(), "CNI_COMMAND": command})
 
 
 def _delegate_error(plugin_type: str, command: str, stdout: bytes, stderr: bytes) -> CniError:
@@ -98,11 +100,6 @@ def _delegate_error(plugin_type: str, command: str, stdout: bytes, stderr: bytes
         text = (stdout or stderr).decode(errors="replace").strip()[:300]
         return CniError(IO_FAILURE, f"IPAM plugin {plugin_type!r} failed on {command}", text)
     return CniError(code, f"IPAM plugin {plugin_type!r}: {msg}", details)
-
-
-def add(plugin_type: str, env: RuntimeEnv, stdin: bytes, deadline: Deadline) -> Result:
-    """Delegated ADD: the allocation as a Result."""
-    return _allocation(plugin_type, invoke(plugin_type, "ADD", env, stdin, deadline))
 
 
 def _allocation(plugin_type: str, data: dict[str, Any] | None) -> Result:
@@ -126,8 +123,7 @@ class PendingAdd:
         self._stdin: bytes | None = stdin
         self._done: Result | CniError | None = None
         self._proc: subprocess.Popen[bytes] | None = None
-        path = find_plugin(plugin_type, env.cni_path)
-        child_env = {**_inherited_env(), **env.to_environ(), "CNI_COMMAND": "ADD"}
+        path, child_env = _delegate(plugin_type, "ADD", env)
         if plugin_type == OWN_IPAM:
             try:
                 self._done = _allocation(plugin_type, _invoke_own(plugin_type, "ADD",

@@ -83,22 +83,6 @@ def _route_dst(msg: RouteMsg) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     return ipaddress.ip_network(f"{dst}/{msg.dst_len}")
 
 
-def routes_in_table(rtnl: Rtnl, table: int, oif: int) -> list[str]:
-    """Destinations (CIDR strings) of routes through oif in table, both families."""
-    return [str(_route_dst(msg)) for family in (socket.AF_INET, socket.AF_INET6)
-            for msg in rtnl.routes(family, table=table, oif=oif)]
-
-
-def default_routes(rtnl: Rtnl, oif: int) -> dict[int, str | None]:
-    """Gateway of the main-table default route through oif, per IP version."""
-    found: dict[int, str | None] = {}
-    for version in (4, 6):
-        for msg in rtnl.routes(family_of(version), table=MAIN_TABLE, oif=oif):
-            if msg.dst_len == 0:
-                found[version] = msg.gateway
-    return found
-
-
 def add_permanent_neighbour(rtnl: Rtnl, index: int, ifname: str, ip: IPAddr, mac: str) -> None:
     """Pin ip -> mac on link index (replace: repeated ADD converges)."""
     with kernel_errors(f"add neighbour {ip} on", ifname):

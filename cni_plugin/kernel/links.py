@@ -182,6 +182,14 @@ def is_retired(link: Link) -> bool:
         (link.alias or "").startswith(RETIRED_ALIAS_PREFIX)
 
 
+def delete_all_retired(rtnl: Rtnl) -> list[Link]:
+    """Delete every retired link of the netns (a stopped agent's); the links deleted."""
+    found = [link for link in all_links(rtnl) if is_retired(link)]
+    for link in found:
+        delete(rtnl, link)
+    return found
+
+
 def delete_retired(rtnl: Rtnl, name: str) -> bool:
     """Delete the retired link called name, if it still is one; whether one was deleted."""
     link = find(rtnl, name)

@@ -46,10 +46,9 @@ def gc(request: Request) -> None:
                     (owner.container_id, owner.ifname) not in valid:
                 log.info("GC: deleting %s of stale container %s", link.name, owner.container_id)
                 links.delete(ipr, link)
-            for retired in [found for found in links.all_links(ipr) if links.is_retired(found)]:
-                # A stopped agent's (a running one deletes its own within milliseconds).
-                log.info("GC: deleting retired link %s (%s)", retired.name, retired.alias)
-                links.delete(ipr, retired)
+            # A stopped agent's (a running one deletes its own within milliseconds).
+            for retired in links.delete_all_retired(ipr):
+                log.info("GC: deleted retired link %s (%s)", retired.name, retired.alias)
     steps: list[Callable[[], None]] = [lambda: collect_garbage(inv, valid),
                                        lambda: _forward_ipam(inv)]
     for step in steps:
