@@ -12,7 +12,7 @@ import os
 import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from cni_plugin import naming
 from cni_plugin.deadline import Deadline
@@ -157,11 +157,11 @@ def _setup_host_side(rtnl: Rtnl, inv: Invocation, link: Link, vpc_table: isolati
                      plan: Addressing, workload_mac: str | None) -> Link:
     """Gateways, routes in the VPC table, neighbours, sysctls, isolation, link up."""
     if vpc_table.vrf_index is not None:
-        links.configure(rtnl, link, master=vpc_table.vrf_index)
+        link = links.configure(rtnl, link, master=vpc_table.vrf_index)
     for key, value in sysctl.host_side_sysctls(link.name, 4 in plan.versions,
                                                6 in plan.versions).items():
         sysctl.set_sysctl(key, value)
-    links.configure(rtnl, link, up=True)
+    link = links.configure(rtnl, link, up=True)
     for version, gateway in sorted(plan.gateways.items()):
         if inv.conf.attachment == "tap" and version == 4:
             addresses.add_address(rtnl, link.index, link.name, ipaddress.ip_interface(
@@ -174,8 +174,7 @@ def _setup_host_side(rtnl: Rtnl, inv: Invocation, link: Link, vpc_table: isolati
         if workload_mac:
             addresses.add_permanent_neighbour(rtnl, link.index, link.name, workload.ip,
                                               workload_mac)
-    master = vpc_table.vrf_index if vpc_table.vrf_index is not None else link.master
-    return replace(link, up=True, master=master)
+    return link
 
 
 def host_route(workload: IPInterface, oif: int, table: int) -> RouteSpec:
@@ -215,15 +214,15 @@ def attach_veth(inv: Invocation, addressing: Callable[[], Addressing],
             links.create_veth(host_rtnl, temporary, guest, fd, mtu)
         rollback.created(f"veth {temporary}", _undo_temporary(temporary))
         fresh = _require(links.find(host_rtnl, temporary), temporary)
-        links.configure(host_rtnl, fresh, name=name, alias=owner.alias)
+        host_link = links.configure(host_rtnl, fresh, name=name, alias=owner.alias)
         rollback.created(f"veth {name}", _undo_link(name, owner))
-        host_link = replace(fresh, name=name, alias=owner.alias)  # same link, same index
 
         pod_link = _require(links.find(pod_rtnl, guest), guest)
         mac = inv.runtime_value("mac")
         if isinstance(mac, str) and mac:
             links.set_mac(pod_rtnl, pod_link, mac)
-        links.configure(pod_rtnl, pod_link, name=inv.env.ifname, alias=owner.alias, up=True)
+        pod_link = links.configure(pod_rtnl, pod_link, name=inv.env.ifname, alias=owner.alias,
+                                   up=True)
         plan = addressing()
         for workload in plan.workload:
             # No connected route: every destination, even in the same prefix, goes via the
@@ -234,8 +233,6 @@ def attach_veth(inv: Invocation, addressing: Callable[[], Addressing],
             addresses.add_route(pod_rtnl, route, inv.env.ifname)
         if isinstance(mac, str) and mac:  # the MAC as the kernel stored it
             pod_link = _require(links.by_index(pod_rtnl, pod_link.index), inv.env.ifname)
-        else:
-            pod_link = replace(pod_link, name=inv.env.ifname, alias=owner.alias, up=True)
         host_link = _setup_host_side(host_rtnl, inv, host_link, vpc_table, plan, pod_link.mac)
 
     return Result(
@@ -261,9 +258,8 @@ def attach_tap(inv: Invocation, addressing: Callable[[], Addressing],
         tap.create_tap(name, owner=options.owner, group=options.group,
                        multi_queue=options.multi_queue, vnet_hdr=options.vnet_hdr)
         link = _require(links.find(rtnl, name), name)
-        links.configure(rtnl, link, alias=owner.alias, mtu=inv.conf.mtu)
+        link = links.configure(rtnl, link, alias=owner.alias, mtu=inv.conf.mtu)
         rollback.created(f"tap {name}", _undo_link(name, owner))
-        link = _require(links.find(rtnl, name), name)
         plan = addressing()
         link = _setup_host_side(rtnl, inv, link, vpc_table, plan, workload_mac=None)
     return Result(
@@ -387,14 +383,15 @@ def _pod_differences(inv: Invocation, prev: Result,
 def _host_differences(rtnl: Rtnl, inv: Invocation, link: Link, plan: Addressing,
                       pod_mac: str | None) -> list[str]:
     diffs: list[str] = []
-    table = isolation.find_vpc_table(rtnl, inv.conf.vpc, inv.conf.isolation)
+    rules = isolation.all_rules(rtnl) if inv.conf.isolation == "table" else None
+    table = isolation.find_vpc_table(rtnl, inv.conf.vpc, inv.conf.isolation, rules)
     if table is None:
         return [*diffs, f"VPC {inv.conf.vpc!r} has no routing table ({inv.conf.isolation})"]
     if inv.conf.isolation == "vrf":
         vrf = links.find(rtnl, naming.vrf_name(inv.conf.vpc))
         if vrf is None or link.master != vrf.index:
             diffs.append(f"host link {link.name!r} is not enslaved to its VRF")
-    elif not isolation.has_table_rules(rtnl, link.name, table):
+    elif not isolation.has_table_rules(rtnl, link.name, table, rules):
         diffs.append(f"policy rules 'iif {link.name} lookup {table}' are missing")
     present = set(addresses.addresses(rtnl, link.index, link_scope=True))
     for version, gateway in plan.gateways.items():

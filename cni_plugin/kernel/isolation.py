@@ -39,7 +39,8 @@ class VpcTable:
     vrf_index: int | None  # the VRF device to enslave host links to (vrf mode)
 
 
-def _all_rules(rtnl: Rtnl) -> Rules:
+def all_rules(rtnl: Rtnl) -> Rules:
+    """Every policy rule, per family (read once, pass to several lookups below)."""
     with kernel_errors("list", "policy rules"):
         return {family: rtnl.rules(family) for family in FAMILIES}
 
@@ -47,7 +48,7 @@ def _all_rules(rtnl: Rtnl) -> Rules:
 def used_tables(rtnl: Rtnl, rules: Rules | None = None) -> set[int]:
     """Table ids referenced by any policy rule or VRF device."""
     used = set(RESERVED_TABLES)
-    for family_rules in (rules or _all_rules(rtnl)).values():
+    for family_rules in (rules or all_rules(rtnl)).values():
         used.update(rule.table for rule in family_rules)
     with kernel_errors("list", "links"):
         used.update(link.vrf_table for link in rtnl.links()
@@ -116,7 +117,7 @@ def ensure_vrf(rtnl: Rtnl, vpc: str) -> VpcTable:
 
 def ensure_table_rules(rtnl: Rtnl, vpc: str, host_link: str) -> VpcTable:
     """The VPC's table (reused from its rules, else allocated) and `iif host_link` rules."""
-    rules = _all_rules(rtnl)
+    rules = all_rules(rtnl)
     table = next(iter(_rules_for_vpc(rules, vpc).values()), None)
     if table is None:
         table = lowest_free_table(used_tables(rtnl, rules))
@@ -136,19 +137,21 @@ def _has_rule(family_rules: list[RuleMsg], iif: str, table: int) -> bool:
     return any(rule.iifname == iif and rule.table == table for rule in family_rules)
 
 
-def find_vpc_table(rtnl: Rtnl, vpc: str, mode: str) -> int | None:
+def find_vpc_table(rtnl: Rtnl, vpc: str, mode: str, rules: Rules | None = None) -> int | None:
     """The VPC's table if it has one already (read-only; for CHECK)."""
     if mode == "vrf":
         vrf = links.find(rtnl, naming.vrf_name(vpc))
         return _vrf_table(vrf, rtnl) if vrf is not None and vrf.kind == "vrf" else None
-    rules = _rules_for_vpc(_all_rules(rtnl), vpc)
-    return next(iter(rules.values()), None)
+    found = _rules_for_vpc(rules or all_rules(rtnl), vpc)
+    return next(iter(found.values()), None)
 
 
-def has_table_rules(rtnl: Rtnl, host_link: str, table: int) -> bool:
+def has_table_rules(rtnl: Rtnl, host_link: str, table: int,
+                    rules: Rules | None = None) -> bool:
     """True when both families' `iif host_link lookup table` rules exist."""
-    rules = _all_rules(rtnl)
+    rules = rules or all_rules(rtnl)
     return all(_has_rule(rules[family], host_link, table) for family in FAMILIES)
+
 
 
 def _add_unreachable_defaults(rtnl: Rtnl, table: int) -> None:

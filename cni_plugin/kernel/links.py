@@ -17,7 +17,7 @@ import errno
 import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from cni_plugin.kernel.rtnl import LinkMsg, NetlinkError, Rtnl
@@ -129,12 +129,18 @@ def create_veth(host_rtnl: Rtnl, host_name: str, peer_name: str, peer_netns_fd: 
 
 
 def configure(rtnl: Rtnl, link: Link, *, name: str | None = None, mtu: int | None = None,
-              alias: str | None = None, up: bool | None = None, master: int | None = None) -> None:
-    """Rename / set MTU / alias / master / state of a link, in one request with clear errors.
+              alias: str | None = None, up: bool | None = None, master: int | None = None) -> Link:
+    """Rename / set MTU / alias / master / state of a link, in one request with clear errors;
+    the link as it now is (same index, no read-back).
 
     Only what differs is sent. The kernel renames and sets MTU and master before IFF_UP, so
     a link can be renamed and brought up together.
     """
+    changed = replace(link, name=link.name if name is None else name,
+                      mtu=link.mtu if mtu is None else mtu,
+                      alias=link.alias if alias is None else alias,
+                      up=link.up if up is None else up,
+                      master=link.master if master is None else master)
     new_name = name if name is not None and name != link.name else None
     new_mtu = mtu if mtu is not None and mtu != link.mtu else None
     new_alias = alias if alias is not None and alias != link.alias else None
@@ -142,12 +148,13 @@ def configure(rtnl: Rtnl, link: Link, *, name: str | None = None, mtu: int | Non
     new_state = up if up is not None and up != link.up else None
     attrs_change = any(v is not None for v in (new_name, new_mtu, new_alias, new_master))
     if not attrs_change and new_state is None:
-        return
+        return changed
     action, obj = ("configure link", link.name) if attrs_change else \
         ("set state of link", name or link.name)
     with kernel_errors(action, obj):
         rtnl.set_link(link.index, name=new_name, mtu=new_mtu, alias=new_alias, master=new_master,
                       up=new_state)
+    return changed
 
 
 def set_mac(rtnl: Rtnl, link: Link, mac: str) -> None:
