@@ -596,3 +596,10 @@ def test_an_environment_that_does_not_import_vpc_attach_from_a_path_is_refused(
     with pytest.raises(InstallError, match="does not import vpc-attach from a path") as caught:
         launcher.environment_launchers(str(tmp_path / "env/bin/python"))
     assert "editable_mode=compat" in (caught.value.hint or "")
+
+
+def test_watch_without_credentials_is_refused_before_anything_is_written(
+        host: Host, capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run([*host.base_args(), "--no-kubeconfig", "--watch"], capsys)
+    assert status == EXIT_FAILED and "--watch refreshes the kubeconfig's token" in err
+    assert list(host.root.iterdir()) == []

@@ -15,10 +15,10 @@ import hashlib
 import os
 import stat
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from cni_plugin.install.errors import InstallError
-from cni_plugin.install.files import file_fingerprint, link_fingerprint
 from cni_plugin.install.launcher import BUNDLE_INTERPRETER, bundle_launcher, environment_launchers
 from cni_plugin.install.targets import BundleTarget, FileTarget, LinkTarget, Target
 
@@ -62,16 +62,15 @@ def _bundle_targets(source: Path, bin_dir: str) -> list[Target]:
     if not (source / EXECUTABLES[0]).is_file():
         raise InstallError(f"standalone build {source} has no {EXECUTABLES[0]} executable")
     members = sorted(_bundle_members(source), key=lambda item: item[0])
+    # Each file is hashed once: the targets' fingerprints make the bundle's digest too.
+    staged = [(relative, mode, LinkTarget(relative, content) if isinstance(content, str)
+               else FileTarget(relative, content, mode)) for relative, content, mode in members]
     digest = hashlib.sha256()
-    for relative, content, mode in members:
-        fingerprint = link_fingerprint(content) if isinstance(content, str) \
-            else file_fingerprint(content)
-        digest.update(f"{relative}\0{mode:o}\0{fingerprint}\n".encode())
+    for relative, mode, target in staged:
+        digest.update(f"{relative}\0{mode:o}\0{target.fingerprint}\n".encode())
     bundle_path = f"{bin_dir}/{BUNDLES_DIR}/{digest.hexdigest()[:DIGEST_LENGTH]}"
     bundle = BundleTarget(bundle_path, tuple(
-        LinkTarget(f"{bundle_path}/{relative}", content) if isinstance(content, str)
-        else FileTarget(f"{bundle_path}/{relative}", content, mode)
-        for relative, content, mode in members))
+        replace(target, path=f"{bundle_path}/{relative}") for relative, _, target in staged))
     entry = f"{BUNDLES_DIR}/{Path(bundle_path).name}/{EXECUTABLES[0]}"
     links: list[Target] = [LinkTarget(f"{bin_dir}/{name}", entry) for name in EXECUTABLES]
     if (source / BUNDLE_CONTENTS / BUNDLE_INTERPRETER).is_file():

@@ -187,6 +187,9 @@ def _root(args: argparse.Namespace) -> Root:
 def install(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO,
             err: TextIO, stop: threading.Event | None = None) -> int:
     """Stage everything once; with --watch, then keep the credentials fresh until stopped."""
+    if args.watch and args.no_kubeconfig:  # refused before anything is written
+        raise InstallError("--watch refreshes the kubeconfig's token: it needs credentials",
+                           "drop --no-kubeconfig")
     root = _root(args)
     targets: list[Target] = []
     if not args.no_binaries:
@@ -216,9 +219,6 @@ def install(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO,
     _print_report("install", installer.install(targets), out, err)
     if not args.watch:
         return EXIT_OK
-    if args.no_kubeconfig:
-        raise InstallError("--watch refreshes the kubeconfig's token: it needs credentials",
-                           "drop --no-kubeconfig")
     return watch(installer, credentials, args.token_file, args.refresh_interval, out, err,
                  stop or _stop_on_signals())
 
@@ -238,8 +238,7 @@ def _credentials(args: argparse.Namespace, environ: Mapping[str, str],
         account = read_service_account(token, ca, namespace)
         return credential_targets(account, server, args.kubeconfig, args.token_file, node_name)
 
-    read()  # fail now, before anything is written, if the credentials are unusable
-    return read
+    return read  # install() reads it before anything is written: unusable credentials fail
 
 
 def watch(installer: Installer, credentials: Callable[[], list[FileTarget]], token_file: str,

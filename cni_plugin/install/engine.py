@@ -100,7 +100,7 @@ class Installer:
                     step.target.path)
             installed = [t.path for t in targets if isinstance(t, BundleTarget)]
             if installed:
-                report.removed += self._retire_bundles(installed, manifest)
+                self._retire_bundles(installed, manifest, report)
             manifest.settle()
             if manifest.serialized() != before:
                 manifest.save(self.manifest_path)
@@ -214,17 +214,19 @@ class Installer:
                 shutil.rmtree(leftover, ignore_errors=True)
         return dirs
 
-    def _retire_bundles(self, installed: list[str], manifest: Manifest) -> list[str]:
+    def _retire_bundles(self, installed: list[str], manifest: Manifest,
+                        report: Report) -> None:
         """Remove all but the newest KEEP_BUNDLES bundles this installer staged."""
         order = [b for b in manifest.bundles if b not in installed] + installed
         retired, manifest.bundles = order[:-KEEP_BUNDLES], order[-KEEP_BUNDLES:]
-        removed: list[str] = []
+        removed = Report()
         for bundle in retired:
             inside = [p for p in manifest.files if p.startswith(bundle + "/")]
-            removed += self._remove_owned(inside, manifest, Report()).removed
+            self._remove_owned(inside, manifest, removed)
             self._remove_dirs([d for d in manifest.dirs
                                if d == bundle or d.startswith(bundle + "/")], manifest)
-        return _collapse(removed, retired)
+        report.removed += _collapse(removed.removed, retired)
+        report.kept += removed.kept  # modified files left in a retired bundle: say so
 
     # uninstall ----------------------------------------------------------------------------
 
