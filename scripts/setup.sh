@@ -9,6 +9,11 @@ command -v ip >/dev/null || need_apt+=(iproute2)
 command -v ping >/dev/null || need_apt+=(iputils-ping)
 command -v unshare >/dev/null || need_apt+=(util-linux)
 command -v go >/dev/null || need_apt+=(golang-go)
+# containerd + runc for the CRI e2e; gcc and a static libc for its pause image.
+command -v containerd >/dev/null || need_apt+=(containerd)
+command -v runc >/dev/null || [ -x /usr/sbin/runc ] || need_apt+=(runc)
+command -v gcc >/dev/null || need_apt+=(gcc)
+dpkg -s libc6-dev >/dev/null 2>&1 || need_apt+=(libc6-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}" >&2
   apt-get update -qq
@@ -30,15 +35,5 @@ fi
 .venv/bin/python -m e2e.tools build >&2
 # The local control plane (etcd, kube-apiserver, kube-controller-manager), same cache.
 .venv/bin/python -m e2e.cluster build >&2
-# containerd + runc (Debian) for the CRI e2e; then the CRI API stubs and the local pause image.
-need_cri=()
-command -v containerd >/dev/null || need_cri+=(containerd)
-command -v runc >/dev/null || [ -x /usr/sbin/runc ] || need_cri+=(runc)
-command -v gcc >/dev/null || need_cri+=(gcc)
-[ -n "$(find /usr/lib -name libc.a -print -quit 2>/dev/null)" ] || need_cri+=(libc6-dev)
-if [ ${#need_cri[@]} -gt 0 ]; then
-  echo "setup: installing ${need_cri[*]}" >&2
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_cri[@]}" >/dev/null
-fi
+# The CRI API stubs and the local pause image for the containerd e2e.
 .venv/bin/python -m e2e.cri build >&2

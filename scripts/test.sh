@@ -7,5 +7,10 @@ export PATH="$PWD/.venv/bin:$PATH"
 ruff check .
 mypy
 python -m pytest -p no:cacheprovider "$@"
-# The same e2e tests again, every invocation going through the node agent (SPEC §11).
-VPC_ATTACH_E2E_VIA=agent python -m pytest -p no:cacheprovider e2e "$@"
+# The same e2e tests again, every invocation going through the node agent (SPEC §11): all of
+# e2e/, or only the test paths given.
+agent_args=(e2e "$@")
+for arg in "$@"; do
+  case "$arg" in e2e*|tests*) agent_args=("$@"); break ;; esac
+done
+VPC_ATTACH_E2E_VIA=agent python -m pytest -p no:cacheprovider "${agent_args[@]}"

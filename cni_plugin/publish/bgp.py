@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from cni_plugin import naming
-from cni_plugin.attachment import Addressing
+from cni_plugin.attachment import Addressing, lock_path
 from cni_plugin.deadline import Deadline
 from cni_plugin.kube.client import ApiError, Resource, update_with_retry
 from cni_plugin.locks import file_lock
@@ -143,8 +143,7 @@ def _create_instance(ctx: PublishContext, router: Router, name: str, target: str
                      rollback: Rollback, deadline: Deadline) -> dict[str, Any] | None:
     # Only this node's plugins create instances of its router: a node-wide lock makes their
     # choose-then-create atomic. Collisions with other writers are resolved afterwards.
-    lock = os.path.join(ctx.inv.host.lock_dir, f"vrfid-{router.name}.lock")
-    with file_lock(lock, deadline.remaining()):
+    with file_lock(lock_path(ctx.inv, f"vrfid-{router.name}"), deadline.remaining()):
         return _create_instance_locked(ctx, router, name, target, rollback, deadline)
 
 
