@@ -1,6 +1,6 @@
 """A CNI bin dir for the tests, the demo and the bench: the Go reference plugins plus our two
-executables staged the way `vpc-attach install` stages them from a Python environment
-(launchers that start this interpreter with -I -S; cni_plugin/install/launcher.py)."""
+executables, by default staged the way `vpc-attach install` stages them from a Python
+environment (launchers that start this interpreter with -I -S; cni_plugin/install/launcher.py)."""
 
 from __future__ import annotations
 
@@ -20,13 +20,20 @@ def console_script(executable: str) -> str | None:
     return str(beside) if beside.exists() else shutil.which(executable)
 
 
-def populate(directory: Path, reference_plugins: Path) -> Path:
-    """Fill directory (created if needed) with links to the reference plugins and our launchers."""
+def populate(directory: Path, reference_plugins: Path, ours: Path | None = None) -> Path:
+    """Fill directory (created if needed) with links to the reference plugins, and our two
+    executables: launchers for this environment, or links to those in ours (a standalone
+    build; nothing to add when ours is directory itself, where the installer staged them)."""
     directory.mkdir(parents=True, exist_ok=True)
     for plugin in reference_plugins.iterdir():
         if not os.path.lexists(directory / plugin.name):
             (directory / plugin.name).symlink_to(plugin)
-    for name, content in environment_launchers().items():
-        (directory / name).write_bytes(content)
-        (directory / name).chmod(0o755)
+    if ours is None:
+        for name, content in environment_launchers().items():
+            (directory / name).write_bytes(content)
+            (directory / name).chmod(0o755)
+    elif ours != directory:
+        for name in OURS:
+            if not os.path.lexists(directory / name):
+                (directory / name).symlink_to(ours / name)
     return directory

@@ -338,17 +338,3 @@ def stage_standalone(standalone: Path, work: Path) -> Path:
         capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     return bin_dir
-
-
-def make_cni_bin(directory: Path, ours: Path, reference_plugins: Path) -> Path:
-    """A CNI bin dir: the reference plugins plus our two executables from `ours`."""
-    directory.mkdir(exist_ok=True)
-    for plugin in reference_plugins.iterdir():
-        if not (directory / plugin.name).exists():
-            (directory / plugin.name).symlink_to(plugin)
-    for name in ("vpc-attach", "vpc-attach-ipam"):
-        if not os.path.lexists(directory / name):
-            (directory / name).symlink_to(ours / name)
-    return directory
-
-

@@ -26,7 +26,8 @@ from cni_plugin.kernel.links import Owner
 from cni_plugin.kernel.tap import IFF_MULTI_QUEUE, IFF_VNET_HDR
 from cni_plugin.publish.endpointslice import slice_name
 from cni_plugin.publish.resources import ENDPOINT_SLICES
-from e2e.conftest import AGENT_SOCKET, IS_ROOT, Kube, links_in, make_cni_bin, stage_standalone
+from e2e import cnibin
+from e2e.conftest import AGENT_SOCKET, IS_ROOT, Kube, links_in, stage_standalone
 from e2e.publishing import (
     advertisement,
     create_pod,
@@ -90,7 +91,7 @@ def installed_bin(tmp_path_factory: pytest.TempPathFactory, standalone: Path,
     """The CNI bin dir as a node has it: the standalone build staged by its own installer
     (no Python on the plugin's path), next to the reference plugins of the chain."""
     bin_dir = stage_standalone(standalone, tmp_path_factory.mktemp("node"))
-    return make_cni_bin(bin_dir, bin_dir, reference_plugins)
+    return cnibin.populate(bin_dir, reference_plugins, ours=bin_dir)
 
 
 @pytest.fixture(scope="module")

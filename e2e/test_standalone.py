@@ -21,6 +21,7 @@ import pytest
 
 from cni_plugin import naming
 from cni_plugin.agent.protocol import MAGIC, REFUSAL, recv_exact
+from e2e import cnibin
 from e2e.agentproc import AgentProcess
 from e2e.conftest import (
     WATCH_TMP,
@@ -30,7 +31,6 @@ from e2e.conftest import (
     host_local,
     host_local_reservations,
     links_in,
-    make_cni_bin,
     outside_tmp,
     stage_standalone,
     with_prev,
@@ -73,7 +73,8 @@ class WatchedPlugin(Plugin):
 @pytest.fixture
 def standalone_plugin(standalone: Path, reference_plugins: Path, work: Path) -> WatchedPlugin:
     """The standalone executables, run the way a runtime runs them."""
-    return WatchedPlugin(make_cni_bin(work / "cni-bin", standalone, reference_plugins), work)
+    cni_bin = cnibin.populate(work / "cni-bin", reference_plugins, ours=standalone)
+    return WatchedPlugin(cni_bin, work)
 
 
 def add_check_del(plugin: Plugin, conf: dict[str, Any], netns: str, vpc: str,
@@ -177,7 +178,7 @@ def test_staged_launcher_forwards_itself_and_hands_the_rest_to_the_build(
     assert probe.stdout.split() and all(path.startswith(str(bundle))
                                         for path in probe.stdout.split()), probe.stdout
 
-    plugin = WatchedPlugin(make_cni_bin(bin_dir, bin_dir, reference_plugins), work)
+    plugin = WatchedPlugin(cnibin.populate(bin_dir, reference_plugins, ours=bin_dir), work)
     conf = base_conf(vpc, "8", ipam=host_local(work / "ipam", "fd00:58::/64"))
     assert plugin.call("VERSION", {}).status == 0
     # No agent: the launcher hands the verb to the build's executable, stdin replayed.
@@ -207,7 +208,7 @@ def test_a_verb_handed_to_the_build_does_not_ask_the_agent_again(
     # An agent of another protocol version refuses: the launcher hands the verb over, and the
     # build's executable runs it without connecting a second time.
     bin_dir = stage_standalone(standalone, work)
-    plugin = WatchedPlugin(make_cni_bin(bin_dir, bin_dir, reference_plugins), work)
+    plugin = WatchedPlugin(cnibin.populate(bin_dir, reference_plugins, ours=bin_dir), work)
     path = work / "future.sock"
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(str(path))
