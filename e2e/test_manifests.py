@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,7 @@ import yaml
 
 from cni_plugin.kube.client import ApiError
 from e2e.cluster.cluster import load_manifests
-from e2e.cluster.kubeapi import ApiError as BootstrapApiError
-from e2e.cluster.kubeapi import KubeApi
+from e2e.cluster.kubeapi import KubeApi, crd_established, wait_until
 from e2e.conftest import Kube
 from netconf.config import parse_netconf
 from netconf.host import DEFAULT_AGENT_SOCKET, DEFAULT_HOST_CONFIG, DEFAULT_LOCK_DIR
@@ -76,28 +74,14 @@ def nad_crd(kube: Kube, admin_api: KubeApi) -> Iterator[None]:
     crd = yaml.safe_load(NAD_CRD.read_text())
     existed = kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{NAD_CRD_NAME}")
     admin_api.apply(crd)
-    give_up = time.monotonic() + 60
-    while True:  # Established, and served by discovery
-        try:
-            if _established(kube, NAD_CRD_NAME):
-                admin_api.object_path({"apiVersion": "k8s.cni.cncf.io/v1",
-                                       "kind": "NetworkAttachmentDefinition",
-                                       "metadata": {"name": "probe"}})
-                break
-        except BootstrapApiError:
-            pass
-        assert time.monotonic() < give_up, "NetworkAttachmentDefinition CRD never got served"
-        time.sleep(0.2)
+    probe = {"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+             "metadata": {"name": "probe"}}
+    wait_until("the NetworkAttachmentDefinition CRD to be established and served",
+               lambda: crd_established(admin_api, NAD_CRD_NAME)
+               and bool(admin_api.object_path(probe)), 60)
     yield
     if existed is None:
         kube.delete(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{NAD_CRD_NAME}")
-
-
-def _established(kube: Kube, name: str) -> bool:
-    # status.conditions is null until the API server has looked at a new CRD.
-    crd = kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") or {}
-    conditions = (crd.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 
 
 def dry_run(kube: Kube, admin_api: KubeApi, manifest: dict[str, Any]) -> dict[str, Any]:
