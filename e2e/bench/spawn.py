@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import select
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -67,10 +66,10 @@ def launcher() -> str:
 
 
 def _build(entry: Path, binary: Path) -> None:
-    go = shutil.which("go") or "/usr/local/go/bin/go"
+    from e2e.tools.gotools import go_binary, go_env
+    go = go_binary()
     with tempfile.TemporaryDirectory(prefix="bench-launcher-") as scratch:
-        env = {**os.environ, "GOWORK": "off", "GOTOOLCHAIN": "local", "CGO_ENABLED": "0",
-               "GOFLAGS": "-mod=mod -buildvcs=false", "TMPDIR": scratch}
+        env = go_env(Path(scratch))
         staged = entry / f".launch-{os.getpid()}"  # renamed into place: never half-written
         proc = subprocess.run([go, "build", "-trimpath", "-ldflags=-s -w", "-o", str(staged),
                                "."], cwd=LAUNCHER_SOURCE, env=env, capture_output=True,
@@ -123,7 +122,7 @@ def _execution(launcher_status: int, result: bytes, stdout: bytes, stderr: bytes
         report = json.loads(result)
     except ValueError:
         message = f"launcher exit {launcher_status} without a report".encode()
-        return Execution(-1, 0.0, 0, stdout, stderr + b"\n" + message, timed_out=True)
+        return Execution(-1, 0.0, 0, stdout, stderr + b"\n" + message, timed_out=False)
     return Execution(status=int(report["status"]), elapsed_ms=report["elapsed_ns"] / 1e6,
                      max_rss_kib=int(report["maxrss_kib"]), stdout=stdout, stderr=stderr,
                      timed_out=bool(report["timed_out"]))

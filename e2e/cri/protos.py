@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
-import os
 import re
 import sys
 import tempfile
@@ -18,6 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 from e2e.cri.cache import BuildError, cached_entry, run
+from e2e.tools.gotools import GoToolsError, go_binary, go_env
 
 CRI_API_MODULE = "k8s.io/cri-api"
 CRI_API_VERSION = "v0.37.2"
@@ -40,8 +40,7 @@ def strip_gogo(proto: str) -> str:
 def _download_proto() -> str:
     """api.proto of CRI_API_MODULE@CRI_API_VERSION, from the Go module cache."""
     with tempfile.TemporaryDirectory(prefix="vpa-cri-api-") as scratch:
-        env = {**os.environ, "GOFLAGS": "-mod=mod", "GOTOOLCHAIN": "local", "GOWORK": "off",
-               "GO111MODULE": "on"}
+        env = go_env(Path(scratch))
         go = _go()
         out = run([go, "mod", "download", "-json", f"{CRI_API_MODULE}@{CRI_API_VERSION}"],
                   cwd=Path(scratch), env=env, timeout=300)
@@ -52,11 +51,10 @@ def _download_proto() -> str:
 
 
 def _go() -> str:
-    for candidate in (*os.environ.get("PATH", "").split(os.pathsep), "/usr/local/go/bin"):
-        path = Path(candidate) / "go"
-        if candidate and os.access(path, os.X_OK):
-            return str(path)
-    raise BuildError("the go toolchain is not installed (no `go` in PATH or /usr/local/go/bin)")
+    try:
+        return go_binary()
+    except GoToolsError as exc:
+        raise BuildError(str(exc)) from None
 
 
 def _tools_version() -> str:

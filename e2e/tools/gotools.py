@@ -49,6 +49,8 @@ __all__ = [
     "cnitool_command",
     "cnitool_env",
     "cnitool_path",
+    "go_binary",
+    "go_env",
     "reference_plugins_dir",
 ]
 
@@ -110,7 +112,8 @@ def cache_root() -> pathlib.Path:
     return pathlib.Path(env).expanduser() if env else pathlib.Path.home() / ".cache" / "vpc-attach"
 
 
-def _go_binary() -> str:
+def go_binary() -> str:
+    """The go toolchain's executable (GoToolsError naming where it looked if absent)."""
     go = shutil.which("go") or (
         "/usr/local/go/bin/go" if os.access("/usr/local/go/bin/go", os.X_OK) else None
     )
@@ -156,7 +159,8 @@ def _run(cmd: Sequence[str], *, cwd: pathlib.Path, env: Mapping[str, str], timeo
     return proc.stdout
 
 
-def _go_env(workdir: pathlib.Path) -> dict[str, str]:
+def go_env(workdir: pathlib.Path) -> dict[str, str]:
+    """Our environment for `go`: reproducible, local toolchain only, temp files in workdir."""
     env = dict(os.environ)
     env.update(
         GOWORK="off",  # never pick up a go.work from an enclosing dir
@@ -210,13 +214,13 @@ def _ensure(
             root.glob(f".{entry_name}.old-*")
         ):
             shutil.rmtree(stale, ignore_errors=True)
-        go = _go_binary()
+        go = go_binary()
         # Everything of this attempt (wrapper module, go's TMPDIR, output) lives in one
         # staging dir next to the entry: same filesystem for the rename, one thing to clean.
         staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{entry_name}.tmp-", dir=root))
         try:
             (staging / "tmp").mkdir()
-            env = _go_env(staging / "tmp")
+            env = go_env(staging / "tmp")
             wrapper = staging / "wrapper"
             wrapper.mkdir()
             _run(
