@@ -303,13 +303,12 @@ def plot(report: Report, out: Path) -> str | None:
     return None
 
 
-def write(report: Report, results: Path, json_out: Path | None) -> list[str]:
-    """Write latest.md/.json/.png into results (and the JSON also to json_out); notes."""
+def write(report: Report, results: Path, json_out: Path | None) -> None:
+    """Write latest.md/.json/.png into results (and the JSON also to json_out); a plot that
+    could not be drawn is said in the notes."""
     results.mkdir(parents=True, exist_ok=True)
-    problems = []
     why_not = plot(report, results / "latest.png")
     if why_not:
-        problems.append(why_not)
         report.notes.append(why_not)
     document = json.dumps(as_json(report), indent=1) + "\n"
     (results / "latest.json").write_text(document)
@@ -317,4 +316,3 @@ def write(report: Report, results: Path, json_out: Path | None) -> list[str]:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(document)
     (results / "latest.md").write_text(markdown(report))
-    return problems

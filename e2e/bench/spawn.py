@@ -140,13 +140,13 @@ def _stdin_fd(data: bytes) -> int:
     return fd
 
 
-def _wait_exit(pid: int, timeout: float) -> bool:
-    """True when pid exited within timeout seconds (it stays a zombie until reaped)."""
+def _wait_exit(pid: int, timeout: float) -> None:
+    """Wait at most timeout seconds for pid to exit (it stays a zombie until reaped)."""
     pidfd = os.pidfd_open(pid)
     try:
         poller = select.poll()
         poller.register(pidfd, select.POLLIN)
-        return bool(poller.poll(timeout * 1000))
+        poller.poll(timeout * 1000)
     finally:
         os.close(pidfd)
 

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -97,7 +97,6 @@ class Agent:
     socket: Path
     process: Any = None  # e2e.agentproc.AgentProcess
     problem: str | None = None
-    served: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 def log(message: str) -> None:

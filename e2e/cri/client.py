@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType, TracebackType
+from types import TracebackType
 from typing import Any
 
 import grpc
@@ -27,16 +27,6 @@ class CriError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class PortMapping:
-    """A hostPort of the Pod (sent to CNI as the portMappings capability)."""
-
-    container_port: int
-    host_port: int
-    protocol: str = "TCP"
-    host_ip: str = ""
-
-
-@dataclass(frozen=True)
 class SandboxConfig:
     """What a kubelet puts in PodSandboxConfig for a Pod (metadata from the Pod object)."""
 
@@ -47,7 +37,6 @@ class SandboxConfig:
     hostname: str = ""
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
-    port_mappings: tuple[PortMapping, ...] = ()
     cgroup_parent: str = ""  # empty: the client's default
 
 
@@ -84,11 +73,6 @@ class CriClient:
                  trace: TracebackType | None) -> None:
         self.close()
 
-    @property
-    def api(self) -> ModuleType:
-        """The generated messages module (for callers building their own requests)."""
-        return self._api
-
     def _call(self, stub: Any, method: str, request: Any, timeout: float) -> Any:
         try:
             return getattr(stub, method)(request, timeout=timeout)
@@ -96,11 +80,6 @@ class CriClient:
             code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
             details = exc.details() if hasattr(exc, "details") else str(exc)
             raise CriError(method, code, details or "") from None
-
-    def version(self, timeout: float = CALL_TIMEOUT) -> str:
-        """Runtime name and version, e.g. `containerd 1.6.20~ds1`."""
-        reply = self._call(self._runtime, "Version", self._api.VersionRequest(), timeout)
-        return f"{reply.runtime_name} {reply.runtime_version}"
 
     def status(self, timeout: float = CALL_TIMEOUT) -> tuple[dict[str, bool], dict[str, Any]]:
         """Runtime conditions (RuntimeReady, NetworkReady) and the verbose info, parsed."""
@@ -159,10 +138,6 @@ class CriClient:
             hostname=config.hostname or config.name,
             labels=config.labels,
             annotations=config.annotations,
-            port_mappings=[api.PortMapping(protocol=api.Protocol.Value(port.protocol),
-                                           container_port=port.container_port,
-                                           host_port=port.host_port, host_ip=port.host_ip)
-                           for port in config.port_mappings],
             linux=api.LinuxPodSandboxConfig(
                 cgroup_parent=config.cgroup_parent or self._cgroup_parent),
         )
