@@ -14,15 +14,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
-from cni_plugin import naming
-from cni_plugin.deadline import Deadline
+from cni_plugin.core import naming
+from cni_plugin.core.deadline import Deadline
+from cni_plugin.core.locks import file_lock
+from cni_plugin.core.request import Invocation
+from cni_plugin.core.rollback import Rollback, Undo
 from cni_plugin.kernel import addresses, isolation, links, netns, sysctl, tap
 from cni_plugin.kernel.addresses import IPAddr, IPInterface, RouteSpec
 from cni_plugin.kernel.links import Link, Owner
 from cni_plugin.kernel.rtnl import DEFAULT_TIMEOUT, Rtnl
-from cni_plugin.locks import file_lock
-from cni_plugin.rollback import Rollback, Undo
-from cni_plugin.verbs.request import Invocation
 from netconf.errors import INTERFACE_CONFLICT, TRY_AGAIN_LATER, CniError
 from netconf.result import Interface, IPConfig, Result, Route
 

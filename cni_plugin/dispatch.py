@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from cni_plugin import oplog
-from cni_plugin.verbs.request import Request
+from cni_plugin.core import oplog
+from cni_plugin.core.request import Request
 from netconf.errors import INTERNAL_ERROR, CniError
 from netconf.versions import CURRENT_VERSION, SUPPORTED_VERSIONS
 

@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
-from cni_plugin import naming
+from cni_plugin.core import naming
 from e2e import cnibin
+from netconf import base62
 
 IS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root for network namespaces")
@@ -115,7 +116,7 @@ def netns() -> Iterator[str]:
 @pytest.fixture
 def vpc() -> Iterator[str]:
     """A random VPC id; its links and rules are removed after the test."""
-    value = naming.encode_base62(secrets.randbelow(naming.VPC_LIMIT - 10**6) + 10**6)
+    value = base62.encode_base62(secrets.randbelow(base62.VPC_LIMIT - 10**6) + 10**6)
     yield value
     prefix = "G" + naming.pad_base62(value, naming.VPC_WIDTH)
     for line in run_ip("-o", "link", "show").splitlines():
@@ -255,7 +256,7 @@ class Kube:
         self.client = KubeClient(load_kubeconfig(str(kubeconfig)))
 
     def _deadline(self) -> Any:
-        from cni_plugin.deadline import Deadline
+        from cni_plugin.core.deadline import Deadline
         return Deadline(30)
 
     def get(self, path: str) -> dict[str, Any] | None:

@@ -106,7 +106,7 @@ def main() -> int:
         _show("host side", ["ip", "addr", "show", host])
         _show("per-VPC policy rule", ["ip", "rule", "show", "iif", host])
         _show("pinned neighbours", ["ip", "neigh", "show", "dev", host])
-        from cni_plugin import naming
+        from cni_plugin.core import naming
         from cni_plugin.publish.endpointslice import slice_name
         _show_object("BGPVRFInstance", vrf_instance(kube, naming.vrf_instance_name("21", NODE)))
         _show_object("BGPAdvertisement", advertisement(kube, naming.advertisement_name("21", "21")))

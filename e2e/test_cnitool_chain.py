@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin import naming
+from cni_plugin.core import naming
 from e2e.conftest import Plugin, host_local, host_local_reservations, links_in, run_ip
 
 pytestmark = [pytest.mark.root, pytest.mark.cnitool]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin import naming
+from cni_plugin.core import naming
 from e2e.conftest import (
     Plugin,
     base_conf,
@@ -19,6 +19,7 @@ from e2e.conftest import (
     run_ip,
 )
 from e2e.publishing import wait_for
+from netconf import base62
 
 pytestmark = pytest.mark.root
 PODS = 32
@@ -30,7 +31,7 @@ def test_32_concurrent_adds_then_dels_get_distinct_addresses_and_leave_nothing(
     names = [f"vpa-c{secrets.token_hex(3)}-{i}" for i in range(PODS)]
     for name in names:
         run_ip("netns", "add", name)
-    confs = [base_conf(vpc, naming.encode_base62(100 + i), name="conc", ipam=ipam)
+    confs = [base_conf(vpc, base62.encode_base62(100 + i), name="conc", ipam=ipam)
              for i in range(PODS)]
     try:
         with ThreadPoolExecutor(max_workers=PODS) as pool:
@@ -41,7 +42,7 @@ def test_32_concurrent_adds_then_dels_get_distinct_addresses_and_leave_nothing(
         assert not failures, failures[:3]
         addresses = [ip["address"] for a in answers for ip in a.body["ips"]]
         assert len(addresses) == 2 * PODS and len(set(addresses)) == 2 * PODS
-        host_links = {naming.host_link_name(vpc, naming.encode_base62(100 + i))
+        host_links = {naming.host_link_name(vpc, base62.encode_base62(100 + i))
                       for i in range(PODS)}
         assert host_links <= links_in()
         tables = {line.split("lookup")[1].strip() for line in run_ip("-4", "rule").splitlines()

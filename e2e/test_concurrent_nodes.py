@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
-from cni_plugin import naming
+from cni_plugin.core import naming
 from cni_plugin.publish.resources import VRF_INSTANCES
 from e2e.agentproc import AgentProcess
 from e2e.conftest import VIA_AGENT, Kube, Plugin, base_conf, host_local, run_ip
 from e2e.nodes import api_port, in_node, node_namespace
 from e2e.publishing import BGP_NS, advertisement, create_pod, make_node
+from netconf import base62
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster]
 NODES, VPCS = 4, 6
@@ -26,7 +27,7 @@ NODES, VPCS = 4, 6
 
 def test_24_concurrent_adds_across_4_nodes(kube: Kube, cluster: Any, plugin: Plugin,
                                            tmp_path: Path) -> None:
-    vpcs = [naming.encode_base62(secrets.randbelow(2**40) + 2**30) for _ in range(VPCS)]
+    vpcs = [base62.encode_base62(secrets.randbelow(2**40) + 2**30) for _ in range(VPCS)]
     with contextlib.ExitStack() as stack:
         nodes = []
         for index in range(NODES):

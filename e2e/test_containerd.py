@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from cni_plugin import naming
+from cni_plugin.core import naming
 from cni_plugin.kernel.links import Owner
 from cni_plugin.kernel.tap import IFF_MULTI_QUEUE, IFF_VNET_HDR
 from cni_plugin.publish.endpointslice import slice_name

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin import naming
+from cni_plugin.core import naming
 from e2e.conftest import Plugin, base_conf, links_in, run_ip, with_prev
 
 pytestmark = pytest.mark.root

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from cni_plugin.locks import file_lock
+from cni_plugin.core.locks import file_lock
 from netconf.versions import LEGACY_RESULT_VERSIONS, SUPPORTED_VERSIONS
 
 TYPE = "vpc-attach-ipam"

@@ -24,9 +24,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from cni_plugin import naming
+from cni_plugin.core import naming
+from cni_plugin.core.request import Request
 from cni_plugin.dispatch import run
-from cni_plugin.verbs.request import Request
+from netconf import base62
 from netconf.config import decode_json, parse_netconf
 from netconf.errors import INTERNAL_ERROR
 from netconf.runtime import COMMANDS
@@ -42,7 +43,7 @@ pytestmark = [
 ]
 
 # A VPC nobody else uses, so every name the plugin could derive from a case is ours alone.
-VPC = naming.encode_base62(secrets.randbelow(naming.VPC_LIMIT - 10**9) + 10**9)
+VPC = base62.encode_base62(secrets.randbelow(base62.VPC_LIMIT - 10**9) + 10**9)
 VPC_PREFIX = "G" + naming.pad_base62(VPC, naming.VPC_WIDTH)
 BASE_VERSION = "1.0.0"  # not the newest, so "answers in the requested version" is visible
 ERROR_KEYS = {"cniVersion", "code", "msg", "details"}
@@ -160,11 +161,11 @@ CASES: dict[str, Case] = {
     "vpc-not-a-string": Case(7, ("'vpc'",), conf={"vpc": 62}),
     "vpc-bad-base62": Case(7, ("'vpc'",), conf={"vpc": "ab-c"}),
     "vpc-empty": Case(7, ("'vpc'",), conf={"vpc": ""}),
-    "vpc-at-2^48": Case(7, ("'vpc'",), conf={"vpc": naming.encode_base62(naming.VPC_LIMIT)}),
+    "vpc-at-2^48": Case(7, ("'vpc'",), conf={"vpc": base62.encode_base62(base62.VPC_LIMIT)}),
     "vpcattachment-bad-base62": Case(7, ("'vpcattachment'",), conf={"vpcattachment": "_"}),
     "vpcattachment-at-2^16": Case(7, ("'vpcattachment'",),
-                                  conf={"vpcattachment": naming.encode_base62(
-                                      naming.ATTACHMENT_LIMIT)}),
+                                  conf={"vpcattachment": base62.encode_base62(
+                                      base62.ATTACHMENT_LIMIT)}),
     # other keys
     "mtu-string": Case(7, ("'mtu'",), conf={"mtu": "1500"}),
     "mtu-too-small": Case(7, ("'mtu'",), conf={"mtu": 67}),

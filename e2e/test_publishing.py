@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from cni_plugin import naming
+from cni_plugin.core import naming
 from cni_plugin.publish.endpointslice import slice_name
 from cni_plugin.publish.resources import ENDPOINT_SLICES
 from e2e.conftest import Kube, Plugin, base_conf, host_local, links_in, run_ip, with_prev

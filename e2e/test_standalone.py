@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from cni_plugin import naming
 from cni_plugin.agent.protocol import MAGIC, REFUSAL, recv_exact
+from cni_plugin.core import naming
 from e2e import cnibin
 from e2e.agentproc import AgentProcess
 from e2e.conftest import (

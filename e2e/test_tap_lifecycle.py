@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin import naming
+from cni_plugin.core import naming
 from cni_plugin.kernel.tap import IFF_MULTI_QUEUE, IFF_VNET_HDR
 from e2e.conftest import Plugin, base_conf, links_in, run_ip, with_prev
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin import naming
+from cni_plugin.core import naming
 from e2e.conftest import (
     Plugin,
     base_conf,

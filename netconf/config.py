@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from cni_plugin.naming import ATTACHMENT_LIMIT, VPC_LIMIT, decode_base62
+from netconf.base62 import ATTACHMENT_LIMIT, VPC_LIMIT, decode_base62
 from netconf.errors import DECODE_FAILURE, INVALID_CONFIG, CniError
 from netconf.result import Result
 from netconf.versions import require_supported

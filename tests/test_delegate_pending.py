@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin.deadline import Deadline
+from cni_plugin.core.deadline import Deadline
 from cni_plugin.ipam import delegate
 from netconf.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
 from netconf.runtime import RuntimeEnv

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cni_plugin.verbs.request import Invocation, Request
+from cni_plugin.core.request import Invocation, Request
 from netconf.errors import INVALID_CONFIG, CniError
 from netconf.host import (
     DEFAULT_AGENT_SOCKET,

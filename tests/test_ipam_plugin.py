@@ -15,6 +15,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from cni_plugin.core.locks import file_lock
+from cni_plugin.core.request import Request
 from cni_plugin.ipam.plugin import allocator, dispatch
 from cni_plugin.ipam.plugin.config import (
     DEFAULT_DATA_DIR,
@@ -25,8 +27,6 @@ from cni_plugin.ipam.plugin.config import (
 )
 from cni_plugin.ipam.plugin.pool import Pool
 from cni_plugin.ipam.plugin.store import INDEX_DIR, TMP_PREFIX, Attachment, PoolState
-from cni_plugin.locks import file_lock
-from cni_plugin.verbs.request import Request
 from netconf.errors import (
     CHECK_MISMATCH,
     DECODE_FAILURE,

@@ -1,4 +1,4 @@
-"""cni_plugin.locks: the one flock-with-timeout every lock of the project and its tools uses."""
+"""cni_plugin.core.locks: the one flock-with-timeout every lock of the project uses."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin.locks import acquire, file_lock
+from cni_plugin.core.locks import acquire, file_lock
 from netconf.errors import TRY_AGAIN_LATER, CniError
 
 

@@ -8,15 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cni_plugin import naming
-from cni_plugin.naming import (
-    ATTACHMENT_LIMIT,
-    BASE62_ALPHABET,
-    VPC_LIMIT,
+from cni_plugin.core import naming
+from cni_plugin.core.naming import (
     advertisement_name,
     annotation_cid,
-    decode_base62,
-    encode_base62,
     guest_link_name,
     hex_id,
     host_link_name,
@@ -26,6 +21,13 @@ from cni_plugin.naming import (
     tenant_id,
     vrf_instance_name,
     vrf_name,
+)
+from netconf.base62 import (
+    ATTACHMENT_LIMIT,
+    BASE62_ALPHABET,
+    VPC_LIMIT,
+    decode_base62,
+    encode_base62,
 )
 
 KERNEL_NAME_MAX = 15

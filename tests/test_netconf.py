@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from cni_plugin.naming import ATTACHMENT_LIMIT, VPC_LIMIT, encode_base62
+from netconf.base62 import ATTACHMENT_LIMIT, VPC_LIMIT, encode_base62
 from netconf.config import (
     STANDARD_KEYS,
     NetConf,

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cni_plugin.core.request import Request
 from cni_plugin.dispatch import run
-from cni_plugin.verbs.request import Request
 from netconf.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CniError
 from netconf.result import Interface, IPConfig, Result, Route
 from netconf.versions import LEGACY_RESULT_VERSIONS, SUPPORTED_VERSIONS, at_least, version_key

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from cni_plugin.verbs.request import Invocation, Request
+from cni_plugin.core.request import Invocation, Request
 from netconf.errors import INVALID_ENV, UNSUPPORTED_FIELD, CniError
 from netconf.runtime import (
     COMMANDS,

@@ -18,7 +18,7 @@ import threading
 import time
 from types import FrameType
 
-from cni_plugin import dispatch, oplog
+from cni_plugin import dispatch
 from cni_plugin.agent.client import socket_path
 from cni_plugin.agent.protocol import (
     REFUSAL,
@@ -28,7 +28,8 @@ from cni_plugin.agent.protocol import (
     read_request,
 )
 from cni_plugin.agent.warm import WarmServices
-from cni_plugin.verbs.request import Request
+from cni_plugin.core import oplog
+from cni_plugin.core.request import Request
 
 log = logging.getLogger(__name__)
 DRAIN_SECONDS = 120.0

@@ -11,7 +11,7 @@ import urllib.parse
 from typing import Any
 
 from cni_plugin.agent.reaper import Reaper
-from cni_plugin.deadline import Deadline
+from cni_plugin.core.deadline import Deadline
 from cni_plugin.kube.client import KubeClient
 from cni_plugin.kube.config import KubeCredentials, load_kubeconfig
 from cni_plugin.publish.resources import PODS, ROUTERS

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cni_plugin.core.locks import acquire
 from cni_plugin.install.errors import InstallError, Refused
 from cni_plugin.install.files import (
     LINK_PREFIX,
@@ -31,7 +32,6 @@ from cni_plugin.install.files import (
 )
 from cni_plugin.install.manifest import Manifest
 from cni_plugin.install.targets import BundleTarget, FileTarget, LinkTarget, Root, Target
-from cni_plugin.locks import acquire
 
 # The installed bundle and the one before it: calls started just before an upgrade may still
 # be loading modules from the previous one.

@@ -16,7 +16,7 @@ import subprocess
 from contextlib import suppress
 from typing import Any
 
-from cni_plugin.deadline import Deadline
+from cni_plugin.core.deadline import Deadline
 from netconf.errors import INVALID_CONFIG, IO_FAILURE, TRY_AGAIN_LATER, CniError
 from netconf.result import Result
 from netconf.runtime import RuntimeEnv
@@ -75,8 +75,8 @@ def _invoke_own(plugin_type: str, command: str, environ: dict[str, str],
                 stdin: bytes) -> dict[str, Any] | None:
     # Our own IPAM plugin answers exactly as its executable would, without starting a second
     # Python (about 0.25 s of imports per call): same env, same stdin, same JSON answer.
+    from cni_plugin.core.request import Request
     from cni_plugin.ipam.plugin.dispatch import run
-    from cni_plugin.verbs.request import Request
 
     status, payload = run(Request(environ=environ, stdin=stdin))
     if status != 0:

@@ -13,7 +13,7 @@ import os
 import socket
 from dataclasses import dataclass
 
-from cni_plugin import naming
+from cni_plugin.core import naming
 from cni_plugin.kernel import links
 from cni_plugin.kernel.links import kernel_errors
 from cni_plugin.kernel.rtnl import RTN_UNREACHABLE, NetlinkError, Rtnl, RuleMsg

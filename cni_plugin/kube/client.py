@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cni_plugin.deadline import Deadline
+from cni_plugin.core.deadline import Deadline
 from cni_plugin.kube.config import KubeCredentials
 from netconf.errors import TRY_AGAIN_LATER, CniError
 

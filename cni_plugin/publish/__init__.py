@@ -17,9 +17,9 @@ from netconf.result import Result
 
 if TYPE_CHECKING:
     from cni_plugin.attachment import Addressing
+    from cni_plugin.core.request import Invocation
+    from cni_plugin.core.rollback import Rollback
     from cni_plugin.publish.context import PublishContext, Router
-    from cni_plugin.rollback import Rollback
-    from cni_plugin.verbs.request import Invocation
 
 
 def check_settings(inv: Invocation) -> None:
@@ -58,7 +58,7 @@ class Publisher:
 
     def publish(self, plan: Addressing, rollback: Rollback) -> None:
         """BGP state first, then the EndpointSlices; every creation recorded for rollback."""
-        from cni_plugin import naming
+        from cni_plugin.core import naming
         from cni_plugin.publish import bgp, endpointslice
         inv = self.ctx.inv
         deadline = inv.deadline

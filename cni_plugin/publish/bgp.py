@@ -9,11 +9,12 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from cni_plugin import naming
 from cni_plugin.attachment import Addressing, lock_path
-from cni_plugin.deadline import Deadline
+from cni_plugin.core import naming
+from cni_plugin.core.deadline import Deadline
+from cni_plugin.core.locks import file_lock
+from cni_plugin.core.rollback import Rollback
 from cni_plugin.kube.client import ApiError, Resource, update_with_retry
-from cni_plugin.locks import file_lock
 from cni_plugin.publish.context import PublishContext, Router, api_failure
 from cni_plugin.publish.resources import (
     ADVERTISEMENTS,
@@ -27,7 +28,6 @@ from cni_plugin.publish.resources import (
     VERSION,
     VRF_INSTANCES,
 )
-from cni_plugin.rollback import Rollback
 from netconf.errors import INVALID_CONFIG, TRY_AGAIN_LATER, CniError
 
 log = logging.getLogger(__name__)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from cni_plugin.core.request import Invocation
 from cni_plugin.kube.client import ApiError, KubeClient
-from cni_plugin.verbs.request import Invocation
 from netconf.errors import INVALID_CONFIG, PUBLISH_FAILURE, TRY_AGAIN_LATER, CniError
 
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from cni_plugin import naming
 from cni_plugin.attachment import Addressing
-from cni_plugin.deadline import Deadline
+from cni_plugin.core import naming
+from cni_plugin.core.deadline import Deadline
+from cni_plugin.core.rollback import Rollback
 from cni_plugin.kube.client import ApiError
 from cni_plugin.publish.context import PublishContext, api_failure
 from cni_plugin.publish.resources import (
@@ -22,7 +23,6 @@ from cni_plugin.publish.resources import (
     SRV6_SID_ANNOTATION,
     TENANT_LABEL,
 )
-from cni_plugin.rollback import Rollback
 from netconf.errors import PUBLISH_FAILURE, TRY_AGAIN_LATER, CniError
 
 MAX_NAME = 253

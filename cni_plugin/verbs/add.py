@@ -11,12 +11,12 @@ from functools import cache
 
 from cni_plugin import attachment
 from cni_plugin.attachment import Addressing
-from cni_plugin.deadline import Deadline
+from cni_plugin.core.deadline import Deadline
+from cni_plugin.core.locks import file_lock
+from cni_plugin.core.request import Invocation, Request
+from cni_plugin.core.rollback import Rollback
 from cni_plugin.ipam import delegate
-from cni_plugin.locks import file_lock
 from cni_plugin.publish import Publisher
-from cni_plugin.rollback import Rollback
-from cni_plugin.verbs.request import Invocation, Request
 from netconf.errors import INVALID_CONFIG, CniError
 from netconf.result import Result
 

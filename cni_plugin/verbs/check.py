@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from cni_plugin import attachment
+from cni_plugin.core.request import Invocation, Request
 from cni_plugin.ipam import delegate
 from cni_plugin.publish import published_differences
-from cni_plugin.verbs.request import Invocation, Request
 from netconf.errors import CHECK_MISMATCH, INCOMPATIBLE_VERSION, INVALID_CONFIG, CniError
 from netconf.versions import CHECK_MIN_VERSION, at_least
 

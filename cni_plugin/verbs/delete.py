@@ -6,10 +6,10 @@ import logging
 from collections.abc import Callable
 
 from cni_plugin import attachment
+from cni_plugin.core.locks import file_lock
+from cni_plugin.core.request import Invocation, Request
 from cni_plugin.ipam import delegate
-from cni_plugin.locks import file_lock
 from cni_plugin.publish import unpublish
-from cni_plugin.verbs.request import Invocation, Request
 from netconf.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, INVALID_CONFIG, CniError
 
 log = logging.getLogger(__name__)

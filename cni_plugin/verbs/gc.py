@@ -7,10 +7,10 @@ from collections.abc import Callable
 from typing import Any
 
 from cni_plugin import attachment
+from cni_plugin.core.request import Invocation, Request
 from cni_plugin.ipam import delegate
 from cni_plugin.kernel import links
 from cni_plugin.publish import collect_garbage
-from cni_plugin.verbs.request import Invocation, Request
 from netconf.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CniError
 from netconf.versions import GC_STATUS_MIN_VERSION, at_least
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from cni_plugin.attachment import host_netlink
+from cni_plugin.core.request import Invocation, Request
 from cni_plugin.ipam import delegate
 from cni_plugin.kernel import isolation
 from cni_plugin.publish import publishing_status
-from cni_plugin.verbs.request import Invocation, Request
 from netconf.errors import INCOMPATIBLE_VERSION, STATUS_NOT_AVAILABLE, CniError
 from netconf.versions import GC_STATUS_MIN_VERSION, at_least
 

@@ -11,7 +11,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from cni_plugin import naming
+from cni_plugin.core import naming
 from cni_plugin.kernel import links, netns
 
 IP_TIMEOUT = 20.0

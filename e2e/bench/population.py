@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from cni_plugin import naming
+from cni_plugin.core import naming
 from cni_plugin.kube.client import ApiError
 from cni_plugin.publish.resources import (
     ADVERTISEMENTS,
@@ -31,6 +31,7 @@ from cni_plugin.publish.resources import (
 )
 from e2e.conftest import Kube
 from e2e.publishing import BGP_NS, create_pod, create_router
+from netconf import base62
 
 BENCH_NAMESPACE = "vpc-attach-bench"
 OTHER_NAMESPACES = tuple(f"bench-other-{k}" for k in range(4))
@@ -130,7 +131,7 @@ def _node(k: int) -> str:
 
 
 def _vpc(k: int) -> str:
-    return naming.encode_base62(FOREIGN_VPC_BASE + k)
+    return base62.encode_base62(FOREIGN_VPC_BASE + k)
 
 
 def _address(k: int) -> str:

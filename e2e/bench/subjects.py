@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cni_plugin import naming
+from netconf import base62
 
 CNI_VERSION = "1.1.0"
 GO, IN_PROCESS, AGENT = "Go", "in-process", "agent"
@@ -47,7 +47,7 @@ class Subject:
 
 def random_vpc() -> str:
     """A VPC id no other test on the host is likely to use (same range as the e2e fixture)."""
-    return naming.encode_base62(secrets.randbelow(naming.VPC_LIMIT - 10**6) + 10**6)
+    return base62.encode_base62(secrets.randbelow(base62.VPC_LIMIT - 10**6) + 10**6)
 
 
 def subnet(index: int) -> str:

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from cni_plugin import naming
 from e2e.bench import kernel, spawn, subjects, targets
 from e2e.bench.kernel import KernelJanitor, Netns
 from e2e.bench.report import MemoryRow, Report, Row
 from e2e.bench.subjects import AGENT, GO, IN_PROCESS, Subject
+from netconf import base62
 
 INVOKE_TIMEOUT = 60.0  # every ADD/DEL; the plugin's own deadline is 30 s
 VERSION_TIMEOUT = 20.0
@@ -487,7 +487,7 @@ class Bench:
                 t0 = time.perf_counter()
                 outcome = self._add(subject, namespaces[j],
                                     f"bench-{self.token}-{subject.key}-{run_id}",
-                                    f"{subject.key}-{run_id}", naming.encode_base62(j + 1))
+                                    f"{subject.key}-{run_id}", base62.encode_base62(j + 1))
                 return t0, time.perf_counter(), outcome
 
             added = _concurrently(add, members)
@@ -503,7 +503,7 @@ class Bench:
                 t0 = time.perf_counter()
                 outcome = self._del(subject, namespaces[j],
                                     f"bench-{self.token}-{subject.key}-{run_id}",
-                                    f"{subject.key}-{run_id}", naming.encode_base62(j + 1),
+                                    f"{subject.key}-{run_id}", base62.encode_base62(j + 1),
                                     added[j][2][1])
                 return t0, time.perf_counter(), outcome
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from cni_plugin.locks import acquire
+from cni_plugin.core.locks import acquire
 from e2e.tools.gotools import cache_root
 
 LOCK_TIMEOUT = 600.0

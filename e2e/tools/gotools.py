@@ -35,7 +35,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 
-from cni_plugin.locks import acquire
+from cni_plugin.core.locks import acquire
 
 __all__ = [
     "CNI_MODULE",

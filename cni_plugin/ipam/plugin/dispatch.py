@@ -9,8 +9,8 @@ import logging
 from typing import Any
 
 from cni_plugin import dispatch
+from cni_plugin.core.request import Request
 from cni_plugin.ipam.plugin import verbs
-from cni_plugin.verbs.request import Request
 from cni_plugin.verbs.version import version as version_answer
 from netconf.result import Result
 from netconf.runtime import RuntimeEnv

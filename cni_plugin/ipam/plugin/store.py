@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from cni_plugin.locks import file_lock
+from cni_plugin.core.locks import file_lock
 from netconf.errors import IO_FAILURE, CniError
 
 LOCK_FILE = "lock"

@@ -9,10 +9,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cni_plugin.core.request import Request
 from cni_plugin.ipam.plugin import allocator
 from cni_plugin.ipam.plugin.config import FixedAddress, IpamConfig, parse_network
 from cni_plugin.ipam.plugin.store import Attachment
-from cni_plugin.verbs.request import Request
 from netconf.config import decode_json, lookup_ci
 from netconf.errors import (
     CHECK_MISMATCH,

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from cni_plugin.verbs.request import Request
+from cni_plugin.core.request import Request
 from netconf.host import DEFAULT_HOST_CONFIG, HOST_CONFIG_ENV, LOG_LEVELS
 
 _configured: dict[str, Any] = {}

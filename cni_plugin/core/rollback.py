@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cni_plugin.deadline import Deadline
+from cni_plugin.core.deadline import Deadline
 
 log = logging.getLogger(__name__)
 UNDO_STEP_SECONDS = 10.0

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cni_plugin.deadline import Deadline
+from cni_plugin.core.deadline import Deadline
 from cni_plugin.services import Services
 from netconf.config import NetConf, decode_json, lookup_ci, parse_netconf
 from netconf.errors import INVALID_CONFIG, INVALID_ENV, CniError
