@@ -1,8 +1,8 @@
 """Attachments in the kernel (SPEC §5): veth and tap, built from the kernel primitives.
 
-`Addressing` turns an IPAM result into what goes on each side; `attach_veth` / `attach_tap`
-create the attachment and record every created object in the rollback; `detach` removes only
-what carries this container's ownership mark; `differences` lists what CHECK finds changed.
+`open_links` gives ADD a `VethLinks` or `TapLinks`: `create` makes the links (each recorded for
+rollback), `configure` gives them their addresses; `detach` removes only what carries this
+container's ownership mark; `differences` lists what CHECK finds changed.
 """
 
 from __future__ import annotations
@@ -11,68 +11,22 @@ import ipaddress
 import os
 import secrets
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from contextlib import ExitStack, contextmanager, suppress
 
 from cni_plugin.core import naming
+from cni_plugin.core.addressing import DEFAULT_DST, Addressing, IPInterface
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.locks import file_lock
 from cni_plugin.core.request import Invocation
 from cni_plugin.core.rollback import Rollback, Undo
 from cni_plugin.kernel import addresses, isolation, links, netns, sysctl, tap
-from cni_plugin.kernel.addresses import IPAddr, IPInterface, RouteSpec
+from cni_plugin.kernel.addresses import RouteSpec
 from cni_plugin.kernel.links import Link, Owner
 from cni_plugin.kernel.rtnl import DEFAULT_TIMEOUT, Rtnl
 from netconf.errors import INTERFACE_CONFLICT, TRY_AGAIN_LATER, CniError
-from netconf.result import Interface, IPConfig, Result, Route
+from netconf.result import Interface, Result
 
-# Used when the IPAM result names no gateway: link-local, so no VPC address is consumed.
-DEFAULT_GATEWAYS: dict[int, IPAddr] = {
-    4: ipaddress.IPv4Address("169.254.1.1"),
-    6: ipaddress.IPv6Address("fe80::1"),
-}
 TAP_IPV4_GATEWAY_PREFIX = 25
-DEFAULT_DST = {4: ipaddress.ip_network("0.0.0.0/0"), 6: ipaddress.ip_network("::/0")}
-
-
-@dataclass(frozen=True)
-class Addressing:
-    """The addresses of one attachment: the workload's, and the gateway per IP version."""
-
-    workload: tuple[IPInterface, ...]
-    gateways: dict[int, IPAddr]
-
-    @classmethod
-    def from_result(cls, result: Result) -> Addressing:
-        """IPv6 as IPAM returned it, IPv4 as /32; gateways from IPAM or link-local defaults."""
-        workload: list[IPInterface] = []
-        gateways: dict[int, IPAddr] = {}
-        for ip in result.ips:
-            addr = ip.ip
-            if addr.version == 4:
-                addr = ipaddress.ip_interface(f"{addr.ip}/32")
-            if addr not in workload:
-                workload.append(addr)
-            if ip.gateway and addr.version not in gateways:
-                gateways[addr.version] = ipaddress.ip_address(ip.gateway)
-        for version in {a.version for a in workload}:
-            gateways.setdefault(version, DEFAULT_GATEWAYS[version])
-        return cls(tuple(workload), gateways)
-
-    @property
-    def versions(self) -> set[int]:
-        """IP versions present."""
-        return {a.version for a in self.workload}
-
-    def result_ips(self, interface: int) -> list[IPConfig]:
-        """ips[] of the result, pointing at interface index `interface`."""
-        return [IPConfig(address=str(a), gateway=str(self.gateways[a.version]),
-                         interface=interface) for a in self.workload]
-
-    def result_routes(self) -> list[Route]:
-        """A default route per IP version, via its gateway."""
-        return [Route(dst=str(DEFAULT_DST[v]), gw=str(self.gateways[v]))
-                for v in sorted(self.versions)]
 
 
 @contextmanager
@@ -91,11 +45,6 @@ def pod_netlink(path: str, deadline: Deadline | None = None) -> Iterator[Rtnl]:
 
 def _timeout(deadline: Deadline | None) -> float:
     return deadline.remaining() if deadline is not None else DEFAULT_TIMEOUT
-
-
-def lock_path(inv: Invocation, name: str) -> str:
-    """Lock file for a host object name (a host link, or 'host' for shared state)."""
-    return os.path.join(inv.host.lock_dir, f"{name}.lock")
 
 
 def host_link_name(inv: Invocation) -> str:
@@ -129,7 +78,7 @@ def claim_host_link(rtnl: Rtnl, inv: Invocation) -> None:
 
 def ensure_vpc_table(rtnl: Rtnl, inv: Invocation) -> isolation.VpcTable:
     """The VPC's isolation (shared, created once under the host-wide lock)."""
-    with file_lock(lock_path(inv, "host"), inv.deadline.remaining()):
+    with file_lock(inv.lock_path("host"), inv.deadline.remaining()):
         if inv.conf.isolation == "vrf":
             return isolation.ensure_vrf(rtnl, inv.conf.vpc)
         return isolation.ensure_table_rules(rtnl, inv.conf.vpc, host_link_name(inv))
@@ -189,20 +138,28 @@ def pod_routes(plan: Addressing, oif: int) -> list[RouteSpec]:
             for v in sorted(plan.versions)]
 
 
-def attach_veth(inv: Invocation, addressing: Callable[[], Addressing],
-                rollback: Rollback) -> Result:
-    """Create the veth attachment and return the kernel part of the result.
+@contextmanager
+def lock(inv: Invocation) -> Iterator[None]:
+    """Hold the lock of this attachment's host link (code 11 when the deadline runs out)."""
+    with file_lock(inv.lock_path(host_link_name(inv)), inv.deadline.remaining()):
+        yield
 
-    addressing() is asked only once the links exist: the IPAM delegate runs meanwhile.
-    """
-    name = host_link_name(inv)
-    owner = owner_of(inv)
-    mtu = inv.conf.mtu
-    with host_netlink(inv.deadline) as host_rtnl, \
-            pod_netlink(inv.env.netns, inv.deadline) as pod_rtnl:
+
+class VethLinks:
+    """A veth pair: host end G…H in the VPC's table, container end CNI_IFNAME in the pod."""
+
+    def __init__(self, inv: Invocation, host_rtnl: Rtnl, pod_rtnl: Rtnl) -> None:
+        self.inv = inv
+        self.host_rtnl = host_rtnl
+        self.pod_rtnl = pod_rtnl
+
+    def create(self, rollback: Rollback) -> None:
+        """Make the pair, name both ends with their owner mark and bring the pod end up."""
+        inv, host_rtnl, pod_rtnl = self.inv, self.host_rtnl, self.pod_rtnl
+        owner = owner_of(inv)
         claim_pod_ifname(pod_rtnl, inv)
         claim_host_link(host_rtnl, inv)
-        vpc_table = ensure_vpc_table(host_rtnl, inv)
+        self.vpc_table = ensure_vpc_table(host_rtnl, inv)
         guest = naming.guest_link_name(inv.conf.vpc, inv.conf.vpcattachment)
         stale = links.find(pod_rtnl, guest)
         if stale is not None:  # a killed ADD's half-made pair: the G…G name is ours alone
@@ -211,19 +168,23 @@ def attach_veth(inv: Invocation, addressing: Callable[[], Addressing],
         # mark in one request, so a G…H without its owner never exists, even if we are killed.
         temporary = f"vpa{secrets.token_hex(5)}"
         with netns_fd(inv.env.netns) as fd:
-            links.create_veth(host_rtnl, temporary, guest, fd, mtu)
+            links.create_veth(host_rtnl, temporary, guest, fd, inv.conf.mtu)
         rollback.created(f"veth {temporary}", _undo_temporary(temporary))
         fresh = _require(links.find(host_rtnl, temporary), temporary)
-        host_link = links.configure(host_rtnl, fresh, name=name, alias=owner.alias)
+        name = host_link_name(inv)
+        self.host_link = links.configure(host_rtnl, fresh, name=name, alias=owner.alias)
         rollback.created(f"veth {name}", _undo_link(name, owner))
-
         pod_link = _require(links.find(pod_rtnl, guest), guest)
         mac = inv.runtime_value("mac")
-        if isinstance(mac, str) and mac:
-            links.set_mac(pod_rtnl, pod_link, mac)
-        pod_link = links.configure(pod_rtnl, pod_link, name=inv.env.ifname, alias=owner.alias,
-                                   up=True)
-        plan = addressing()
+        self.mac = mac if isinstance(mac, str) and mac else None
+        if self.mac:
+            links.set_mac(pod_rtnl, pod_link, self.mac)
+        self.pod_link = links.configure(pod_rtnl, pod_link, name=inv.env.ifname,
+                                        alias=owner.alias, up=True)
+
+    def configure(self, plan: Addressing) -> Result:
+        """Addresses and routes on both ends; the kernel part of the result."""
+        inv, pod_rtnl, pod_link = self.inv, self.pod_rtnl, self.pod_link
         for workload in plan.workload:
             # No connected route: every destination, even in the same prefix, goes via the
             # gateway and so through the VPC table (other Pods are not on this link).
@@ -231,42 +192,64 @@ def attach_veth(inv: Invocation, addressing: Callable[[], Addressing],
                                   addresses.IFA_F_NOPREFIXROUTE)
         for route in pod_routes(plan, pod_link.index):
             addresses.add_route(pod_rtnl, route, inv.env.ifname)
-        if isinstance(mac, str) and mac:  # the MAC as the kernel stored it
+        if self.mac:  # the MAC as the kernel stored it
             pod_link = _require(links.by_index(pod_rtnl, pod_link.index), inv.env.ifname)
-        host_link = _setup_host_side(host_rtnl, inv, host_link, vpc_table, plan, pod_link.mac)
+        host_link = _setup_host_side(self.host_rtnl, inv, self.host_link, self.vpc_table, plan,
+                                     pod_link.mac)
+        mtu = inv.conf.mtu
+        return Result(
+            interfaces=[
+                Interface(name=host_link.name, mac=host_link.mac, mtu=mtu),
+                Interface(name=pod_link.name, mac=pod_link.mac, mtu=mtu, sandbox=inv.env.netns),
+            ],
+            ips=plan.result_ips(interface=1),
+            routes=plan.result_routes(),
+        )
 
-    return Result(
-        interfaces=[
-            Interface(name=host_link.name, mac=host_link.mac, mtu=mtu),
-            Interface(name=pod_link.name, mac=pod_link.mac, mtu=mtu, sandbox=inv.env.netns),
-        ],
-        ips=plan.result_ips(interface=1),
-        routes=plan.result_routes(),
-    )
 
+class TapLinks:
+    """A host tap G…H for a VM, in the VPC's table."""
 
-def attach_tap(inv: Invocation, addressing: Callable[[], Addressing],
-               rollback: Rollback) -> Result:
-    """Create the host tap for a VM and return the kernel part of the result (addressing() as
-    in attach_veth)."""
-    name = host_link_name(inv)
-    owner = owner_of(inv)
-    options = inv.conf.tap_options
-    with host_netlink(inv.deadline) as rtnl:
+    def __init__(self, inv: Invocation, host_rtnl: Rtnl) -> None:
+        self.inv = inv
+        self.host_rtnl = host_rtnl
+
+    def create(self, rollback: Rollback) -> None:
+        """Make the tap with its owner mark and MTU."""
+        inv, rtnl = self.inv, self.host_rtnl
+        name = host_link_name(inv)
+        owner = owner_of(inv)
+        options = inv.conf.tap_options
         claim_host_link(rtnl, inv)
-        vpc_table = ensure_vpc_table(rtnl, inv)
+        self.vpc_table = ensure_vpc_table(rtnl, inv)
         tap.create_tap(name, owner=options.owner, group=options.group,
                        multi_queue=options.multi_queue, vnet_hdr=options.vnet_hdr)
         link = _require(links.find(rtnl, name), name)
-        link = links.configure(rtnl, link, alias=owner.alias, mtu=inv.conf.mtu)
+        self.link = links.configure(rtnl, link, alias=owner.alias, mtu=inv.conf.mtu)
         rollback.created(f"tap {name}", _undo_link(name, owner))
-        plan = addressing()
-        link = _setup_host_side(rtnl, inv, link, vpc_table, plan, workload_mac=None)
-    return Result(
-        interfaces=[Interface(name=link.name, mac=link.mac, mtu=inv.conf.mtu, sandbox="")],
-        ips=plan.result_ips(interface=0),
-        routes=plan.result_routes(),
-    )
+
+    def configure(self, plan: Addressing) -> Result:
+        """Gateways and routes on the tap; the result has the tap alone (IPs at index 0)."""
+        link = _setup_host_side(self.host_rtnl, self.inv, self.link, self.vpc_table, plan,
+                                workload_mac=None)
+        return Result(
+            interfaces=[Interface(name=link.name, mac=link.mac, mtu=self.inv.conf.mtu,
+                                  sandbox="")],
+            ips=plan.result_ips(interface=0),
+            routes=plan.result_routes(),
+        )
+
+
+@contextmanager
+def open_links(inv: Invocation) -> Iterator[VethLinks | TapLinks]:
+    """The attachment's links, with netlink sockets in the host (and pod) netns until exit."""
+    with ExitStack() as stack:
+        host_rtnl = stack.enter_context(host_netlink(inv.deadline))
+        if inv.conf.attachment == "tap":
+            yield TapLinks(inv, host_rtnl)
+        else:
+            yield VethLinks(inv, host_rtnl,
+                            stack.enter_context(pod_netlink(inv.env.netns, inv.deadline)))
 
 
 def claim_pod_ifname(pod_rtnl: Rtnl, inv: Invocation) -> None:
@@ -300,10 +283,15 @@ def _require(link: Link | None, name: str) -> Link:
     return link
 
 
-def detach(inv: Invocation) -> None:
+# Takes the name of a retired host link and deletes it after the verb answered (the agent's
+# reaper); without one, DEL deletes links at once.
+RetiredLinks = Callable[[str], None]
+
+
+def detach(inv: Invocation, delete_later: RetiredLinks | None = None) -> None:
     """Delete this container's host link (veth or tap) and pod interface; others' stay.
 
-    Through the agent the links are retired instead and the host one (taking its veth peer
+    With delete_later the links are retired instead and the host one (taking its veth peer
     along) is deleted after the answer: the kernel's teardown is off the runtime's path.
     """
     owner = owner_of(inv)
@@ -311,7 +299,7 @@ def detach(inv: Invocation) -> None:
     with host_netlink(inv.deadline) as rtnl:
         link = links.find(rtnl, host_link_name(inv))
         if link is not None and link.owner == owner:
-            if inv.services.defers_link_deletion:
+            if delete_later is not None:
                 retired = links.retire(rtnl, link)
             else:
                 links.delete(rtnl, link)
@@ -323,8 +311,8 @@ def detach(inv: Invocation) -> None:
                     links.retire(pod_rtnl, pod_link)
                 else:
                     links.delete(pod_rtnl, pod_link)
-    if retired is not None:
-        inv.services.delete_retired_later(retired)
+    if retired is not None and delete_later is not None:
+        delete_later(retired)
 
 
 def differences(inv: Invocation, prev: Result) -> list[str]:

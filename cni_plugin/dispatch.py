@@ -1,6 +1,6 @@
 """Map a Request to a verb and its outcome to (exit status, JSON answer).
 
-Shared by every transport (the executable, the node agent). Any exception becomes a CNI error
+Shared by every transport (the executables, the node agent). Any exception becomes a CNI error
 object; a Python traceback is never an answer.
 """
 
@@ -12,12 +12,16 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from cni_plugin.core import oplog
 from cni_plugin.core.request import Request
 from netconf.errors import INTERNAL_ERROR, CniError
 from netconf.versions import CURRENT_VERSION, SUPPORTED_VERSIONS
+
+if TYPE_CHECKING:
+    from cni_plugin.verbs.environment import Environment
+    from netconf.result import Result
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +46,15 @@ def run(request: Request, handler: Handler | None = None,
         log_line: bool = True) -> tuple[int, dict[str, Any] | None]:
     """Run the verb; (0, result-or-None) on success, (1, error object) on failure.
 
-    `handler` defaults to the vpc-attach verbs; the IPAM plugin passes its own.
+    `handler` defaults to the vpc-attach verbs with the executable's environment (see
+    `plugin_verbs`); the agent passes them with its own, the IPAM plugin `ipam_verbs`.
     """
     started = time.monotonic()
     version = answer_version(request)
     code = 0
     message = ""
     try:
-        payload = (handler or plugin_verbs)(request, version)
+        payload = (handler or plugin_verbs())(request, version)
         status = 0
     except CniError as exc:
         code, message = exc.code, exc.msg
@@ -64,31 +69,73 @@ def run(request: Request, handler: Handler | None = None,
     return status, payload
 
 
-def plugin_verbs(request: Request, version: str) -> dict[str, Any] | None:
-    """The vpc-attach verbs (imported on use: VERSION loads none of them)."""
+def plugin_verbs(env: Environment | None = None) -> Handler:
+    """The vpc-attach verbs with env (default: the executable's), imported on use: VERSION
+    loads none of them."""
+
+    def handle(request: Request, version: str) -> dict[str, Any] | None:
+        command = request.command
+        if command == "VERSION":
+            from cni_plugin.verbs.version import version as version_verb
+            return version_verb()
+        from cni_plugin.verbs.environment import Environment
+        verb_env = env or Environment()
+        if command == "ADD":
+            from cni_plugin.verbs.add import add
+            return add(request, verb_env).to_wire(version)
+        if command == "DEL":
+            from cni_plugin.verbs.delete import delete
+            delete(request, verb_env)
+        elif command == "CHECK":
+            from cni_plugin.verbs.check import check
+            check(request, verb_env)
+        elif command == "STATUS":
+            from cni_plugin.verbs.status import status
+            status(request, verb_env)
+        elif command == "GC":
+            from cni_plugin.verbs.gc import gc
+            gc(request, verb_env)
+        else:
+            _unknown_command(request)
+        return None
+
+    return handle
+
+
+def ipam_verbs(request: Request, version: str) -> dict[str, Any] | None:
+    """The vpc-attach-ipam verbs."""
+    from cni_plugin.ipam.plugin import verbs
+    from cni_plugin.verbs.version import version as version_verb
     command = request.command
     if command == "VERSION":
-        from cni_plugin.verbs.version import version as version_verb
         return version_verb()
     if command == "ADD":
-        from cni_plugin.verbs.add import add
-        return add(request).to_wire(version)
+        return ipam_to_wire(verbs.add(request), version)
     if command == "DEL":
-        from cni_plugin.verbs.delete import delete
-        delete(request)
+        verbs.delete(request)
     elif command == "CHECK":
-        from cni_plugin.verbs.check import check
-        check(request)
+        verbs.check(request)
     elif command == "STATUS":
-        from cni_plugin.verbs.status import status
-        status(request)
+        verbs.status(request)
     elif command == "GC":
-        from cni_plugin.verbs.gc import gc
-        gc(request)
+        verbs.gc(request)
     else:
-        from netconf.runtime import RuntimeEnv
-        RuntimeEnv.from_environ(request.environ)  # raises code 4 naming CNI_COMMAND
+        _unknown_command(request)
     return None
+
+
+def ipam_to_wire(result: Result, version: str) -> dict[str, Any]:
+    """An IPAM result in `version`: ips and routes, no empty interface or route lists."""
+    data = result.to_wire(version)
+    for key in ("interfaces", "routes"):
+        if not data.get(key):
+            data.pop(key, None)
+    return data
+
+
+def _unknown_command(request: Request) -> None:
+    from netconf.runtime import RuntimeEnv
+    RuntimeEnv.from_environ(request.environ)  # raises code 4 naming CNI_COMMAND
 
 
 def serve_stdio(handler: Handler | None = None, log_line: bool = True) -> NoReturn:

@@ -1,4 +1,4 @@
-"""delegate.PendingAdd: an IPAM delegate started before the kernel work and collected later,
+"""delegate.ExecIpam.start_add: an IPAM delegate started before the kernel work and collected later,
 with small shell-script plugins (real processes, no root)."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def test_the_delegate_runs_while_the_caller_works(tmp_path: Path) -> None:
     env = plugin(tmp_path, "slow-ipam", f"cat > {tmp_path}/stdin; touch {tmp_path}/read; "
                  f"while [ ! -e {tmp_path}/go ]; do sleep 0.01; done; "
                  f"echo '{json.dumps(RESULT)}'")
-    pending = delegate.PendingAdd("slow-ipam", env, b'{"name": "n"}', Deadline(30))
+    pending = delegate.backend("slow-ipam", env).start_add(b'{"name": "n"}', Deadline(30))
     give_up = time.monotonic() + 20
     while not (tmp_path / "read").exists():
         assert time.monotonic() < give_up, "the delegate never got its stdin"
@@ -47,7 +47,7 @@ def test_the_delegate_runs_while_the_caller_works(tmp_path: Path) -> None:
 def test_stdin_larger_than_a_pipe_is_written_when_collected(tmp_path: Path) -> None:
     env = plugin(tmp_path, "ipam", f"cat > {tmp_path}/stdin; echo '{json.dumps(RESULT)}'")
     big = b"x" * (3 * 65536)  # three times what a pipe holds
-    pending = delegate.PendingAdd("ipam", env, big, Deadline(10))
+    pending = delegate.backend("ipam", env).start_add(big, Deadline(10))
     pending.result()
     assert (tmp_path / "stdin").read_bytes() == big
 
@@ -56,7 +56,7 @@ def test_a_refusal_is_the_delegates_error_and_marks_nothing_allocated(tmp_path: 
     env = plugin(tmp_path, "ipam", "cat >/dev/null; "
                  "echo '{\"cniVersion\": \"1.1.0\", \"code\": 102, \"msg\": \"pool full\"}'; "
                  "exit 1")
-    pending = delegate.PendingAdd("ipam", env, b"{}", Deadline(10))
+    pending = delegate.backend("ipam", env).start_add(b"{}", Deadline(10))
     with pytest.raises(CniError) as caught:
         pending.result()
     assert caught.value.code == 102 and "pool full" in caught.value.msg
@@ -65,7 +65,7 @@ def test_a_refusal_is_the_delegates_error_and_marks_nothing_allocated(tmp_path: 
 
 def test_settle_ends_a_delegate_that_outlives_the_deadline(tmp_path: Path) -> None:
     env = plugin(tmp_path, "ipam", "exec sleep 30")
-    pending = delegate.PendingAdd("ipam", env, b"{}", Deadline(0.3))
+    pending = delegate.backend("ipam", env).start_add(b"{}", Deadline(0.3))
     began = time.monotonic()
     with pytest.raises(CniError) as caught:
         pending.result()
@@ -77,19 +77,19 @@ def test_settle_ends_a_delegate_that_outlives_the_deadline(tmp_path: Path) -> No
 def test_a_missing_or_unrunnable_plugin_fails_at_start(tmp_path: Path) -> None:
     env = plugin(tmp_path, "ipam", "true")
     with pytest.raises(CniError) as caught:
-        delegate.PendingAdd("absent", env, b"{}", Deadline(10))
+        delegate.backend("absent", env).start_add(b"{}", Deadline(10))
     assert "not found in CNI_PATH" in caught.value.msg
     (tmp_path / "broken").write_text("#!/nonexistent/interpreter\n")
     (tmp_path / "broken").chmod(0o755)
     with pytest.raises(CniError) as caught:
-        delegate.PendingAdd("broken", env, b"{}", Deadline(10))
+        delegate.backend("broken", env).start_add(b"{}", Deadline(10))
     assert caught.value.code == IO_FAILURE
 
 
 def test_a_delegate_that_never_reads_its_stdin_cannot_hang_the_add(tmp_path: Path) -> None:
     env = plugin(tmp_path, "ipam", "exec sleep 30")  # never reads stdin
     began = time.monotonic()
-    pending = delegate.PendingAdd("ipam", env, b"x" * (4 * 65536), Deadline(0.5))
+    pending = delegate.backend("ipam", env).start_add(b"x" * (4 * 65536), Deadline(0.5))
     assert time.monotonic() - began < 2  # starting it did not block on the full pipe
     with pytest.raises(CniError) as caught:
         pending.result()
@@ -101,7 +101,7 @@ def test_settle_lets_a_running_delegate_finish_before_its_release(tmp_path: Path
     # A rollback before the result was collected: the ADD must be over before its DEL runs.
     env = plugin(tmp_path, "ipam", f"cat >/dev/null; sleep 0.3; touch {tmp_path}/finished; "
                  f"echo '{json.dumps(RESULT)}'")
-    pending = delegate.PendingAdd("ipam", env, b"{}", Deadline(10))
+    pending = delegate.backend("ipam", env).start_add(b"{}", Deadline(10))
     pending.settle()
     assert (tmp_path / "finished").exists()
     assert not pending.failed

@@ -412,7 +412,7 @@ def test_without_a_source_stages_launchers_for_this_environment(
     status, out, err = run(["install", "--root", str(host.root), "--no-kubeconfig"], capsys)
     assert status == EXIT_OK and "/opt/cni/bin/vpc-attach" in out, err
     for name, module in (("vpc-attach", "cni_plugin.cli"),
-                         ("vpc-attach-ipam", "cni_plugin.ipam.plugin.cli")):
+                         ("vpc-attach-ipam", "cni_plugin.ipam_cli")):
         staged = host.path(f"/opt/cni/bin/{name}")
         assert staged.stat().st_mode & 0o777 == 0o755
         lines = staged.read_text().splitlines()

@@ -15,9 +15,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from cni_plugin import dispatch
 from cni_plugin.core.locks import file_lock
 from cni_plugin.core.request import Request
-from cni_plugin.ipam.plugin import allocator, dispatch
+from cni_plugin.ipam.plugin import allocator
 from cni_plugin.ipam.plugin.config import (
     DEFAULT_DATA_DIR,
     DEFAULT_LOCK_TIMEOUT_SECONDS,
@@ -45,6 +46,11 @@ from netconf.versions import LEGACY_RESULT_VERSIONS, SUPPORTED_VERSIONS
 
 TYPE = "vpc-attach-ipam"
 ETH0 = "eth0"
+
+
+def run_ipam(req: Request) -> tuple[int, dict[str, Any] | None]:
+    """The vpc-attach-ipam executable's answer, in this process."""
+    return dispatch.run(req, dispatch.ipam_verbs, log_line=False)
 
 
 def ipam_conf(data_dir: Path | str = DEFAULT_DATA_DIR, **keys: Any) -> IpamConfig:
@@ -724,7 +730,7 @@ def network(tmp_path: Path, version: str = "1.1.0", **ipam: Any) -> dict[str, An
 def test_add_answers_ips_without_interfaces_in_the_configs_version(tmp_path: Path,
                                                                    version: str) -> None:
     conf = network(tmp_path, version, ipv6_subnet="fd00::/64", ipv4_subnet="10.0.0.0/24")
-    status, answer = dispatch.run(request("ADD", conf))
+    status, answer = run_ipam(request("ADD", conf))
     assert status == 0 and answer is not None
     assert answer["cniVersion"] == version
     assert "interfaces" not in answer
@@ -741,12 +747,12 @@ def test_add_answers_ips_without_interfaces_in_the_configs_version(tmp_path: Pat
 def test_add_of_addresses_and_static_ip_stores_nothing(tmp_path: Path) -> None:
     conf = network(tmp_path, addresses=[{"address": "fd00::5/80", "gateway": "fd00::1"},
                                         {"address": "10.0.0.5/32"}])
-    status, answer = dispatch.run(request("ADD", conf))
+    status, answer = run_ipam(request("ADD", conf))
     assert status == 0 and answer is not None
     assert answer["ips"] == [{"address": "fd00::5/80", "gateway": "fd00::1"},
                              {"address": "10.0.0.5/32"}]
     assert "routes" not in answer
-    status, answer = dispatch.run(request("ADD", network(tmp_path, static_ip="fd00::7")))
+    status, answer = run_ipam(request("ADD", network(tmp_path, static_ip="fd00::7")))
     assert status == 0 and answer is not None
     assert answer["ips"] == [{"address": "fd00::7/64"}]
     assert list(tmp_path.iterdir()) == []
@@ -754,19 +760,19 @@ def test_add_of_addresses_and_static_ip_stores_nothing(tmp_path: Path) -> None:
 
 def test_configured_default_route_replaces_the_implicit_one(tmp_path: Path) -> None:
     conf = network(tmp_path, ipv6_subnet="fd00::/64", routes=[{"dst": "::/0", "gw": "fd00::9"}])
-    status, answer = dispatch.run(request("ADD", conf))
+    status, answer = run_ipam(request("ADD", conf))
     assert status == 0 and answer is not None
     assert answer["routes"] == [{"dst": "::/0", "gw": "fd00::9"}]
 
 
 def test_check_passes_after_add_and_fails_with_103_after_del(tmp_path: Path) -> None:
     conf = network(tmp_path, ipv6_subnet="fd00::/64")
-    status, result = dispatch.run(request("ADD", conf))
+    status, result = run_ipam(request("ADD", conf))
     assert status == 0
-    assert dispatch.run(request("CHECK", {**conf, "prevResult": result})) == (0, None)
-    assert dispatch.run(request("CHECK", conf)) == (0, None)
-    assert dispatch.run(request("DEL", conf)) == (0, None)
-    status, answer = dispatch.run(request("CHECK", {**conf, "prevResult": result}))
+    assert run_ipam(request("CHECK", {**conf, "prevResult": result})) == (0, None)
+    assert run_ipam(request("CHECK", conf)) == (0, None)
+    assert run_ipam(request("DEL", conf)) == (0, None)
+    status, answer = run_ipam(request("CHECK", {**conf, "prevResult": result}))
     assert status == 1 and answer is not None
     assert answer["code"] == CHECK_MISMATCH and "c1" in answer["msg"]
 
@@ -774,7 +780,7 @@ def test_check_passes_after_add_and_fails_with_103_after_del(tmp_path: Path) -> 
 def test_check_names_an_address_missing_from_prev_result(tmp_path: Path) -> None:
     conf = network(tmp_path, "0.4.0", static_ip="fd00::7")
     prev = {"cniVersion": "0.4.0", "ips": [{"version": "6", "address": "fd00::8/64"}]}
-    status, answer = dispatch.run(request("CHECK", {**conf, "prevResult": prev}))
+    status, answer = run_ipam(request("CHECK", {**conf, "prevResult": prev}))
     assert status == 1 and answer is not None
     assert answer["code"] == CHECK_MISMATCH and "fd00::7/64" in answer["msg"]
 
@@ -782,42 +788,42 @@ def test_check_names_an_address_missing_from_prev_result(tmp_path: Path) -> None
 def test_check_gc_and_status_refuse_versions_before_them(tmp_path: Path) -> None:
     for command, version in (("CHECK", "0.3.1"), ("GC", "1.0.0"), ("STATUS", "1.0.0")):
         conf = network(tmp_path, version, ipv6_subnet="fd00::/64")
-        status, answer = dispatch.run(request(command, conf))
+        status, answer = run_ipam(request(command, conf))
         assert status == 1 and answer is not None and answer["code"] == INCOMPATIBLE_VERSION
 
 
 def test_gc_keeps_only_the_valid_attachments(tmp_path: Path) -> None:
     conf = network(tmp_path, ipv4_subnet="10.0.0.0/24")
     for cid in ("c1", "c2", "c3"):
-        assert dispatch.run(request("ADD", conf, cid))[0] == 0
+        assert run_ipam(request("ADD", conf, cid))[0] == 0
     gc_conf = {**conf, "cni.dev/valid-attachments": [{"containerID": "c2", "ifname": ETH0}]}
-    assert dispatch.run(request("GC", gc_conf)) == (0, None)
+    assert run_ipam(request("GC", gc_conf)) == (0, None)
     parsed = parse_network(conf)
     assert records_in(Path(parsed.network_dir) / parsed.pools[0].pool_id) == ["10.0.0.3"]
     old_key = {**conf, "cni.dev/attachments": []}
-    assert dispatch.run(request("GC", old_key)) == (0, None)
+    assert run_ipam(request("GC", old_key)) == (0, None)
     assert records_in(Path(parsed.network_dir) / parsed.pools[0].pool_id) == []
 
 
 @pytest.mark.parametrize("listed", ["nope", [{"ifname": ETH0}], ["c1"]])
 def test_gc_with_a_malformed_attachment_list_is_code_6(tmp_path: Path, listed: Any) -> None:
     conf = {**network(tmp_path, ipv4_subnet="10.0.0.0/24"), "cni.dev/valid-attachments": listed}
-    status, answer = dispatch.run(request("GC", conf))
+    status, answer = run_ipam(request("GC", conf))
     assert status == 1 and answer is not None and answer["code"] == DECODE_FAILURE
 
 
 def test_status_is_0_when_data_dir_is_writable_and_50_otherwise(tmp_path: Path) -> None:
-    assert dispatch.run(request("STATUS", network(tmp_path, ipv6_subnet="fd00::/64"))) == (0, None)
+    assert run_ipam(request("STATUS", network(tmp_path, ipv6_subnet="fd00::/64"))) == (0, None)
     blocker = tmp_path / "file"
     blocker.write_text("")
-    status, answer = dispatch.run(request("STATUS", network(blocker, ipv6_subnet="fd00::/64")))
+    status, answer = run_ipam(request("STATUS", network(blocker, ipv6_subnet="fd00::/64")))
     assert status == 1 and answer is not None
     assert answer["code"] == STATUS_NOT_AVAILABLE and "dataDir" in answer["msg"]
-    assert dispatch.run(request("STATUS", network(blocker, static_ip="fd00::1"))) == (0, None)
+    assert run_ipam(request("STATUS", network(blocker, static_ip="fd00::1"))) == (0, None)
 
 
 def test_version_answers_the_supported_versions() -> None:
-    status, answer = dispatch.run(Request({"CNI_COMMAND": "VERSION"}, b"garbage"))
+    status, answer = run_ipam(Request({"CNI_COMMAND": "VERSION"}, b"garbage"))
     assert status == 0
     assert answer == {"cniVersion": "1.1.0", "supportedVersions": list(SUPPORTED_VERSIONS)}
 
@@ -834,7 +840,7 @@ def test_errors_are_one_cni_error_object(tmp_path: Path, environ: dict[str, str]
                                          stdin: bytes | None, code: int) -> None:
     body = stdin if stdin is not None else json.dumps(
         network(tmp_path, ipv6_subnet="fd00::/64")).encode()
-    status, answer = dispatch.run(Request(environ, body))
+    status, answer = run_ipam(Request(environ, body))
     assert status == 1 and answer is not None
     assert set(answer) == {"cniVersion", "code", "msg", "details"}
     assert answer["code"] == code
@@ -842,9 +848,9 @@ def test_errors_are_one_cni_error_object(tmp_path: Path, environ: dict[str, str]
 
 def test_ignore_unknown_cni_args_from_env_or_config(tmp_path: Path) -> None:
     conf = network(tmp_path, ipv6_subnet="fd00::/64")
-    assert dispatch.run(request("ADD", conf, CNI_ARGS="IgnoreUnknown=1;FOO=bar"))[0] == 0
+    assert run_ipam(request("ADD", conf, CNI_ARGS="IgnoreUnknown=1;FOO=bar"))[0] == 0
     with_args = {**conf, "args": {"cni": {"IgnoreUnknown": "true"}}}
-    assert dispatch.run(request("ADD", with_args, CNI_ARGS="FOO=bar"))[0] == 0
+    assert run_ipam(request("ADD", with_args, CNI_ARGS="FOO=bar"))[0] == 0
 
 
 def test_an_unexpected_exception_is_code_199_not_a_traceback(
@@ -852,7 +858,7 @@ def test_an_unexpected_exception_is_code_199_not_a_traceback(
     def boom(*_: Any) -> None:
         raise RuntimeError("bug")
     monkeypatch.setattr(allocator, "allocate_all", boom)
-    status, answer = dispatch.run(request("ADD", network(tmp_path, ipv6_subnet="fd00::/64")))
+    status, answer = run_ipam(request("ADD", network(tmp_path, ipv6_subnet="fd00::/64")))
     assert status == 1 and answer is not None and answer["code"] == INTERNAL_ERROR
 
 
@@ -869,10 +875,10 @@ def test_add_result_round_trips_through_the_result_model(tmp_path: Path, version
     if v4:
         keys["ipv4_subnet"] = "10.0.0.0/24"
     conf = network(tmp_path, version, **keys)
-    status, answer = dispatch.run(request("ADD", conf, f"c-{version}-{v6}-{v4}"))
+    status, answer = run_ipam(request("ADD", conf, f"c-{version}-{v6}-{v4}"))
     assert status == 0 and answer is not None
     parsed = Result.from_wire(json.loads(json.dumps(answer)))
     assert [ip.family for ip in parsed.ips] == [f for f, on in ((6, v6), (4, v4)) if on]
     assert parsed.interfaces == []
-    assert dispatch.to_wire(parsed, version) == answer
+    assert dispatch.ipam_to_wire(parsed, version) == answer
     assert os.path.isdir(tmp_path / "net1")

@@ -1,4 +1,4 @@
-"""The agent's WarmServices: API clients pooled across verb threads, watches started once."""
+"""The agent's WarmCluster: API clients pooled across verb threads, watches started once."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cni_plugin.agent import warm
-from cni_plugin.agent.warm import WarmServices
+from cni_plugin.agent.warm import WarmCluster
 from cni_plugin.kube.client import KubeClient
 
 KUBECONFIG = """apiVersion: v1
@@ -28,40 +28,40 @@ def kubeconfig(tmp_path: Path) -> str:
     return str(path)
 
 
-def on_another_thread(services: WarmServices, kubeconfig: str) -> KubeClient:
+def on_another_thread(cluster: WarmCluster, kubeconfig: str) -> KubeClient:
     got: list[KubeClient] = []
-    thread = threading.Thread(target=lambda: got.append(services.kube_client(kubeconfig)))
+    thread = threading.Thread(target=lambda: got.append(cluster.client(kubeconfig)))
     thread.start()
     thread.join(10)
     return got[0]
 
 
 def test_a_released_client_serves_the_next_verb_on_another_thread(kubeconfig: str) -> None:
-    services = WarmServices()
-    first = services.kube_client(kubeconfig)
-    assert on_another_thread(services, kubeconfig) is not first  # in use: a second one
-    services.release_client(kubeconfig, first)
-    assert on_another_thread(services, kubeconfig) is first
+    cluster = WarmCluster()
+    first = cluster.client(kubeconfig)
+    assert on_another_thread(cluster, kubeconfig) is not first  # in use: a second one
+    cluster.release(kubeconfig, first)
+    assert on_another_thread(cluster, kubeconfig) is first
 
 
 def test_a_changed_kubeconfig_retires_pooled_clients(kubeconfig: str) -> None:
-    services = WarmServices()
-    old = services.kube_client(kubeconfig)
-    services.release_client(kubeconfig, old)
+    cluster = WarmCluster()
+    old = cluster.client(kubeconfig)
+    cluster.release(kubeconfig, old)
     stat = os.stat(kubeconfig)
     os.utime(kubeconfig, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
-    new = services.kube_client(kubeconfig)
+    new = cluster.client(kubeconfig)
     assert new is not old and new.creds is not old.creds
 
 
 def test_the_pool_keeps_at_most_max_idle_clients(kubeconfig: str,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(warm, "MAX_IDLE_CLIENTS", 2)
-    services = WarmServices()
-    clients = [services.kube_client(kubeconfig) for _ in range(3)]
+    cluster = WarmCluster()
+    clients = [cluster.client(kubeconfig) for _ in range(3)]
     for client in clients:
-        services.release_client(kubeconfig, client)
-    again = {id(services.kube_client(kubeconfig)) for _ in range(3)}
+        cluster.release(kubeconfig, client)
+    again = {id(cluster.client(kubeconfig)) for _ in range(3)}
     assert len(again & {id(c) for c in clients}) == 2
 
 
@@ -77,12 +77,12 @@ def test_racing_first_uses_start_one_watch(kubeconfig: str,
             return None
 
     monkeypatch.setattr(warm, "WatchCache", CountingWatch)
-    services = WarmServices()
+    cluster = WarmCluster()
     barrier = threading.Barrier(8)
 
     def first_use() -> None:
         barrier.wait(10)
-        services.cached_pod(kubeconfig, "node-1", "default", "pod")
+        cluster.pod(kubeconfig, "node-1", "default", "pod")
 
     threads = [threading.Thread(target=first_use) for _ in range(8)]
     for thread in threads:

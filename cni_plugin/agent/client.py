@@ -1,12 +1,7 @@
-"""The executable's side: forward one invocation to the agent, or say it cannot.
+"""The executable's side: forward one invocation to the agent, or say it cannot (None).
 
-Standard library only (SPEC §11), and only its cheapest parts: `_socket` rather than
-`socket`, no `os` (~1.4 ms: the launcher starts without `site`, which would have imported
-it; cli.py reads the environment through `posix`), no `json`, no `typing` (each pulls in
-`re`/`enum`, ~10 ms on every call).
-`forward` returns None when the agent is absent, refuses the connection or speaks another
-protocol version — the caller then runs the verb itself. Once the request has been sent, a
-lost agent is an error (code 11), never a silent re-run.
+Runs on every CNI call, so only `_socket`: no `os`, `json` or `typing` (docs/architecture.md,
+"The agent's wire protocol"). Once the request is sent, a lost agent is code 11, never a re-run.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""Wire format between the executable and the agent: small binary frames.
+"""Wire format between the executable and the agent: small binary frames, no JSON.
 
-The executable's side must start fast, so it neither encodes nor parses JSON (importing `json`
-pulls in `re` and `enum`: ~10 ms per call). A request carries the CNI_*/VPC_ATTACH_*
-environment and stdin as length-prefixed byte strings; the reply carries the exit status
-and the answer's JSON text, which the executable prints verbatim.
-
-  request = MAGIC  u32:count  count * (u32:len key, u32:len value)   (key b"\\0stdin" = stdin)
-  reply   = MAGIC  u8:status  u32:len  JSON text (empty = no answer)
-  refusal = b"vpa?"  (the agent speaks another version: the executable runs the verb itself)
+The executable's side must not pay for importing `json`; the frame layout and the reasons:
+docs/architecture.md ("The agent's wire protocol").
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ if TYPE_CHECKING:
         def recv(self, size: int, /) -> bytes: ...
 
 MAGIC = b"vpa1"
-REFUSAL = b"vpa?"
+REFUSAL = b"vpa?"  # the agent speaks another version: the executable runs the verb itself
 STDIN_KEY = b"\x00stdin"
 MAX_FRAME = 16 * 1024 * 1024
 # Integers are big-endian, with int.to_bytes rather than `struct` (one import less per call).
@@ -39,7 +33,7 @@ class VersionMismatch(ProtocolError):
 
 
 def encode_request(environ: Mapping[str, str], stdin: bytes) -> bytes:
-    """MAGIC + the environment and stdin as length-prefixed pairs."""
+    """MAGIC, u32 count, then each (u32 length, key, u32 length, value); stdin is STDIN_KEY."""
     pairs = [(k.encode(), v.encode("utf-8", "surrogateescape")) for k, v in environ.items()]
     pairs.append((STDIN_KEY, stdin))
     parts = [MAGIC, _u32(len(pairs))]
@@ -71,7 +65,7 @@ def read_request(sock: Stream) -> tuple[dict[str, str], bytes]:
 
 
 def encode_reply(status: int, answer: bytes) -> bytes:
-    """MAGIC + status + the answer's JSON text."""
+    """MAGIC, u8 status, u32 length, the answer's JSON text (empty: no answer)."""
     return MAGIC + bytes((status & 0xFF,)) + _u32(len(answer)) + answer
 
 

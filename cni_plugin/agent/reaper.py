@@ -1,11 +1,7 @@
 """The agent's reaper: deletes retired links once the DEL that retired them has answered.
 
-A DEL through the agent retires its links (cni_plugin/kernel/links.py: down, renamed, no
-traffic, no name held) and hands the host end here; deleting it takes the kernel ~17 ms, which
-the runtime then no longer waits for. One thread deletes them in order; the kernel serialises
-link deletions anyway. Retired links a killed agent left behind are swept when the next one
-starts (GC sweeps them too). When more than MAX_PENDING wait, the DEL deletes its own link
-before answering, so a storm of DELs cannot pile up unbounded work.
+The runtime then no longer waits for the kernel's veth teardown (docs/architecture.md,
+"Retired links"). One thread, in order: the kernel serialises link deletions anyway.
 """
 
 from __future__ import annotations
@@ -20,6 +16,7 @@ from cni_plugin.kernel.rtnl import Rtnl
 from netconf.errors import CniError
 
 log = logging.getLogger(__name__)
+# Beyond this many, a DEL deletes its own link before answering: a DEL storm cannot pile up work.
 MAX_PENDING = 256
 NETLINK_TIMEOUT = 10.0
 

@@ -27,21 +27,27 @@ from cni_plugin.agent.protocol import (
     encode_reply,
     read_request,
 )
-from cni_plugin.agent.warm import WarmServices
+from cni_plugin.agent.reaper import Reaper
+from cni_plugin.agent.warm import WarmCluster
 from cni_plugin.core import oplog
 from cni_plugin.core.request import Request
+from cni_plugin.verbs.environment import Environment
 
 log = logging.getLogger(__name__)
 DRAIN_SECONDS = 120.0
+REAPER_DRAIN_SECONDS = 30.0
 IDLE_READ_SECONDS = 10.0
 
 
 class Agent:
-    """The listening socket, the in-flight count and the warm services."""
+    """The listening socket, the in-flight count, the warm cluster source and the reaper."""
 
-    def __init__(self, path: str, services: WarmServices) -> None:
+    def __init__(self, path: str, cluster: WarmCluster, reaper: Reaper) -> None:
         self.path = path
-        self.services = services
+        self.cluster = cluster
+        self.reaper = reaper
+        self.verbs = dispatch.plugin_verbs(Environment(cluster=cluster,
+                                                       delete_retired_later=reaper.submit))
         self.stopping = threading.Event()
         self._inflight = 0
         self._cond = threading.Condition()
@@ -96,7 +102,8 @@ class Agent:
             while self._inflight and time.monotonic() < give_up:
                 log.info("agent stopping: waiting for %d in-flight verb(s)", self._inflight)
                 self._cond.wait(timeout=1.0)
-        self.services.close()
+        self.reaper.drain(REAPER_DRAIN_SECONDS)  # pending link deletions, bounded
+        self.cluster.close()
         log.info("agent stopped")
 
     def _handle(self, conn: socket.socket) -> None:
@@ -111,9 +118,9 @@ class Agent:
             except (OSError, ProtocolError) as exc:
                 log.info("dropping a connection: %s", exc)
                 return
-            request = _request(environ, stdin, self.services)
+            request = _request(environ, stdin)
             oplog.configure(request)
-            status, payload = dispatch.run(request)
+            status, payload = dispatch.run(request, self.verbs)
             answer = json.dumps(payload).encode() if payload is not None else b""
             conn.settimeout(None)
             conn.sendall(encode_reply(status, answer))
@@ -126,10 +133,10 @@ class Agent:
                 self._cond.notify_all()
 
 
-def _request(forwarded: dict[str, str], stdin: bytes, services: WarmServices) -> Request:
+def _request(forwarded: dict[str, str], stdin: bytes) -> Request:
     # The agent's own VPC_ATTACH_* settings (from its DaemonSet) fill what the caller lacks.
     own = {k: v for k, v in os.environ.items() if k.startswith("VPC_ATTACH_")}
-    return Request(environ={**own, **forwarded}, stdin=stdin, services=services)
+    return Request(environ={**own, **forwarded}, stdin=stdin)
 
 
 def _bind(path: str) -> socket.socket:
@@ -176,10 +183,10 @@ def main(argv: list[str]) -> int:
     path = args.socket or socket_path(os.environ, b"")
     oplog.configure(Request(environ=dict(os.environ), stdin=b""))
     _warm_up()
-    services = WarmServices()
-    agent = Agent(path, services)  # binds first: refuses to start next to a running agent
-    services.reaper.sweep()
-    services.reaper.start()  # from this thread: it is in the host netns
+    reaper = Reaper()
+    agent = Agent(path, WarmCluster(), reaper)  # binds first: refuses to start next to a
+    reaper.sweep()                              # running agent
+    reaper.start()  # from this thread: it is in the host netns
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("agent got signal %d", signum)

@@ -1,26 +1,21 @@
-"""The agent's warm services: keep-alive API clients per thread, and watch caches of this
-node's BGPRouters and Pods (so an ADD does not ask the API server for them)."""
+"""The agent's warm cluster source: keep-alive API clients pooled across verb threads, and
+watch caches of this node's BGPRouters and Pods (so an ADD does not ask the API server)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
-import urllib.parse
 from typing import Any
 
-from cni_plugin.agent.reaper import Reaper
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.kube.client import KubeClient
 from cni_plugin.kube.config import KubeCredentials, load_kubeconfig
 from cni_plugin.publish.resources import PODS, ROUTERS
-from cni_plugin.services import Services
 
 log = logging.getLogger(__name__)
-WATCH_SECONDS = 300  # the server ends each watch after this; we then re-list
+WATCH_SECONDS = 300  # the server ends each watch after this; we resume from the last version
 RETRY_SECONDS = 2.0
-REAPER_DRAIN_SECONDS = 30.0
 # Idle API clients kept per kubeconfig: about the verbs that publish at once.
 MAX_IDLE_CLIENTS = 16  # at shutdown; what is left is swept by the next agent or a GC
 
@@ -75,55 +70,34 @@ class WatchCache:
             with self._lock:
                 self._objects = {_key(o): o for o in listing.get("items") or []}
                 self._synced = True
-            version = listing["metadata"]["resourceVersion"]
-            self._watch(version)
+            version = str(listing["metadata"]["resourceVersion"])
+            while not self._stop.is_set():  # each watch resumes where the last one ended
+                version = self._watch(client, version)
         finally:
             client.close()
 
-    def _watch(self, version: str) -> None:
-        import http.client
+    def _watch(self, client: KubeClient, version: str) -> str:
+        """Apply events until the server ends the watch; the last resourceVersion seen."""
+        query = {"resourceVersion": version, "fieldSelector": self._selector,
+                 "timeoutSeconds": str(WATCH_SECONDS), "allowWatchBookmarks": "true"}
+        for event in client.watch(self._path, query, WATCH_SECONDS + 30):
+            if self._stop.is_set():
+                break
+            version = self._apply(event) or version
+        return version
 
-        parsed = urllib.parse.urlsplit(self._creds.server)
-        conn: http.client.HTTPConnection
-        if parsed.scheme == "https":
-            conn = http.client.HTTPSConnection(parsed.hostname or "localhost", parsed.port or 443,
-                                               timeout=WATCH_SECONDS + 30,
-                                               context=self._creds.ssl_context())
-        else:
-            conn = http.client.HTTPConnection(parsed.hostname or "localhost", parsed.port or 80,
-                                              timeout=WATCH_SECONDS + 30)
-        query = urllib.parse.urlencode({"watch": "1", "resourceVersion": version,
-                                        "fieldSelector": self._selector,
-                                        "timeoutSeconds": str(WATCH_SECONDS),
-                                        "allowWatchBookmarks": "true"})
-        headers = {"Accept": "application/json"}
-        token = self._creds.bearer_token()
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        try:
-            conn.request("GET", f"{parsed.path.rstrip('/')}{self._path}?{query}", headers=headers)
-            response = conn.getresponse()
-            if response.status != 200:
-                raise ConnectionError(f"watch answered HTTP {response.status}")
-            while not self._stop.is_set():
-                line = response.readline()
-                if not line:
-                    return  # the server ended the watch: re-list
-                self._apply(json.loads(line))
-        finally:
-            conn.close()
-
-    def _apply(self, event: dict[str, Any]) -> None:
+    def _apply(self, event: dict[str, Any]) -> str | None:
         kind, obj = event.get("type"), event.get("object") or {}
-        if kind == "ERROR":
+        if kind == "ERROR":  # e.g. 410 Gone: our version is too old; re-list
             raise ConnectionError(f"watch error: {obj.get('message')}")
-        if kind == "BOOKMARK":
-            return
-        with self._lock:
-            if kind == "DELETED":
-                self._objects.pop(_key(obj), None)
-            else:
-                self._objects[_key(obj)] = obj
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if kind != "BOOKMARK":
+            with self._lock:
+                if kind == "DELETED":
+                    self._objects.pop(_key(obj), None)
+                else:
+                    self._objects[_key(obj)] = obj
+        return str(version) if version else None
 
 
 def _key(obj: dict[str, Any]) -> str:
@@ -131,13 +105,10 @@ def _key(obj: dict[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
-class WarmServices(Services):
-    """Services that outlive one invocation (the agent's)."""
-
-    defers_link_deletion = True
+class WarmCluster:
+    """A `ClusterSource` that outlives one invocation (the agent's)."""
 
     def __init__(self) -> None:
-        self.reaper = Reaper()
         self._lock = threading.Lock()
         self._creds: dict[str, tuple[float, KubeCredentials]] = {}
         self._idle: dict[str, list[KubeClient]] = {}  # released clients, per kubeconfig
@@ -154,7 +125,7 @@ class WarmServices(Services):
             self._creds[kubeconfig] = (mtime, creds)
         return creds
 
-    def kube_client(self, kubeconfig: str) -> KubeClient:
+    def client(self, kubeconfig: str) -> KubeClient:
         """An idle keep-alive client for kubeconfig, or a new one (each verb runs on a thread
         of its own, so clients are pooled, not per thread); none from an older kubeconfig."""
         creds = self._credentials(kubeconfig)
@@ -172,7 +143,7 @@ class WarmServices(Services):
             client.close()
         return found or KubeClient(creds)
 
-    def release_client(self, kubeconfig: str, client: KubeClient) -> None:
+    def release(self, kubeconfig: str, client: KubeClient) -> None:
         """Keep the client for the next verb (at most MAX_IDLE_CLIENTS per kubeconfig)."""
         with self._lock:
             current = self._creds.get(kubeconfig)
@@ -192,24 +163,17 @@ class WarmServices(Services):
                 cache = self._watches[key] = WatchCache(creds, path, selector)
         return cache
 
-    def cached_routers(self, kubeconfig: str, namespace: str,
-                       node: str) -> list[dict[str, Any]] | None:
+    def routers(self, kubeconfig: str, namespace: str, node: str) -> list[dict[str, Any]] | None:
         """This node's routers from the watch (started on first use)."""
         return self._watch(kubeconfig, ROUTERS.path(namespace),
                            f"spec.targetRef.name={node}").items()
 
-    def cached_pod(self, kubeconfig: str, node: str, namespace: str,
-                   name: str) -> dict[str, Any] | None:
+    def pod(self, kubeconfig: str, node: str, namespace: str, name: str) -> dict[str, Any] | None:
         """A Pod from the watch of this node's Pods (started on first use)."""
         return self._watch(kubeconfig, PODS.path(), f"spec.nodeName={node}").get(namespace, name)
 
-    def delete_retired_later(self, name: str) -> None:
-        """Hand a retired host link to the reaper."""
-        self.reaper.submit(name)
-
     def close(self) -> None:
-        """Finish pending link deletions (bounded), close idle clients, stop every watch."""
-        self.reaper.drain(REAPER_DRAIN_SECONDS)
+        """Close idle clients, stop every watch."""
         with self._lock:
             idle = [client for clients in self._idle.values() for client in clients]
             self._idle.clear()

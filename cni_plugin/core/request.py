@@ -6,13 +6,13 @@ to validate it into typed models. Nothing here reads stdin or writes stdout.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from cni_plugin.core.deadline import Deadline
-from cni_plugin.services import Services
 from netconf.config import NetConf, decode_json, lookup_ci, parse_netconf
 from netconf.errors import INVALID_CONFIG, INVALID_ENV, CniError
 from netconf.host import HostSettings, resolve_host_settings
@@ -27,7 +27,6 @@ class Request:
 
     environ: Mapping[str, str]  # the full process environment (CNI_* and VPC_ATTACH_*)
     stdin: bytes
-    services: Services = field(default_factory=Services, compare=False)
 
     @property
     def command(self) -> str:
@@ -56,7 +55,6 @@ class Invocation:
     host: HostSettings
     pod: PodRef
     deadline: Deadline = field(compare=False)
-    services: Services = field(default_factory=Services, compare=False)
 
     @classmethod
     def parse(cls, request: Request) -> Invocation:
@@ -73,12 +71,16 @@ class Invocation:
         pod = PodRef(args.get("K8S_POD_NAMESPACE"), args.get("K8S_POD_NAME"),
                      args.get("K8S_POD_UID"), args.get("K8S_POD_INFRA_CONTAINER_ID"))
         return cls(env=env, conf=conf, raw=raw, stdin=request.stdin, host=host, pod=pod,
-                   deadline=Deadline(host.timeout_seconds), services=request.services)
+                   deadline=Deadline(host.timeout_seconds))
 
     @property
     def namespace(self) -> str:
         """Namespace of the BGP custom resources."""
         return self.conf.namespace or self.host.namespace
+
+    def lock_path(self, name: str) -> str:
+        """Lock file for a host object name (a host link, or 'host' for shared state)."""
+        return os.path.join(self.host.lock_dir, f"{name}.lock")
 
     def runtime_value(self, key: str) -> Any:
         """A runtimeConfig value, matched case-insensitively like the Go plugins do."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import TracebackType
 
 from cni_plugin.core.deadline import Deadline
 
@@ -46,3 +47,14 @@ class Rollback:
     def forget(self) -> None:
         """ADD succeeded: keep everything."""
         self.steps.clear()
+
+    def __enter__(self) -> Rollback:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        """Undo everything on any failure in the block (the error goes on); keep it otherwise."""
+        if kind is None:
+            self.forget()
+        else:
+            self.run()

@@ -1,19 +1,7 @@
-"""Launchers: the executables staged from a Python environment rather than a standalone build.
+"""Launchers: executables that start an interpreter with `-I -S` and a baked-in import path.
 
-A runtime starts `vpc-attach` for every ADD and DEL, so its start-up is on every Pod's path.
-pip's console scripts start the interpreter with `site`, which scans the environment and runs
-its `.pth` files: about 10 ms per call on the reference machine (setuptools' distutils shim
-alone is ~5 ms), as much as the agent spends on a whole ADD. A launcher starts the same
-interpreter with `-I -S` (no PYTHON* variables, no user site, no script directory, no `site`)
-and sets the import path that `site` computes for this environment, read once when the
-launcher is written. The launcher is therefore tied to its environment: re-run the installer
-after moving it or adding path entries to it.
-
-A standalone build (packaging/standalone) carries its own interpreter for the same reason: its
-PyInstaller executable starts two processes per call (~2.5x a launcher's start-up). Staged,
-`vpc-attach` is then a launcher running that interpreter on the bundle's own modules: it answers
-VERSION and forwards to the agent itself, and hands everything else (in-process verbs,
-subcommands) to the bundle's executable with exec.
+Every CNI call then skips `site`; why, and re-running the installer after changing the
+environment: docs/architecture.md ("Why launchers start Python with -I -S").
 """
 
 from __future__ import annotations
@@ -24,7 +12,7 @@ import sys
 from cni_plugin.install.errors import InstallError
 
 # name -> module whose main() it runs; the same entry points as pyproject's console scripts
-ENTRY_POINTS = {"vpc-attach": "cni_plugin.cli", "vpc-attach-ipam": "cni_plugin.ipam.plugin.cli"}
+ENTRY_POINTS = {"vpc-attach": "cni_plugin.cli", "vpc-attach-ipam": "cni_plugin.ipam_cli"}
 # In a standalone build's contents directory (build.sh): the interpreter, whose prefix is that
 # directory, so its default import path is the bundle's.
 BUNDLE_INTERPRETER = "bin/python3"
@@ -92,6 +80,7 @@ def _check_importable(interpreter: str, path: list[str]) -> None:
 
 
 def bundle_launcher(bundle: str, contents: str, executable: str) -> bytes:
-    """`vpc-attach` for the standalone build staged at host path bundle (see the module doc)."""
+    """`vpc-attach` for the standalone build staged at host path bundle: the bundled interpreter
+    answers VERSION and forwards to the agent; everything else goes to the bundle's executable."""
     return launcher("vpc-attach", f"{bundle}/{contents}/{BUNDLE_INTERPRETER}", None,
                     full=f"{bundle}/{executable}")

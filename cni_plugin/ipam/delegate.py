@@ -1,11 +1,12 @@
-"""Run an IPAM plugin found in CNI_PATH, the way libcni's invoke package does.
+"""The IPAM delegate named by `ipam.type`, behind one small interface (`IpamBackend`).
 
-The delegate gets the same CNI_* environment (with CNI_COMMAND set to the verb) and the full
-network config on stdin; its answer is one JSON document on stdout.
+An IPAM plugin found in CNI_PATH is exec'd the way libcni's invoke package does: the same CNI_*
+environment (CNI_COMMAND set to the verb), the network config on stdin, one JSON answer on
+stdout. Our own `vpc-attach-ipam` is called in-process, its verbs directly: same environment
+and config, no second interpreter and no JSON round trip.
 
-ADD starts the delegate as a `PendingAdd` and collects its answer when the addresses are needed:
-an exec'd plugin (a Go `host-local` takes ~4 ms, mostly its start-up) runs while ADD creates the
-links, which need no addresses yet.
+`start_add` returns a `PendingAdd`: an exec'd plugin runs while ADD creates the links, which
+need no addresses yet; `result()` collects it.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import json
 import os
 import subprocess
 from contextlib import suppress
-from typing import Any
+from typing import Any, Protocol
 
 from cni_plugin.core.deadline import Deadline
+from cni_plugin.core.request import Invocation, Request
 from netconf.errors import INVALID_CONFIG, IO_FAILURE, TRY_AGAIN_LATER, CniError
 from netconf.result import Result
 from netconf.runtime import RuntimeEnv
@@ -32,22 +34,6 @@ def find_plugin(plugin_type: str, cni_path: tuple[str, ...]) -> str:
             return candidate
     raise CniError(INVALID_CONFIG, f"invalid config key 'ipam.type': plugin {plugin_type!r} "
                    "not found in CNI_PATH", f"searched: {', '.join(cni_path) or '(empty)'}")
-
-
-def invoke(plugin_type: str, command: str, env: RuntimeEnv, stdin: bytes,
-           deadline: Deadline) -> dict[str, Any] | None:
-    """Run the delegate; its parsed stdout on success, its own CNI error re-raised on failure."""
-    path, child_env = _delegate(plugin_type, command, env)
-    if plugin_type == OWN_IPAM:
-        return _invoke_own(plugin_type, command, child_env, stdin)
-    try:
-        proc = subprocess.run([path], input=stdin, env=child_env, capture_output=True,
-                              timeout=deadline.remaining(), check=False)
-    except subprocess.TimeoutExpired:
-        raise _timed_out(plugin_type, command, deadline) from None
-    except OSError as exc:
-        raise CniError(IO_FAILURE, f"cannot run IPAM plugin {plugin_type!r}: {exc}") from None
-    return _answer(plugin_type, command, proc.returncode, proc.stdout, proc.stderr)
 
 
 def _timed_out(plugin_type: str, command: str, deadline: Deadline) -> CniError:
@@ -71,25 +57,11 @@ def _answer(plugin_type: str, command: str, returncode: int, stdout: bytes,
     return data if isinstance(data, dict) else None
 
 
-def _invoke_own(plugin_type: str, command: str, environ: dict[str, str],
-                stdin: bytes) -> dict[str, Any] | None:
-    # Our own IPAM plugin answers exactly as its executable would, without starting a second
-    # Python (about 0.25 s of imports per call): same env, same stdin, same JSON answer.
-    from cni_plugin.core.request import Request
-    from cni_plugin.ipam.plugin.dispatch import run
-
-    status, payload = run(Request(environ=environ, stdin=stdin))
-    if status != 0:
-        raise _delegate_error(plugin_type, command, json.dumps(payload).encode(), b"")
-    return payload
-
-
-def _delegate(plugin_type: str, command: str, env: RuntimeEnv) -> tuple[str, dict[str, str]]:
-    """The delegate's path in CNI_PATH and its environment for command: PATH etc. from ours,
-    but the invocation's CNI_* values, not this process's."""
+def _environ(env: RuntimeEnv, command: str) -> dict[str, str]:
+    """The delegate's environment for command: PATH etc. from ours, but the invocation's CNI_*
+    values, not this process's."""
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
-    return (find_plugin(plugin_type, env.cni_path),
-            {**inherited, **env.to_environ(), "CNI_COMMAND": command})
+    return {**inherited, **env.to_environ(), "CNI_COMMAND": command}
 
 
 def _delegate_error(plugin_type: str, command: str, stdout: bytes, stderr: bytes) -> CniError:
@@ -108,32 +80,141 @@ def _allocation(plugin_type: str, data: dict[str, Any] | None) -> Result:
     return Result.from_wire(data, f"the result of IPAM plugin {plugin_type!r}")
 
 
-class PendingAdd:
-    """A delegated ADD in flight: `result()` collects it; `settle()` ends it for a rollback.
+class PendingAdd(Protocol):
+    """A delegated ADD in flight."""
 
-    Our own IPAM plugin runs in-process at once (no process to overlap). An exec'd plugin gets
-    as much of its stdin up front as its pipe takes without blocking (a network config fits in
-    the 64 KiB a pipe holds); the rest is written when the result is collected.
+    @property
+    def failed(self) -> bool:
+        """Whether the delegate answered with an error (then it allocated nothing)."""
+
+    def result(self) -> Result:
+        """The allocation (waits for the delegate; its CNI error, or code 11 on timeout)."""
+
+    def settle(self, wait: bool = True) -> None:
+        """Make sure the delegate no longer runs (before its DEL undoes the ADD)."""
+
+
+class IpamBackend(Protocol):
+    """One IPAM plugin: ADD started in the background, the other verbs run to completion."""
+
+    plugin_type: str
+
+    def start_add(self, stdin: bytes, deadline: Deadline) -> PendingAdd:
+        """Start a delegated ADD."""
+
+    def run(self, command: str, stdin: bytes, deadline: Deadline) -> None:
+        """Delegated DEL, CHECK, STATUS or GC (its CNI error re-raised on failure)."""
+
+
+def backend(plugin_type: str, env: RuntimeEnv) -> IpamBackend:
+    """The delegate named plugin_type for this invocation (code 7 when not in CNI_PATH)."""
+    path = find_plugin(plugin_type, env.cni_path)
+    if plugin_type == OWN_IPAM:
+        return InProcessIpam(plugin_type, env)
+    return ExecIpam(plugin_type, path, env)
+
+
+def of(inv: Invocation) -> IpamBackend | None:
+    """The invocation's IPAM delegate, or None when the config has no ipam block."""
+    return backend(str(inv.conf.ipam["type"]), inv.env) if inv.conf.ipam is not None else None
+
+
+class ExecIpam:
+    """An IPAM plugin executable, run as a child process."""
+
+    def __init__(self, plugin_type: str, path: str, env: RuntimeEnv) -> None:
+        self.plugin_type = plugin_type
+        self.path = path
+        self.env = env
+
+    def start_add(self, stdin: bytes, deadline: Deadline) -> PendingAdd:
+        """Start the executable; its answer is collected by `result()`."""
+        return RunningAdd(self.plugin_type, self.path, _environ(self.env, "ADD"), stdin,
+                          deadline)
+
+    def run(self, command: str, stdin: bytes, deadline: Deadline) -> None:
+        """Run the executable to completion within the deadline."""
+        try:
+            proc = subprocess.run([self.path], input=stdin, env=_environ(self.env, command),
+                                  capture_output=True, timeout=deadline.remaining(), check=False)
+        except subprocess.TimeoutExpired:
+            raise _timed_out(self.plugin_type, command, deadline) from None
+        except OSError as exc:
+            raise CniError(IO_FAILURE, f"cannot run IPAM plugin {self.plugin_type!r}: "
+                           f"{exc}") from None
+        _answer(self.plugin_type, command, proc.returncode, proc.stdout, proc.stderr)
+
+
+class InProcessIpam:
+    """vpc-attach-ipam's verbs, called in this process."""
+
+    def __init__(self, plugin_type: str, env: RuntimeEnv) -> None:
+        self.plugin_type = plugin_type
+        self.env = env
+
+    def start_add(self, stdin: bytes, deadline: Deadline) -> PendingAdd:
+        """Allocate now (nothing to overlap)."""
+        from cni_plugin.ipam.plugin import verbs
+        try:
+            return FinishedAdd(verbs.add(self._request("ADD", stdin)))
+        except CniError as exc:
+            return FinishedAdd(self._as_delegate(exc, "ADD"))
+
+    def run(self, command: str, stdin: bytes, deadline: Deadline) -> None:
+        """Run the verb now."""
+        from cni_plugin.ipam.plugin import verbs
+        verb = {"DEL": verbs.delete, "CHECK": verbs.check, "STATUS": verbs.status,
+                "GC": verbs.gc}[command]
+        try:
+            verb(self._request(command, stdin))
+        except CniError as exc:
+            raise self._as_delegate(exc, command) from None
+
+    def _request(self, command: str, stdin: bytes) -> Request:
+        return Request(environ=_environ(self.env, command), stdin=stdin)
+
+    def _as_delegate(self, exc: CniError, command: str) -> CniError:
+        # What the executable's error answer would have become.
+        return CniError(exc.code, f"IPAM plugin {self.plugin_type!r}: {exc.msg}", exc.details)
+
+
+class FinishedAdd:
+    """An ADD whose answer is already known."""
+
+    def __init__(self, done: Result | CniError) -> None:
+        self._done = done
+
+    @property
+    def failed(self) -> bool:
+        """Whether it answered with an error."""
+        return isinstance(self._done, CniError)
+
+    def result(self) -> Result:
+        """The allocation, or its error."""
+        if isinstance(self._done, CniError):
+            raise self._done
+        return self._done
+
+    def settle(self, wait: bool = True) -> None:
+        """Nothing runs."""
+
+
+class RunningAdd:
+    """An exec'd delegate's ADD in flight.
+
+    It gets as much of its stdin up front as its pipe takes without blocking (a network config
+    fits in the 64 KiB a pipe holds); the rest is written when the result is collected.
     """
 
-    def __init__(self, plugin_type: str, env: RuntimeEnv, stdin: bytes,
+    def __init__(self, plugin_type: str, path: str, environ: dict[str, str], stdin: bytes,
                  deadline: Deadline) -> None:
         self.plugin_type = plugin_type
         self._deadline = deadline
         self._stdin: bytes | None = stdin
         self._done: Result | CniError | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-        path, child_env = _delegate(plugin_type, "ADD", env)
-        if plugin_type == OWN_IPAM:
-            try:
-                self._done = _allocation(plugin_type, _invoke_own(plugin_type, "ADD",
-                                                                  child_env, stdin))
-            except CniError as exc:
-                self._done = exc
-            return
         try:
             self._proc = subprocess.Popen([path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, env=child_env)
+                                          stderr=subprocess.PIPE, env=environ)
         except OSError as exc:
             raise CniError(IO_FAILURE, f"cannot run IPAM plugin {plugin_type!r}: {exc}") from None
         self._feed()
@@ -141,7 +222,7 @@ class PendingAdd:
     def _feed(self) -> None:
         # Write what the pipe takes without blocking (a whole network config, normally); the
         # rest, if any, goes with communicate(), under the deadline like everything else.
-        pipe = self._proc.stdin if self._proc is not None else None
+        pipe = self._proc.stdin
         if pipe is None or self._stdin is None:
             return
         fd = pipe.fileno()
@@ -158,7 +239,7 @@ class PendingAdd:
         if not self._stdin:
             with suppress(BrokenPipeError):
                 pipe.close()
-            self._proc.stdin = None  # type: ignore[union-attr]  # communicate() skips it
+            self._proc.stdin = None  # communicate() skips it
             self._stdin = None
 
     @property
@@ -175,7 +256,6 @@ class PendingAdd:
         return self._done
 
     def _collect(self) -> Result | CniError:
-        assert self._proc is not None
         rest, self._stdin = self._stdin, None  # a later communicate() resumes, without input
         try:
             stdout, stderr = self._proc.communicate(rest, timeout=self._deadline.remaining())
@@ -189,9 +269,9 @@ class PendingAdd:
             return exc
 
     def settle(self, wait: bool = True) -> None:
-        """Make sure the delegate no longer runs (before its DEL undoes the ADD): let it finish
-        within what is left of the deadline (at least 1 s), or kill it (at once: not wait)."""
-        if self._proc is None or self._proc.poll() is not None:
+        """Let the delegate finish within what is left of the deadline (at least 1 s), or kill
+        it (at once: not wait)."""
+        if self._proc.poll() is not None:
             return
         rest, self._stdin = self._stdin, None
         if wait:
@@ -200,14 +280,3 @@ class PendingAdd:
                 return
         self._proc.kill()
         self._proc.communicate()
-
-
-def delete(plugin_type: str, env: RuntimeEnv, stdin: bytes, deadline: Deadline) -> None:
-    """Delegated DEL (release this container's allocation)."""
-    invoke(plugin_type, "DEL", env, stdin, deadline)
-
-
-def forward(plugin_type: str, command: str, env: RuntimeEnv, stdin: bytes,
-            deadline: Deadline) -> None:
-    """Delegated CHECK / STATUS / GC."""
-    invoke(plugin_type, command, env, stdin, deadline)

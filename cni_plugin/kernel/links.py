@@ -1,14 +1,7 @@
-"""Links: veth pairs, lookup, ownership marks, MTU, state, deletion.
+"""Links: veth pairs, lookup, ownership marks, MTU, state, retirement, deletion.
 
-Ownership (SPEC §5): every per-attachment link carries the alias
-`vpc-attach/<containerID>/<ifname>`, so ADD can refuse to take over another container's
-attachment and DEL only deletes what its own container created.
-
-Retired links: the kernel takes ~17 ms to delete a veth (it waits for RCU grace periods), longer
-than the rest of a DEL. The node agent therefore *retires* a link — down (its routes go with
-it), renamed `vpz<hex>` with the alias `vpc-attach-retired/<containerID>/<ifname>` — and
-deletes it right after answering (cni_plugin/agent/reaper.py). A retired link carries no
-traffic, holds no name an ADD needs, and is never mistaken for a live attachment.
+The alias `vpc-attach/<containerID>/<ifname>` records the owner, so nobody takes over or deletes
+another container's link (SPEC §5); why links are retired: docs/architecture.md ("Retired links").
 """
 
 from __future__ import annotations
@@ -170,10 +163,8 @@ def delete(rtnl: Rtnl, link: Link) -> None:
 
 
 def retire(rtnl: Rtnl, link: Link) -> str:
-    """Take an attachment link out of service at once (see the module doc); its new name.
-
-    Down first: the kernel refuses to rename a running link. Already gone is fine.
-    """
+    """Take an attachment link out of service at once (down, renamed `vpz…`, retired alias);
+    its new name. Down first: the kernel refuses to rename a running link. Gone is fine."""
     name = f"{RETIRED_NAME_PREFIX}{secrets.token_hex(6)}"
     owner = (link.alias or "")[len(ALIAS_PREFIX):]
     with kernel_errors("retire link", link.name):

@@ -1,9 +1,7 @@
 """A small rtnetlink client on the standard library: links, addresses, routes, neighbours, rules.
 
-Why not pyroute2: its import costs ~250 ms and each synchronous call runs an asyncio loop; an ADD
-makes dozens of requests. Here one blocking socket per netns sends a request with NLM_F_ACK and
-reads until its ACK (or NLMSG_DONE for a dump), every read under a timeout. Headers and integer
-attributes are host byte order; IP addresses are network order; attributes align to 4 bytes.
+Not pyroute2: its import would dominate an in-process ADD (docs/architecture.md). One blocking
+socket per netns; each request waits for its ACK (or NLMSG_DONE), every read under a timeout.
 """
 
 from __future__ import annotations
@@ -69,6 +67,7 @@ DEFAULT_TIMEOUT = 10.0
 RECV_BUFFER = 1 << 16  # the kernel sends dumps in parts of at most 32 KiB
 DUMP_ATTEMPTS = 4
 
+# Headers and integer attributes are host byte order; IP addresses network order.
 _NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
 _NLATTR = struct.Struct("=HH")  # len, type
 _IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change

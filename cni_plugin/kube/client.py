@@ -1,8 +1,10 @@
-"""HTTP access to the API server with per-request timeouts and retries inside a deadline.
+"""The one HTTP client for the API server: requests with per-request timeouts and retries
+inside a deadline, and watches (used by the verbs and by the agent's caches alike).
 
 Transient failures (connection errors, timeouts, 429, 5xx) are retried with backoff until the
 invocation's deadline, then answered as code 11. Other API errors raise `ApiError` with the
-status, so callers decide what a 404 or a 409 means for them.
+status, so callers decide what a 404 or a 409 means for them; whatever they leave becomes a CNI
+error in one place, `api_failure`.
 """
 
 from __future__ import annotations
@@ -13,18 +15,23 @@ import random
 import ssl
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.kube.config import KubeCredentials
-from netconf.errors import TRY_AGAIN_LATER, CniError
+from netconf.errors import PUBLISH_FAILURE, TRY_AGAIN_LATER, CniError
 
 REQUEST_TIMEOUT_CAP = 10.0
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
+
+
+# Kind of each plural this client has been told about (for error messages naming the object).
+_KINDS: dict[str, str] = {}
+_VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 
 
 class ApiError(Exception):
@@ -35,6 +42,34 @@ class ApiError(Exception):
         self.status = status
         self.reason = reason
         self.message = message
+        self.method = method
+        self.path = path
+
+    def target(self) -> str:
+        """What the request was about, e.g. 'update BGPAdvertisement galactic-system/3e-3e'."""
+        parts = self.path.split("?", 1)[0].strip("/").split("/")
+        namespace = parts[parts.index("namespaces") + 1] if "namespaces" in parts[:-1] else ""
+        plural_at = next((i for i, part in enumerate(parts) if part in _KINDS), None)
+        if plural_at is None:
+            return f"{self.method} {self.path}"
+        name = parts[plural_at + 1] if plural_at + 1 < len(parts) else ""
+        where = "/".join(p for p in (namespace, name) if p)
+        verb = "list" if self.method == "GET" and not name else _VERBS.get(self.method, "")
+        return " ".join(p for p in (verb, _KINDS[parts[plural_at]], where) if p)
+
+
+def api_failure(exc: ApiError, doing: str) -> CniError:
+    """The CNI error for an API refusal nobody handled (SPEC §3), naming the object.
+
+    401 is code 11: the plugin's token is rotated by the DaemonSet, so a rejected credential
+    is expected to heal (a retried DEL must not be stuck on it); any other refusal is 104."""
+    target = exc.target()
+    if exc.status == 401:
+        return CniError(TRY_AGAIN_LATER, f"failed to {doing}: {target}: the API server rejected "
+                        "the plugin's credentials (token expired or being rotated?)", exc.message)
+    hint = " (check the vpc-attach ClusterRole)" if exc.status == 403 else ""
+    return CniError(PUBLISH_FAILURE, f"failed to {doing}: {target}: {exc.status} "
+                    f"{exc.reason}{hint}", exc.message)
 
 
 @dataclass(frozen=True)
@@ -44,7 +79,11 @@ class Resource:
     group: str
     version: str
     plural: str
+    kind: str
     namespaced: bool = True
+
+    def __post_init__(self) -> None:
+        _KINDS[self.plural] = self.kind
 
     def path(self, namespace: str | None = None, name: str | None = None) -> str:
         """The URL path of the collection, or of one object when name is given."""
@@ -74,27 +113,33 @@ class KubeClient:
             self._conn.close()
             self._conn = None
 
+    def _new_connection(self, timeout: float) -> http.client.HTTPConnection:
+        if self._ssl is not None:
+            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout,
+                                               context=self._ssl)
+        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+
     def _connection(self, timeout: float) -> http.client.HTTPConnection:
         if self._conn is None:
-            if self._ssl is not None:
-                self._conn = http.client.HTTPSConnection(self._host, self._port, timeout=timeout,
-                                                         context=self._ssl)
-            else:
-                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+            self._conn = self._new_connection(timeout)
         else:
             self._conn.timeout = timeout
             if self._conn.sock is not None:
                 self._conn.sock.settimeout(timeout)
         return self._conn
 
-    def _once(self, method: str, path: str, body: bytes | None, content_type: str,
-              timeout: float) -> tuple[int, bytes]:
+    def _headers(self, content_type: str | None = None) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": "vpc-attach"}
-        if body is not None:
+        if content_type is not None:
             headers["Content-Type"] = content_type
         token = self.creds.bearer_token()
         if token:
             headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    def _once(self, method: str, path: str, body: bytes | None, content_type: str,
+              timeout: float) -> tuple[int, bytes]:
+        headers = self._headers(content_type if body is not None else None)
         conn = self._connection(timeout)
         try:
             conn.request(method, self._prefix + path, body=body, headers=headers)
@@ -131,6 +176,23 @@ class KubeClient:
                 raise CniError(TRY_AGAIN_LATER, f"Kubernetes API unavailable: {method} {path}",
                                f"{last} after {attempt} attempt(s) within the deadline")
             time.sleep(backoff)
+
+    def watch(self, path: str, query: Mapping[str, str], timeout: float
+              ) -> Iterator[dict[str, Any]]:
+        """Events of a watch (`watch=1` is added) on a connection of its own, until the server
+        ends it; any read waits at most timeout. Raises ConnectionError on a non-200 answer."""
+        full = f"{self._prefix}{path}?{urllib.parse.urlencode({**query, 'watch': '1'})}"
+        conn = self._new_connection(timeout)
+        try:
+            conn.request("GET", full, headers=self._headers())
+            response = conn.getresponse()
+            if response.status != 200:
+                raise ConnectionError(f"watch {path} answered HTTP {response.status}")
+            while line := response.readline():
+                event: dict[str, Any] = json.loads(line)
+                yield event
+        finally:
+            conn.close()
 
     # Convenience verbs -----------------------------------------------------------------
 

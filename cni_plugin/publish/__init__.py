@@ -1,30 +1,40 @@
 """Publishing an attachment to Kubernetes: BGP custom resources, then the Pod's EndpointSlice.
 
-The verbs use only what is defined here. `Publisher.prepare` runs before any kernel change:
-it checks the settings (code 7), reaches the API (code 11 when unreachable) and finds this
-node's BGPRouter, so an ADD that cannot publish changes nothing.
+The verbs use only what is defined here, and this is where an API refusal nobody handled
+becomes a CNI error (`api_failure`). `Publisher.open` runs before any kernel change: it checks
+the settings (code 7), reaches the API (code 11 when unreachable) and finds this node's
+BGPRouter, so an ADD that cannot publish changes nothing.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from cni_plugin.kube.client import ApiError
+from cni_plugin.core.addressing import Addressing
+from cni_plugin.core.request import Invocation
+from cni_plugin.core.rollback import Rollback
+from cni_plugin.kube.client import ApiError, api_failure
+from cni_plugin.publish.context import PublishContext, Router
+from cni_plugin.publish.source import ClusterSource
 from netconf.errors import INVALID_CONFIG, STATUS_NOT_AVAILABLE, CniError
 from netconf.result import Result
 
-if TYPE_CHECKING:
-    from cni_plugin.attachment import Addressing
-    from cni_plugin.core.request import Invocation
-    from cni_plugin.core.rollback import Rollback
-    from cni_plugin.publish.context import PublishContext, Router
+
+@contextmanager
+def api_boundary(doing: str) -> Iterator[None]:
+    """Turn an ApiError escaping the block into its CNI error (the one place this happens)."""
+    try:
+        yield
+    except ApiError as exc:
+        raise api_failure(exc, doing) from None
 
 
-def check_settings(inv: Invocation) -> None:
-    """Code 7 when publishing is on but the node name or kubeconfig is unusable."""
-    if not inv.host.node_name:
+def check_settings(inv: Invocation) -> tuple[str, str]:
+    """(kubeconfig, node name); code 7 when publishing is on but either is unusable."""
+    node = inv.host.node_name
+    if not node:
         raise CniError(INVALID_CONFIG, "publishing needs a node name",
                        "set nodeName in the stanza, VPC_ATTACH_NODE_NAME, or the host file")
     kubeconfig = inv.host.kubeconfig
@@ -35,129 +45,116 @@ def check_settings(inv: Invocation) -> None:
                        "\"endpointSlice\": false}")
     if not os.access(kubeconfig, os.R_OK):
         raise CniError(INVALID_CONFIG, f"kubeconfig {kubeconfig!r} is not readable")
+    return kubeconfig, node
 
 
-@dataclass
-class Publisher:
-    """An open connection to the cluster and this node's router, ready to publish."""
-
-    ctx: PublishContext
-    router: Router | None
-
-    @classmethod
-    def prepare(cls, inv: Invocation) -> Publisher | None:
-        """None when publishing is off; otherwise connected and with the router found."""
-        if not inv.conf.publish.any:
-            return None
-        check_settings(inv)
-        from cni_plugin.publish.bgp import find_router
-        from cni_plugin.publish.context import PublishContext
-        ctx = PublishContext.open(inv)
-        router = find_router(ctx, inv.deadline) if inv.conf.publish.bgp else None
-        return cls(ctx, router)
-
-    def publish(self, plan: Addressing, rollback: Rollback) -> None:
-        """BGP state first, then the EndpointSlices; every creation recorded for rollback."""
-        from cni_plugin.core import naming
-        from cni_plugin.publish import bgp, endpointslice
-        inv = self.ctx.inv
-        deadline = inv.deadline
-        sid = None
-        try:
-            if self.router is not None:
-                vrf_id = bgp.ensure_vrf_instance(self.ctx, self.router, rollback, deadline)
-                bgp.ensure_advertisement(self.ctx, self.router, vrf_id, plan, rollback, deadline)
-                if self.router.srv6_locator and self.router.node_id:
-                    sid = naming.srv6_sid(self.router.srv6_locator, self.router.node_id, vrf_id)
-            if inv.conf.publish.endpoint_slice:
-                endpointslice.ensure_slices(self.ctx, plan, sid, rollback, deadline)
-        finally:
-            self.ctx.close()
-
-
-def _open(inv: Invocation) -> PublishContext | None:
-    """A context for DEL/CHECK/GC, or None when publishing is off or cannot be configured."""
+@contextmanager
+def connected(inv: Invocation, source: ClusterSource) -> Iterator[PublishContext | None]:
+    """A context holding an API client until the block ends, or None when publishing is off."""
     if not inv.conf.publish.any:
-        return None
-    check_settings(inv)
-    from cni_plugin.publish.context import PublishContext
-    return PublishContext.open(inv)
-
-
-def unpublish(inv: Invocation) -> None:
-    """Withdraw this container's slices and advertisement annotations (DEL)."""
-    try:
-        ctx = _open(inv)
-    except CniError:
-        return  # never configured, so nothing can have been published
-    if ctx is None:
+        yield None
         return
-    from cni_plugin.publish import bgp, endpointslice
-    from cni_plugin.publish.context import api_failure
+    kubeconfig, node = check_settings(inv)
+    ctx = PublishContext.open(inv, source, kubeconfig, node)
     try:
-        if inv.conf.publish.endpoint_slice:
-            endpointslice.delete_slices(ctx, inv.deadline)
-        if inv.conf.publish.bgp:
-            try:
-                bgp.withdraw_advertisement(ctx, inv.deadline, may_delete=True)
-            except ApiError as exc:
-                raise api_failure(exc, "withdraw the BGPAdvertisement") from None
+        yield ctx
     finally:
         ctx.close()
 
 
-def published_differences(inv: Invocation, prev: Result) -> list[str]:
+class Publisher:
+    """ADD's publishing: this node's router found up front; a no-op when publishing is off."""
+
+    def __init__(self, ctx: PublishContext | None, router: Router | None) -> None:
+        self.ctx = ctx
+        self.router = router
+
+    @classmethod
+    @contextmanager
+    def open(cls, inv: Invocation, source: ClusterSource) -> Iterator[Publisher]:
+        """Connected, with the router found; the client is held until the block ends (so a
+        rollback inside it still has it)."""
+        with connected(inv, source) as ctx:
+            router = None
+            if ctx is not None and inv.conf.publish.bgp:
+                from cni_plugin.publish.bgp import find_router
+                with api_boundary(f"find the BGPRouter of node {ctx.node!r}"):
+                    router = find_router(ctx, inv.deadline)
+            yield cls(ctx, router)
+
+    def publish(self, plan: Addressing, rollback: Rollback) -> None:
+        """BGP state first, then the EndpointSlices; every creation recorded for rollback."""
+        ctx = self.ctx
+        if ctx is None:
+            return
+        from cni_plugin.core import naming
+        from cni_plugin.publish import bgp, endpointslice
+        deadline = ctx.inv.deadline
+        sid = None
+        with api_boundary("publish the attachment"):
+            if self.router is not None:
+                vrf_id = bgp.ensure_vrf_instance(ctx, self.router, rollback, deadline)
+                bgp.ensure_advertisement(ctx, self.router, vrf_id, plan, rollback, deadline)
+                if self.router.srv6_locator and self.router.node_id:
+                    sid = naming.srv6_sid(self.router.srv6_locator, self.router.node_id, vrf_id)
+            if ctx.inv.conf.publish.endpoint_slice:
+                endpointslice.ensure_slices(ctx, plan, sid, rollback, deadline)
+
+
+def unpublish(inv: Invocation, source: ClusterSource) -> None:
+    """Withdraw this container's slices and advertisement annotations (DEL)."""
+    try:
+        check_settings(inv)
+    except CniError:
+        return  # never configured, so nothing can have been published
+    from cni_plugin.publish import bgp, endpointslice
+    with connected(inv, source) as ctx, api_boundary("withdraw the attachment"):
+        if ctx is None:
+            return
+        if inv.conf.publish.endpoint_slice:
+            endpointslice.delete_slices(ctx, inv.deadline)
+        if inv.conf.publish.bgp:
+            bgp.withdraw_advertisement(ctx, inv.deadline, may_delete=True)
+
+
+def published_differences(inv: Invocation, source: ClusterSource, prev: Result) -> list[str]:
     """What CHECK finds changed in the published objects."""
-    ctx = _open(inv)
-    if ctx is None:
-        return []
-    from cni_plugin.attachment import Addressing
     from cni_plugin.publish import bgp, endpointslice
     plan = Addressing.from_result(prev)
-    try:
+    with connected(inv, source) as ctx, api_boundary("check the published objects"):
+        if ctx is None:
+            return []
         diffs: list[str] = []
         if inv.conf.publish.bgp:
             diffs += bgp.advertisement_differences(ctx, plan, inv.deadline)
         if inv.conf.publish.endpoint_slice:
             diffs += endpointslice.slice_differences(ctx, plan, inv.deadline)
         return diffs
-    finally:
-        ctx.close()
 
 
-def publishing_status(inv: Invocation) -> None:
+def publishing_status(inv: Invocation, source: ClusterSource) -> None:
     """Code 50 unless the kubeconfig works, the API answers and RBAC allows what ADD does."""
-    if not inv.conf.publish.any:
-        return
+    from cni_plugin.publish.bgp import find_router
+    from cni_plugin.publish.status import check_access
     try:
-        ctx = _open(inv)
-        assert ctx is not None
-        from cni_plugin.publish.status import check_access
-        try:
+        with connected(inv, source) as ctx, api_boundary("check access"):
+            if ctx is None:
+                return
             check_access(ctx)
             if inv.conf.publish.bgp:  # ADD would fail with code 7 without exactly one
-                from cni_plugin.publish.bgp import find_router
                 find_router(ctx, inv.deadline)
-        finally:
-            ctx.close()
     except CniError as exc:
         if exc.code == STATUS_NOT_AVAILABLE:
             raise
         raise CniError(STATUS_NOT_AVAILABLE, exc.msg, exc.details) from None
 
 
-def collect_garbage(inv: Invocation, valid: set[tuple[str, str]]) -> None:
+def collect_garbage(inv: Invocation, source: ClusterSource,
+                    valid: set[tuple[str, str]]) -> None:
     """GC: delete this node's EndpointSlices of attachments not in valid."""
     if not inv.conf.publish.endpoint_slice:
         return
-    ctx = _open(inv)
-    if ctx is None:
-        return
     from cni_plugin.publish import endpointslice
-    from cni_plugin.publish.context import api_failure
-    try:
-        endpointslice.collect_slices(ctx, valid, inv.deadline)
-    except ApiError as exc:
-        raise api_failure(exc, "collect stale EndpointSlices") from None
-    finally:
-        ctx.close()
+    with connected(inv, source) as ctx, api_boundary("collect stale EndpointSlices"):
+        if ctx is not None:
+            endpointslice.collect_slices(ctx, valid, inv.deadline)

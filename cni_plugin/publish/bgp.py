@@ -9,13 +9,13 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from cni_plugin.attachment import Addressing, lock_path
 from cni_plugin.core import naming
+from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.locks import file_lock
 from cni_plugin.core.rollback import Rollback
 from cni_plugin.kube.client import ApiError, Resource, update_with_retry
-from cni_plugin.publish.context import PublishContext, Router, api_failure
+from cni_plugin.publish.context import PublishContext, Router
 from cni_plugin.publish.resources import (
     ADVERTISEMENTS,
     CONTAINER_KEYS,
@@ -59,12 +59,9 @@ def _list_selected(ctx: PublishContext, resource: Resource, field: str, value: s
 
 def find_router(ctx: PublishContext, deadline: Deadline) -> Router:
     """The one BGPRouter whose targetRef names this node (code 7 otherwise)."""
-    cached = ctx.inv.services.cached_routers(ctx.kubeconfig, ctx.namespace, ctx.node)
-    try:
-        candidates = cached if cached is not None else \
-            _list_selected(ctx, ROUTERS, "spec.targetRef.name", ctx.node, deadline)
-    except ApiError as exc:
-        raise api_failure(exc, f"list BGPRouters in {ctx.namespace!r}") from None
+    cached = ctx.source.routers(ctx.kubeconfig, ctx.namespace, ctx.node)
+    candidates = cached if cached is not None else \
+        _list_selected(ctx, ROUTERS, "spec.targetRef.name", ctx.node, deadline)
     found = [r for r in candidates
              if (r.get("spec", {}).get("targetRef") or {}).get("kind", "Node") == "Node"]
     if len(found) != 1:
@@ -125,17 +122,14 @@ def ensure_vrf_instance(ctx: PublishContext, router: Router, rollback: Rollback,
     name = naming.vrf_instance_name(conf.vpc, ctx.node)
     path = VRF_INSTANCES.path(ctx.namespace, name)
     target = naming.route_target(router.local_asn, conf.vpc)
-    try:
-        for _ in range(MAX_ATTEMPTS):
-            existing = update_with_retry(ctx.client, path, deadline,
-                                         lambda obj: _fill_instance(obj, router, target))
+    for _ in range(MAX_ATTEMPTS):
+        existing = update_with_retry(ctx.client, path, deadline,
+                                     lambda obj: _fill_instance(obj, router, target))
+        if existing is None:
+            existing = _create_instance(ctx, router, name, target, rollback, deadline)
             if existing is None:
-                existing = _create_instance(ctx, router, name, target, rollback, deadline)
-                if existing is None:
-                    continue  # lost a create race: read the winner's object
-            return _resolve_collision(ctx, router, existing, deadline)
-    except ApiError as exc:
-        raise api_failure(exc, f"write BGPVRFInstance {name!r}") from None
+                continue  # lost a create race: read the winner's object
+        return _resolve_collision(ctx, router, existing, deadline)
     raise CniError(TRY_AGAIN_LATER, f"BGPVRFInstance {name!r} keeps changing")
 
 
@@ -143,7 +137,7 @@ def _create_instance(ctx: PublishContext, router: Router, name: str, target: str
                      rollback: Rollback, deadline: Deadline) -> dict[str, Any] | None:
     # Only this node's plugins create instances of its router: a node-wide lock makes their
     # choose-then-create atomic. Collisions with other writers are resolved afterwards.
-    with file_lock(lock_path(ctx.inv, f"vrfid-{router.name}"), deadline.remaining()):
+    with file_lock(ctx.inv.lock_path(f"vrfid-{router.name}"), deadline.remaining()):
         return _create_instance_locked(ctx, router, name, target, rollback, deadline)
 
 
@@ -300,37 +294,34 @@ def ensure_advertisement(ctx: PublishContext, router: Router, vrf_id: int, plan:
         obj["spec"] = spec
         return True
 
-    try:
-        for _ in range(MAX_ATTEMPTS):
-            existing = ctx.client.get(path, deadline)
-            if existing is not None:
-                had_ours = all(existing["metadata"].get("annotations", {}).get(k) == v
-                               for k, v in ours.items())
-                before = {k: (existing.get("spec") or {}).get(k) for k in SHARED_SPEC_KEYS}
-                updated = update_with_retry(ctx.client, path, deadline, merge)
-                if updated is None:
-                    continue  # deleted meanwhile: create it
-                if not had_ours:
-                    written = {k: updated["spec"].get(k) for k in SHARED_SPEC_KEYS}
-                    rollback.created(f"annotations of {cid} on BGPAdvertisement {name}",
-                                     _restoring_withdrawal(ctx, written, before))
-                return
-            body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "BGPAdvertisement",
-                    "metadata": {"name": name, "namespace": ctx.namespace, "annotations": {}}}
-            merge(body)
-            try:
-                ctx.client.request("POST", ADVERTISEMENTS.path(ctx.namespace), deadline,
-                                   body=body)
-            except ApiError as exc:
-                if exc.status == 409:
-                    continue  # created concurrently: merge into it
-                raise
-            # Created here, but others may join before a rollback: withdraw, never blind-delete.
-            rollback.created(f"BGPAdvertisement {name}",
-                             lambda d: withdraw_advertisement(ctx, d, may_delete=True))
+    for _ in range(MAX_ATTEMPTS):
+        existing = ctx.client.get(path, deadline)
+        if existing is not None:
+            had_ours = all(existing["metadata"].get("annotations", {}).get(k) == v
+                           for k, v in ours.items())
+            before = {k: (existing.get("spec") or {}).get(k) for k in SHARED_SPEC_KEYS}
+            updated = update_with_retry(ctx.client, path, deadline, merge)
+            if updated is None:
+                continue  # deleted meanwhile: create it
+            if not had_ours:
+                written = {k: updated["spec"].get(k) for k in SHARED_SPEC_KEYS}
+                rollback.created(f"annotations of {cid} on BGPAdvertisement {name}",
+                                 _restoring_withdrawal(ctx, written, before))
             return
-    except ApiError as exc:
-        raise api_failure(exc, f"write BGPAdvertisement {name!r}") from None
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "BGPAdvertisement",
+                "metadata": {"name": name, "namespace": ctx.namespace, "annotations": {}}}
+        merge(body)
+        try:
+            ctx.client.request("POST", ADVERTISEMENTS.path(ctx.namespace), deadline,
+                               body=body)
+        except ApiError as exc:
+            if exc.status == 409:
+                continue  # created concurrently: merge into it
+            raise
+        # Created here, but others may join before a rollback: withdraw, never blind-delete.
+        rollback.created(f"BGPAdvertisement {name}",
+                         lambda d: withdraw_advertisement(ctx, d, may_delete=True))
+        return
     raise CniError(TRY_AGAIN_LATER, f"BGPAdvertisement {name!r} keeps changing")
 
 

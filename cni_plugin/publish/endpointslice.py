@@ -7,12 +7,12 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from cni_plugin.attachment import Addressing
 from cni_plugin.core import naming
+from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.rollback import Rollback
 from cni_plugin.kube.client import ApiError
-from cni_plugin.publish.context import PublishContext, api_failure
+from cni_plugin.publish.context import PublishContext
 from cni_plugin.publish.resources import (
     CONTAINER_ID_ANNOTATION,
     ENDPOINT_SLICES,
@@ -44,12 +44,10 @@ def _pod_identity(ctx: PublishContext, deadline: Deadline) -> tuple[str, str, st
     if not pod.namespace or not pod.name:
         raise CniError(PUBLISH_FAILURE, "publishing an EndpointSlice needs the Pod",
                        "K8S_POD_NAMESPACE and K8S_POD_NAME are missing from CNI_ARGS")
-    obj = ctx.inv.services.cached_pod(ctx.kubeconfig, ctx.node, pod.namespace, pod.name)
+    obj = ctx.source.pod(ctx.kubeconfig, ctx.node, pod.namespace, pod.name)
     if obj is None or (pod.uid and pod.uid != obj["metadata"]["uid"]):
-        try:  # not (yet) in the cache, or the cache lags behind a recreated Pod
-            obj = ctx.client.get(PODS.path(pod.namespace, pod.name), deadline)
-        except ApiError as exc:
-            raise api_failure(exc, f"get Pod {pod.namespace}/{pod.name}") from None
+        # not (yet) in the cache, or the cache lags behind a recreated Pod
+        obj = ctx.client.get(PODS.path(pod.namespace, pod.name), deadline)
     if obj is None:
         raise CniError(PUBLISH_FAILURE, f"Pod {pod.namespace}/{pod.name} does not exist")
     uid = str(obj["metadata"]["uid"])
@@ -99,10 +97,7 @@ def ensure_slices(ctx: PublishContext, plan: Addressing, sid: str | None, rollba
         address = next(str(a.ip) for a in plan.workload if a.version == FAMILY_VERSION[family])
         name = slice_name(pod, conf.vpc, conf.vpcattachment, family)
         body = _slice_body(ctx, namespace, pod, uid, name, family, address, sid)
-        try:
-            _write_slice(ctx, namespace, name, body, rollback, deadline)
-        except ApiError as exc:
-            raise api_failure(exc, f"write EndpointSlice {namespace}/{name}") from None
+        _write_slice(ctx, namespace, name, body, rollback, deadline)
 
 
 def _write_slice(ctx: PublishContext, namespace: str, name: str, body: dict[str, Any],
@@ -146,18 +141,15 @@ def delete_slices(ctx: PublishContext, deadline: Deadline) -> None:
     for family in FAMILY_SUFFIX:
         path = ENDPOINT_SLICES.path(pod.namespace,
                                     slice_name(pod.name, conf.vpc, conf.vpcattachment, family))
-        try:
-            existing = ctx.client.get(path, deadline)
-            if existing is None:
-                continue
-            meta = existing["metadata"]
-            if (meta.get("annotations") or {}).get(CONTAINER_ID_ANNOTATION) != \
-                    ctx.inv.env.container_id:
-                continue
-            ctx.client.delete(path, deadline, uid=meta["uid"],
-                              resource_version=meta["resourceVersion"])
-        except ApiError as exc:
-            raise api_failure(exc, f"delete EndpointSlice {path}") from None
+        existing = ctx.client.get(path, deadline)
+        if existing is None:
+            continue
+        meta = existing["metadata"]
+        if (meta.get("annotations") or {}).get(CONTAINER_ID_ANNOTATION) != \
+                ctx.inv.env.container_id:
+            continue
+        ctx.client.delete(path, deadline, uid=meta["uid"],
+                          resource_version=meta["resourceVersion"])
 
 
 def slice_differences(ctx: PublishContext, plan: Addressing, deadline: Deadline) -> list[str]:

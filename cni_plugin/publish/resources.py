@@ -6,11 +6,13 @@ from cni_plugin.kube.client import Resource
 
 GROUP = "network.datumapis.com"
 VERSION = "v1alpha1"
-ROUTERS = Resource(GROUP, VERSION, "bgprouters")
-VRF_INSTANCES = Resource(GROUP, VERSION, "bgpvrfinstances")
-ADVERTISEMENTS = Resource(GROUP, VERSION, "bgpadvertisements")
-ENDPOINT_SLICES = Resource("discovery.k8s.io", "v1", "endpointslices")
-PODS = Resource("", "v1", "pods")
+ROUTERS = Resource(GROUP, VERSION, "bgprouters", "BGPRouter")
+VRF_INSTANCES = Resource(GROUP, VERSION, "bgpvrfinstances", "BGPVRFInstance")
+ADVERTISEMENTS = Resource(GROUP, VERSION, "bgpadvertisements", "BGPAdvertisement")
+ENDPOINT_SLICES = Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice")
+PODS = Resource("", "v1", "pods", "Pod")
+ACCESS_REVIEWS = Resource("authorization.k8s.io", "v1", "selfsubjectaccessreviews",
+                          "SelfSubjectAccessReview", namespaced=False)
 
 ANNOTATION_PREFIX = "galactic.datum.net/"
 NETNS_KEY = ANNOTATION_PREFIX + "netns."

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from cni_plugin.kube.client import ApiError
 from cni_plugin.publish.context import PublishContext
-from cni_plugin.publish.resources import REQUIRED_PERMISSIONS
+from cni_plugin.publish.resources import ACCESS_REVIEWS, REQUIRED_PERMISSIONS
 from netconf.errors import STATUS_NOT_AVAILABLE, CniError
-
-SSAR_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 
 
 def check_access(ctx: PublishContext) -> None:
@@ -22,11 +19,7 @@ def check_access(ctx: PublishContext) -> None:
                 attrs["namespace"] = namespace
             body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
                     "spec": {"resourceAttributes": attrs}}
-            try:
-                review = ctx.client.request("POST", SSAR_PATH, deadline, body=body)
-            except ApiError as exc:
-                raise CniError(STATUS_NOT_AVAILABLE, "cannot ask the API server for access "
-                               f"reviews: {exc.status} {exc.reason}", exc.message) from None
+            review = ctx.client.request("POST", ACCESS_REVIEWS.path(), deadline, body=body)
             if not (review.get("status") or {}).get("allowed"):
                 where = f" in namespace {namespace!r}" if namespace else ""
                 raise CniError(STATUS_NOT_AVAILABLE, f"missing RBAC permission: {verb} "

@@ -6,11 +6,12 @@ from cni_plugin import attachment
 from cni_plugin.core.request import Invocation, Request
 from cni_plugin.ipam import delegate
 from cni_plugin.publish import published_differences
+from cni_plugin.verbs.environment import Environment
 from netconf.errors import CHECK_MISMATCH, INCOMPATIBLE_VERSION, INVALID_CONFIG, CniError
 from netconf.versions import CHECK_MIN_VERSION, at_least
 
 
-def check(request: Request) -> None:
+def check(request: Request, env: Environment) -> None:
     """Raise CHECK_MISMATCH listing every difference; return quietly when all is well."""
     inv = Invocation.parse(request)
     if not at_least(inv.conf.cni_version, CHECK_MIN_VERSION):
@@ -22,9 +23,10 @@ def check(request: Request) -> None:
     diffs: list[str] = []
     if inv.conf.attachment != "existing":
         diffs.extend(attachment.differences(inv, prev))
-    diffs.extend(published_differences(inv, prev))
+    diffs.extend(published_differences(inv, env.cluster, prev))
     if diffs:
         raise CniError(CHECK_MISMATCH, f"CHECK found {len(diffs)} difference(s): {diffs[0]}",
                        "; ".join(diffs))
-    if inv.conf.ipam is not None:
-        delegate.forward(str(inv.conf.ipam["type"]), "CHECK", inv.env, inv.stdin, inv.deadline)
+    ipam = delegate.of(inv)
+    if ipam is not None:
+        ipam.run("CHECK", inv.stdin, inv.deadline)

@@ -6,17 +6,17 @@ import logging
 from collections.abc import Callable
 
 from cni_plugin import attachment
-from cni_plugin.core.locks import file_lock
 from cni_plugin.core.request import Invocation, Request
 from cni_plugin.ipam import delegate
 from cni_plugin.publish import unpublish
+from cni_plugin.verbs.environment import Environment
 from netconf.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, INVALID_CONFIG, CniError
 
 log = logging.getLogger(__name__)
 UNUSABLE_CONFIG = (INCOMPATIBLE_VERSION, DECODE_FAILURE, INVALID_CONFIG)
 
 
-def delete(request: Request) -> None:
+def delete(request: Request, env: Environment) -> None:
     """Undo ADD for this container; every step runs, the first failure is reported."""
     try:
         inv = Invocation.parse(request)
@@ -30,16 +30,14 @@ def delete(request: Request) -> None:
                     exc.msg, exc.details)
         return
     failures: list[CniError] = []
-    if inv.conf.ipam is not None:
-        ipam_type = str(inv.conf.ipam["type"])
-        _best_effort(failures, "release IPAM",
-                     lambda: delegate.delete(ipam_type, inv.env, inv.stdin, inv.deadline))
-    _best_effort(failures, "withdraw published objects", lambda: unpublish(inv))
+    ipam = delegate.of(inv)
+    if ipam is not None:
+        _best_effort(failures, "release IPAM", lambda: ipam.run("DEL", inv.stdin, inv.deadline))
+    _best_effort(failures, "withdraw published objects", lambda: unpublish(inv, env.cluster))
     if inv.conf.attachment != "existing":
         def remove_links() -> None:
-            with file_lock(attachment.lock_path(inv, attachment.host_link_name(inv)),
-                           inv.deadline.remaining()):
-                attachment.detach(inv)
+            with attachment.lock(inv):
+                attachment.detach(inv, env.delete_retired_later)
         _best_effort(failures, "remove links", remove_links)
     if failures:
         raise failures[0]

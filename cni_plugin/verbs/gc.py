@@ -11,6 +11,7 @@ from cni_plugin.core.request import Invocation, Request
 from cni_plugin.ipam import delegate
 from cni_plugin.kernel import links
 from cni_plugin.publish import collect_garbage
+from cni_plugin.verbs.environment import Environment
 from netconf.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CniError
 from netconf.versions import GC_STATUS_MIN_VERSION, at_least
 
@@ -31,7 +32,7 @@ def valid_attachments(raw: dict[str, Any]) -> set[tuple[str, str]]:
     return pairs
 
 
-def gc(request: Request) -> None:
+def gc(request: Request, env: Environment) -> None:
     """Delete this network's host link if its owner is not valid; forward GC to IPAM."""
     inv = Invocation.parse(request)
     if not at_least(inv.conf.cni_version, GC_STATUS_MIN_VERSION):
@@ -49,7 +50,7 @@ def gc(request: Request) -> None:
             # A stopped agent's (a running one deletes its own within milliseconds).
             for retired in links.delete_all_retired(ipr):
                 log.info("GC: deleted retired link %s (%s)", retired.name, retired.alias)
-    steps: list[Callable[[], None]] = [lambda: collect_garbage(inv, valid),
+    steps: list[Callable[[], None]] = [lambda: collect_garbage(inv, env.cluster, valid),
                                        lambda: _forward_ipam(inv)]
     for step in steps:
         try:
@@ -62,5 +63,6 @@ def gc(request: Request) -> None:
 
 
 def _forward_ipam(inv: Invocation) -> None:
-    if inv.conf.ipam is not None:
-        delegate.forward(str(inv.conf.ipam["type"]), "GC", inv.env, inv.stdin, inv.deadline)
+    ipam = delegate.of(inv)
+    if ipam is not None:
+        ipam.run("GC", inv.stdin, inv.deadline)

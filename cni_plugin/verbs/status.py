@@ -7,11 +7,12 @@ from cni_plugin.core.request import Invocation, Request
 from cni_plugin.ipam import delegate
 from cni_plugin.kernel import isolation
 from cni_plugin.publish import publishing_status
+from cni_plugin.verbs.environment import Environment
 from netconf.errors import INCOMPATIBLE_VERSION, STATUS_NOT_AVAILABLE, CniError
 from netconf.versions import GC_STATUS_MIN_VERSION, at_least
 
 
-def status(request: Request) -> None:
+def status(request: Request, env: Environment) -> None:
     """Return quietly when ADD would work; raise code 50 naming why not."""
     inv = Invocation.parse(request)
     if not at_least(inv.conf.cni_version, GC_STATUS_MIN_VERSION):
@@ -21,11 +22,11 @@ def status(request: Request) -> None:
             if not isolation.vrf_supported(rtnl):
                 raise CniError(STATUS_NOT_AVAILABLE, "this kernel has no VRF support",
                                "configure \"isolation\": \"table\" or load the vrf module")
-    publishing_status(inv)
-    if inv.conf.ipam is not None:
-        try:
-            delegate.forward(str(inv.conf.ipam["type"]), "STATUS", inv.env, inv.stdin,
-                             inv.deadline)
-        except CniError as exc:
-            raise CniError(STATUS_NOT_AVAILABLE, f"IPAM delegate not ready: {exc.msg}",
-                           exc.details) from None
+    publishing_status(inv, env.cluster)
+    try:
+        ipam = delegate.of(inv)
+        if ipam is not None:
+            ipam.run("STATUS", inv.stdin, inv.deadline)
+    except CniError as exc:
+        raise CniError(STATUS_NOT_AVAILABLE, f"IPAM delegate not ready: {exc.msg}",
+                       exc.details) from None

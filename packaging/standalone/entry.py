@@ -27,7 +27,7 @@ def main() -> None:
     """Run the program named by argv[0]."""
     _restore_environment()
     if os.path.basename(sys.argv[0]).startswith("vpc-attach-ipam"):
-        from cni_plugin.ipam.plugin.cli import main as ipam_main
+        from cni_plugin.ipam_cli import main as ipam_main
         ipam_main()
     else:
         from cni_plugin.cli import main as plugin_main

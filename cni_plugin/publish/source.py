@@ -1,0 +1,48 @@
+"""Where publishing gets its API clients and its view of this node's BGPRouters and Pods.
+
+The executable uses `ColdCluster` (a fresh client per verb, no caches); the node agent passes
+its warm implementation (cni_plugin/agent/warm.py): pooled keep-alive clients and watch caches.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from cni_plugin.kube.client import KubeClient
+from cni_plugin.kube.config import load_kubeconfig
+
+
+class ClusterSource(Protocol):
+    """API clients, and cached objects when the caller keeps a synced watch."""
+
+    def client(self, kubeconfig: str) -> KubeClient:
+        """An API client for kubeconfig, used by one thread until `release`."""
+
+    def release(self, kubeconfig: str, client: KubeClient) -> None:
+        """Done with a client of `client` (closed, or kept for the next verb)."""
+
+    def routers(self, kubeconfig: str, namespace: str, node: str) -> list[dict[str, Any]] | None:
+        """BGPRouters targeting node from a synced cache, or None (ask the API)."""
+
+    def pod(self, kubeconfig: str, node: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """This node's Pod from a synced cache, or None (ask the API)."""
+
+
+class ColdCluster:
+    """A fresh client per verb, no caches."""
+
+    def client(self, kubeconfig: str) -> KubeClient:
+        """A new client."""
+        return KubeClient(load_kubeconfig(kubeconfig))
+
+    def release(self, kubeconfig: str, client: KubeClient) -> None:
+        """Close it."""
+        client.close()
+
+    def routers(self, kubeconfig: str, namespace: str, node: str) -> list[dict[str, Any]] | None:
+        """No cache."""
+        return None
+
+    def pod(self, kubeconfig: str, node: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """No cache."""
+        return None
