@@ -1,6 +1,6 @@
 """The CNI error object and the codes vpc-attach answers with.
 
-Codes 1-11 are the CNI spec's; 100+ are ours and are documented in docs/configuration.md.
+Codes 1-11 and 50-51 are the CNI spec's; 100+ are ours, documented in docs/configuration.md.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ STATUS_NOT_AVAILABLE = 50
 STATUS_LIMITED = 51
 # Plugin-specific codes.
 KERNEL_FAILURE = 100  # a netlink/sysctl operation failed
-IPAM_FAILURE = 101  # the delegated IPAM plugin failed (its own code is in details)
+IPAM_FAILURE = 101  # reserved: a failing IPAM delegate's own code is passed through instead
 IPAM_EXHAUSTED = 102  # vpc-attach-ipam: no free address left in the pool
 CHECK_MISMATCH = 103  # CHECK found a difference from prevResult
-PUBLISH_FAILURE = 104  # the API server refused a write for a non-transient reason
+PUBLISH_FAILURE = 104  # the API server refused for a non-transient reason (401 is code 11)
 INTERFACE_CONFLICT = 105  # the interface exists and belongs to nobody we know
 INTERNAL_ERROR = 199  # a bug: an unexpected exception (never a traceback on stdout)
 

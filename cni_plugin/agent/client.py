@@ -30,9 +30,9 @@ FORWARDED_PREFIXES = ("CNI_", "VPC_ATTACH_")
 def json_string_value(document: bytes, key: bytes) -> str | None:
     """The string value of `"key": "..."` in a JSON object, without importing json.
 
-    Only used for the agent socket's path; the key is matched case-insensitively like every
-    stanza key. Anything unusual (escapes, non-strings) answers None and the caller falls
-    back to the next source — the verb itself validates the real config.
+    Only used for the agent socket's path and a lost agent's cniVersion; the key is matched
+    case-insensitively like every stanza key. Anything unusual (escapes, non-strings) answers
+    None and the caller falls back to the next source — the verb validates the real config.
     """
     lowered = document.lower()
     start = lowered.find(b'"' + key.lower() + b'"')
