@@ -38,8 +38,8 @@ class KubeCredentials:
 
     def ssl_context(self) -> ssl.SSLContext:
         """A TLS context verifying the server with the CA and presenting client certs."""
-        # Not create_default_context(): loading the system CA store costs ~25 ms per call,
-        # and a kubeconfig names the one CA that matters.
+        # Not create_default_context(): it loads the whole system CA store on every call, and
+        # a kubeconfig names the one CA that matters.
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         if self.insecure:
             ctx.check_hostname = False

@@ -1,0 +1,140 @@
+"""API refusals become CNI errors in one place (publish.api_boundary → kube.client.api_failure),
+naming the object; the agent's watch resumes from the last resourceVersion it saw."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cni_plugin.agent.warm import WatchCache
+from cni_plugin.core.deadline import Deadline
+from cni_plugin.core.request import Invocation, Request
+from cni_plugin.kube.client import ApiError, KubeClient, api_failure
+from cni_plugin.kube.config import load_kubeconfig
+from cni_plugin.publish import published_differences
+from cni_plugin.publish.resources import ADVERTISEMENTS, ENDPOINT_SLICES, PODS
+from netconf.errors import PUBLISH_FAILURE, TRY_AGAIN_LATER, CniError
+from netconf.result import Result
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "http://127.0.0.1:9"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+"""
+
+
+def refusal(status: int, method: str, path: str) -> ApiError:
+    return ApiError(status, "Forbidden" if status == 403 else "Nope", "denied", method, path)
+
+
+def test_the_error_names_the_kind_namespace_and_name_of_the_object() -> None:
+    path = ADVERTISEMENTS.path("galactic-system", "3e-3e")
+    assert refusal(403, "PUT", path).target() == "update BGPAdvertisement galactic-system/3e-3e"
+    assert refusal(403, "POST", ENDPOINT_SLICES.path("team-a")).target() == \
+        "create EndpointSlice team-a"
+    assert refusal(403, "GET", PODS.path() + "?fieldSelector=x").target() == "list Pod"
+    assert refusal(403, "GET", "/version").target() == "GET /version"
+
+
+@pytest.mark.parametrize(("status", "code"), [(401, TRY_AGAIN_LATER), (403, PUBLISH_FAILURE),
+                                              (404, PUBLISH_FAILURE), (422, PUBLISH_FAILURE)])
+def test_each_refusal_gets_the_code_the_spec_gives(status: int, code: int) -> None:
+    err = api_failure(refusal(status, "DELETE", ADVERTISEMENTS.path("ns", "a")), "withdraw")
+    assert err.code == code
+    assert err.msg.startswith("failed to withdraw: delete BGPAdvertisement ns/a")
+    assert ("ClusterRole" in err.msg) == (status == 403)
+
+
+class RefusingClient(KubeClient):
+    """Every request refused with 403, as an API server without the RBAC rules would."""
+
+    def request(self, method: str, path: str, deadline: Deadline, *, body: Any = None,
+                query: Mapping[str, str] | None = None,
+                content_type: str = "application/json") -> Any:
+        raise refusal(403, method, path)
+
+
+class RefusingCluster:
+    """A ClusterSource lending RefusingClients."""
+
+    def client(self, kubeconfig: str) -> KubeClient:
+        return RefusingClient(load_kubeconfig(kubeconfig))
+
+    def release(self, kubeconfig: str, client: KubeClient) -> None:
+        client.close()
+
+    def routers(self, kubeconfig: str, namespace: str, node: str) -> list[dict[str, Any]] | None:
+        return None
+
+    def pod(self, kubeconfig: str, node: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+
+def test_check_answers_a_refused_read_as_code_104_not_an_internal_error(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(KUBECONFIG)
+    environ = {"CNI_COMMAND": "CHECK", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/run/netns/p",
+               "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin",
+               "CNI_ARGS": "K8S_POD_NAMESPACE=team-a;K8S_POD_NAME=web",
+               "VPC_ATTACH_HOST_CONFIG": str(tmp_path / "absent.json")}
+    conf = {"cniVersion": "1.1.0", "name": "n", "type": "vpc-attach", "vpc": "10",
+            "vpcattachment": "10", "nodeName": "node-1", "kubeconfig": str(kubeconfig),
+            "ipam": {"type": "host-local"}}
+    inv = Invocation.parse(Request(environ=environ, stdin=json.dumps(conf).encode()))
+    prev = Result.from_wire({"cniVersion": "1.1.0", "ips": [{"address": "fd00::5/64"}]})
+    with pytest.raises(CniError) as caught:
+        published_differences(inv, RefusingCluster(), prev)
+    assert caught.value.code == PUBLISH_FAILURE
+    assert "BGPVRFInstance" in caught.value.msg and "ClusterRole" in caught.value.msg
+
+
+class ScriptedWatch(KubeClient):
+    """A client whose watch plays back the given events and records the query it was asked."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        super().__init__(load_kubeconfig_text())
+        self.events = events
+        self.queries: list[dict[str, str]] = []
+
+    def watch(self, path: str, query: Mapping[str, str], timeout: float
+              ) -> Iterator[dict[str, Any]]:
+        self.queries.append(dict(query))
+        yield from self.events
+
+
+def load_kubeconfig_text() -> Any:
+    import tempfile
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as handle:
+        handle.write(KUBECONFIG)
+        handle.flush()
+        return load_kubeconfig(handle.name)
+
+
+def test_a_watch_resumes_from_the_last_version_it_saw_bookmarks_included() -> None:
+    pod = {"metadata": {"namespace": "team-a", "name": "web", "resourceVersion": "5"}}
+    client = ScriptedWatch([{"type": "ADDED", "object": pod},
+                            {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}}])
+    cache = WatchCache(client.creds, PODS.path(), "spec.nodeName=node-1")
+    try:  # its own thread finds no API server; only the method under test gets events
+        assert cache._watch(client, "1") == "9"
+    finally:
+        cache.stop()
+    assert client.queries[0]["resourceVersion"] == "1"
+    assert client.queries[0]["allowWatchBookmarks"] == "true"
+    assert cache._objects["team-a/web"] == pod
+
+
+def test_a_watch_error_event_makes_the_cache_list_again() -> None:
+    client = ScriptedWatch([{"type": "ERROR", "object": {"message": "too old resource version"}}])
+    cache = WatchCache(client.creds, PODS.path(), "spec.nodeName=node-1")
+    try:
+        with pytest.raises(ConnectionError, match="too old"):
+            cache._watch(client, "1")
+    finally:
+        cache.stop()
