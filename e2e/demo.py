@@ -3,7 +3,7 @@ control plane, and show everything it created; then detach and tear it all down.
 
     python -m e2e.demo [--keep]
 
-Starts etcd + kube-apiserver + kube-controller-manager (e2e/cluster), creates this node's
+Starts etcd + kube-apiserver + kube-controller-manager (e2e/harness/cluster), creates this node's
 BGPRouter and a Pod object, runs the installed executable exactly as a runtime would (CNI_* env,
 config on stdin, authenticated as the plugin's ServiceAccount), prints the CNI result, the kernel
 objects and the published Kubernetes objects, then runs DEL (unless --keep).
@@ -21,8 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from e2e import cnibin
-from e2e.tools.gotools import reference_plugins_dir
+from e2e.harness import cnibin
+from e2e.harness.tools.gotools import reference_plugins_dir
 
 NETNS = "vpa-demo-pod"
 CONTAINER_ID = "demo-container-1"
@@ -57,9 +57,8 @@ def main() -> int:
     if os.geteuid() != 0:
         print("the demo needs root (network namespaces)", file=sys.stderr)
         return 2
-    from e2e.cluster import Cluster
-    from e2e.conftest import Kube
-    from e2e.publishing import (
+    from e2e.harness.cluster import Cluster
+    from e2e.harness.publishing import (
         advertisement,
         create_pod,
         create_router,
@@ -71,7 +70,7 @@ def main() -> int:
     print(f"starting a local control plane in {work / 'cluster'} ...", flush=True)
     cluster = Cluster.up(work / "cluster")
     try:
-        kube = Kube(cluster.admin_kubeconfig)
+        kube = cluster.admin()
         create_router(kube, NODE, locator="2001:db8:ff01::/48", node_id=1)
         pod_uid = create_pod(kube, "demo", NODE)
         conf = {
@@ -115,7 +114,7 @@ def main() -> int:
         print((work / "vpc-attach.log").read_text().rstrip())
         if args.keep:
             print(f"\nkept: netns {NETNS}, link {host}, cluster state {work / 'cluster'} "
-                  f"(stop with: python -m e2e.cluster down --state-dir {work / 'cluster'})")
+                  f"(stop with: python -m e2e.harness.cluster down --state-dir {work / 'cluster'})")
             return 0
         delete = _run(plugin, input=json.dumps({**conf, "prevResult": result}),
                       env={**env, "CNI_COMMAND": "DEL"})

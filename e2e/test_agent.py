@@ -20,17 +20,10 @@ import pytest
 
 from cni_plugin.agent.protocol import MAGIC, REFUSAL, recv_exact
 from cni_plugin.core import naming
-from e2e.agentproc import AgentProcess
-from e2e.conftest import (
-    Answer,
-    Plugin,
-    base_conf,
-    links_in,
-    run_ip,
-    temporary_netns,
-    with_prev,
-)
-from e2e.publishing import wait_for
+from e2e.harness.agentproc import AgentProcess
+from e2e.harness.kernel import links_in, run_ip, temporary_netns
+from e2e.harness.plugin import Answer, Plugin, base_conf, with_prev
+from e2e.harness.wait import wait_until
 
 pytestmark = pytest.mark.root
 HEAVY_MODULES = ("pydantic", "pyroute2", "yaml", "cni_plugin.dispatch", "cni_plugin.verbs",
@@ -138,8 +131,9 @@ def test_restarting_the_agent_with_adds_in_flight_loses_nothing(
             _parallel_adds(plugin, first.socket, jobs)))
         runner.start()
         vpc_links = f"G{naming.pad_base62(vpc, 9)}"
-        wait_for(lambda: any(name.startswith(vpc_links) for name in links_in()),
-                 "an ADD to reach the kernel", 30)  # ADDs are now in flight inside the agent
+        # Once a link shows, ADDs are in flight inside the agent.
+        wait_until("an ADD to reach the kernel",
+                   lambda: any(name.startswith(vpc_links) for name in links_in()), 30)
         first.stop(how)
         second = stack.enter_context(AgentProcess(second_dir))  # restarted, on its own socket
         runner.join(timeout=120)
@@ -189,14 +183,14 @@ def test_del_through_the_agent_retires_the_links_and_deletes_them_after_answerin
                       **env)
             # Answered: both names are free at once, whatever the kernel still has to do.
             assert host_name not in links_in() and "eth0" not in links_in(netns)
-            wait_for(lambda: "retire-1" not in str(_retired_links()),
-                     "the retired links to be deleted", 10)
+            wait_until("the retired links to be deleted",
+                       lambda: "retire-1" not in str(_retired_links()), 10)
             # The same container can come back at once (a runtime retrying a sandbox).
             result = plugin.ok("ADD", conf, container_id="retire-1", netns=netns, **env)
             plugin.ok("DEL", with_prev(conf, result), container_id="retire-1", netns=netns,
                       **env)
-            wait_for(lambda: "retire-1" not in str(_retired_links()),
-                     "the retired links to be deleted", 10)
+            wait_until("the retired links to be deleted",
+                       lambda: "retire-1" not in str(_retired_links()), 10)
             assert [line["verb"] for line in agent.verb_lines()] == ["ADD", "DEL", "ADD", "DEL"]
     finally:
         time.sleep(0.2)  # let ip monitor print the last deletion

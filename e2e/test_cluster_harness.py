@@ -19,7 +19,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from e2e.cluster import BGP_NAMESPACE, BuildError, Cluster, build, processes
+from e2e.harness.cluster import BGP_NAMESPACE, BuildError, Cluster, build, processes
 
 pytestmark = pytest.mark.cluster
 
@@ -32,7 +32,7 @@ GC_TIMEOUT = 60.0
 
 def run_cli(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "e2e.cluster", *args],
+        [sys.executable, "-m", "e2e.harness.cluster", *args],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -43,7 +43,7 @@ def run_cli(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def cli_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """A control plane started with ``python -m e2e.cluster up``; yields its JSON line."""
+    """A control plane started with ``python -m e2e.harness.cluster up``; yields its JSON line."""
     state_dir = tmp_path_factory.mktemp("cluster") / "state"
     up = run_cli("up", "--state-dir", str(state_dir), timeout=BUILD_AND_UP_TIMEOUT)
     try:
@@ -389,7 +389,8 @@ def test_two_clusters_run_side_by_side_and_down_touches_only_its_own(tmp_path: P
         assert not (tmp_path / "second").exists()
         assert all(not process_alive(pid) for pid in second_pids.values())
         assert all(process_alive(pid) for pid in first.pids().values())
-        assert first.admin_api().get_text("/readyz")[0] == 200
+        with first.admin() as admin:
+            assert admin.get_text("/readyz")[0] == 200
     finally:
         first.down()
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from cni_plugin.core import naming
-from e2e.conftest import Plugin, host_local, host_local_reservations, links_in, run_ip
+from e2e.harness.kernel import links_in, run_ip
+from e2e.harness.plugin import Plugin, host_local, host_local_reservations
 
 pytestmark = [pytest.mark.root, pytest.mark.cnitool]
 # Set through vpc-attach's `mac` capability: a MAC changed by a later plugin (tuning's `mac`)
@@ -24,7 +25,7 @@ MAC = "0a:58:0a:15:00:09"
 
 def _cnitool(verb: str, network: str, netns: str, confdir: Path, cni_bin: Path,
              cache: Path, plugin: Plugin) -> subprocess.CompletedProcess[str]:
-    from e2e.tools.gotools import cnitool_command, cnitool_env
+    from e2e.harness.tools.gotools import cnitool_command, cnitool_env
     env = cnitool_env(cni_bin, confdir, ifname="eth0", cni_args="IgnoreUnknown=1",
                       cap_args={"mac": MAC, "portMappings": []},
                       base=plugin.env("ADD", "", "", "eth0"))

@@ -10,15 +10,9 @@ from pathlib import Path
 import pytest
 
 from cni_plugin.core import naming
-from e2e.conftest import (
-    Plugin,
-    base_conf,
-    host_local,
-    host_local_reservations,
-    links_in,
-    run_ip,
-)
-from e2e.publishing import wait_for
+from e2e.harness.kernel import links_in, run_ip
+from e2e.harness.plugin import Plugin, base_conf, host_local, host_local_reservations
+from e2e.harness.wait import wait_until
 from netconf import base62
 
 pytestmark = pytest.mark.root
@@ -58,8 +52,9 @@ def test_32_concurrent_adds_then_dels_get_distinct_addresses_and_leave_nothing(
         assert host_local_reservations(tmp_path / "ipam", "conc") == []
         assert not any("eth0" in links_in(f"/var/run/netns/{n}") for n in names)
         # Through the agent the pod ends are retired and go with their host ends just after.
-        wait_for(lambda: all(links_in(f"/var/run/netns/{n}") == {"lo"} for n in names),
-                 "the retired pod ends to go", 10)
+        wait_until("the retired pod ends to go",
+                   lambda: all(links_in(f"/var/run/netns/{n}") == {"lo"} for n in names),
+                   10)
     finally:
         for name in names:
             os.system(f"ip netns del {name} 2>/dev/null")

@@ -15,10 +15,12 @@ import pytest
 
 from cni_plugin.core import naming
 from cni_plugin.publish.resources import VRF_INSTANCES
-from e2e.agentproc import AgentProcess
-from e2e.conftest import VIA_AGENT, Kube, Plugin, base_conf, host_local, run_ip
-from e2e.nodes import api_port, in_node, node_namespace
-from e2e.publishing import BGP_NS, advertisement, create_pod, make_node
+from e2e.harness.agentproc import AgentProcess
+from e2e.harness.kernel import run_ip
+from e2e.harness.kube import Kube
+from e2e.harness.nodes import api_port, in_node, node_namespace
+from e2e.harness.plugin import VIA_AGENT, Plugin, base_conf, host_local
+from e2e.harness.publishing import BGP_NS, advertisement, create_pod, make_node
 from netconf import base62
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster]

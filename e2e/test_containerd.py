@@ -26,9 +26,11 @@ from cni_plugin.kernel.links import Owner
 from cni_plugin.kernel.tap import IFF_MULTI_QUEUE, IFF_VNET_HDR
 from cni_plugin.publish.endpointslice import slice_name
 from cni_plugin.publish.resources import ENDPOINT_SLICES
-from e2e import cnibin
-from e2e.conftest import AGENT_SOCKET, IS_ROOT, Kube, links_in, stage_standalone
-from e2e.publishing import (
+from e2e.harness import cnibin
+from e2e.harness.kernel import IS_ROOT, links_in
+from e2e.harness.kube import Kube
+from e2e.harness.plugin import AGENT_SOCKET
+from e2e.harness.publishing import (
     advertisement,
     create_pod,
     create_router,
@@ -37,9 +39,10 @@ from e2e.publishing import (
     vrf_instance,
     wait_denied,
 )
+from e2e.harness.standalone import stage_standalone
 
-if TYPE_CHECKING:  # e2e.cri needs grpcio: import it only where a test runs
-    from e2e.cri import Containerd, CriClient, SandboxConfig
+if TYPE_CHECKING:  # e2e.harness.cri needs grpcio: import it only where a test runs
+    from e2e.harness.cri import Containerd, CriClient, SandboxConfig
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster]
 
@@ -104,9 +107,9 @@ def runtime(tmp_path_factory: pytest.TempPathFactory, cluster: Any, kube: Kube,
                if shutil.which(tool, path="/usr/sbin:/usr/bin:/sbin:/bin") is None]
     if missing:
         pytest.skip(f"not installed: {', '.join(missing)} (scripts/setup.sh installs them)")
-    from e2e.cri import Containerd
-    from e2e.cri.containerd import CniSettings
-    from e2e.cri.pause import pause_image
+    from e2e.harness.cri import Containerd
+    from e2e.harness.cri.containerd import CniSettings
+    from e2e.harness.cri.pause import pause_image
 
     base = tmp_path_factory.mktemp("cri")
     node = f"worker-{secrets.token_hex(3)}"
@@ -160,7 +163,7 @@ def _ptp_network(name: str, ipam_dir: Path, subnet: str) -> dict[str, Any]:
 
 def _sandbox(kube: Kube, runtime: Runtime, prefix: str) -> SandboxConfig:
     """A Pod object on this node and the PodSandboxConfig a kubelet would send for it."""
-    from e2e.cri import SandboxConfig
+    from e2e.harness.cri import SandboxConfig
     pod = f"{prefix}-{secrets.token_hex(3)}"
     uid = create_pod(kube, pod, runtime.node)
     return SandboxConfig(name=pod, namespace="default", uid=uid)
@@ -217,7 +220,7 @@ def _assert_withdrawn(kube: Kube, sandbox: SandboxConfig, sandbox_id: str, vpc: 
 
 def test_run_pod_sandbox_attaches_and_publishes_a_veth_pod_and_stop_remove_withdraw_it(
         kube: Kube, runtime: Runtime, vpc: str, tmp_path: Path) -> None:
-    from e2e.cri import CriError
+    from e2e.harness.cri import CriError
     ipam_dir = tmp_path / "ipam"
     runtime.use_networks(_vpc_attach_chain("vpc-veth", vpc, "10", ipam_dir))
     sandbox = _sandbox(kube, runtime, "cri-web")
@@ -320,7 +323,7 @@ def test_tap_as_the_pods_only_network_is_refused_by_containerd_and_rolled_back(
         kube: Kube, runtime: Runtime, vpc: str, tmp_path: Path) -> None:
     # containerd requires addresses on eth0 in the result; a tap has none in the sandbox. The
     # CRI then tears the network down again (DEL), which must leave nothing behind.
-    from e2e.cri import CriError
+    from e2e.harness.cri import CriError
     ipam_dir = tmp_path / "ipam"
     runtime.use_networks(_vpc_attach_chain("vpc-vm-only", vpc, "61", ipam_dir,
                                            attachment="tap"))
@@ -338,7 +341,7 @@ def test_tap_as_the_pods_only_network_is_refused_by_containerd_and_rolled_back(
 
 def test_broken_config_fails_run_pod_sandbox_with_the_plugins_message_and_leaves_nothing(
         kube: Kube, runtime: Runtime, vpc: str, tmp_path: Path) -> None:
-    from e2e.cri import CriError
+    from e2e.harness.cri import CriError
     ipam_dir = tmp_path / "ipam"
     broken = _vpc_attach_chain("vpc-broken", vpc, "12", ipam_dir)
     broken["plugins"][0]["vpc"] = "not-base62!"
@@ -373,7 +376,7 @@ def test_broken_config_fails_run_pod_sandbox_with_the_plugins_message_and_leaves
 
 def test_denied_endpoint_slice_fails_run_pod_sandbox_and_rolls_back_what_the_add_created(
         kube: Kube, runtime: Runtime, vpc: str, tmp_path: Path) -> None:
-    from e2e.cri import CriError
+    from e2e.harness.cri import CriError
     ipam_dir = tmp_path / "ipam"
     runtime.use_networks(_vpc_attach_chain("vpc-denied", vpc, "13", ipam_dir))
     sandbox = _sandbox(kube, runtime, "cri-deny")
@@ -381,11 +384,10 @@ def test_denied_endpoint_slice_fails_run_pod_sandbox_and_rolls_back_what_the_add
     remove = deny_writes(kube, f"cri-deny-eps-{vpc.lower()}", "endpointslices",
                          "discovery.k8s.io", ["CREATE"], sandbox.name)
     try:
-        wait_denied(lambda: kube.client.request(
-            "POST", ENDPOINT_SLICES.path("default"), kube._deadline(), query={"dryRun": "All"},
-            body={"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-                  "metadata": {"name": f"{sandbox.name}-probe"}, "addressType": "IPv6",
-                  "endpoints": []}))
+        wait_denied(lambda: kube.create(ENDPOINT_SLICES.path("default"), {
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": f"{sandbox.name}-probe"}, "addressType": "IPv6",
+            "endpoints": []}, dry_run=True))
         with pytest.raises(CriError) as failed:
             runtime.cri.run_pod_sandbox(sandbox)
     finally:

@@ -20,10 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
-from cni_plugin.kube.client import ApiError
-from e2e.cluster.cluster import load_manifests
-from e2e.cluster.kubeapi import KubeApi, crd_established, wait_until
-from e2e.conftest import Kube
+from e2e.harness.cluster.cluster import load_manifests
+from e2e.harness.kube import ApiError, Kube, crd_established
+from e2e.harness.wait import wait_until
 from netconf.config import parse_netconf
 from netconf.host import DEFAULT_AGENT_SOCKET, DEFAULT_HOST_CONFIG, DEFAULT_LOCK_DIR
 
@@ -35,7 +34,6 @@ MANIFEST_DIRS = tuple(PACKAGING / d for d in ("crds", "rbac", "daemonset", "exam
 NAD_CRD = Path(__file__).parent / "fixtures" / "network-attachment-definitions.crd.yaml"
 NAD_CRD_NAME = "network-attachment-definitions.k8s.cni.cncf.io"
 FIELD_MANAGER = "vpc-attach-manifest-test"
-DRY_RUN = {"dryRun": "All"}
 
 
 def _manifests() -> list[tuple[str, dict[str, Any]]]:
@@ -62,68 +60,54 @@ def _container(pod_spec: dict[str, Any], section: str, name: str) -> dict[str, A
 
 
 @pytest.fixture(scope="module")
-def admin_api(cluster: Any) -> KubeApi:
-    """The harness's discovery-aware client (maps a manifest to its REST path)."""
-    api: KubeApi = cluster.admin_api()
-    return api
-
-
-@pytest.fixture(scope="module")
-def nad_crd(kube: Kube, admin_api: KubeApi) -> Iterator[None]:
+def nad_crd(kube: Kube) -> Iterator[None]:
     """The Multus NetworkAttachmentDefinition CRD, applied for real, removed afterwards."""
     crd = yaml.safe_load(NAD_CRD.read_text())
     existed = kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{NAD_CRD_NAME}")
-    admin_api.apply(crd)
+    kube.apply(crd)
     probe = {"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
              "metadata": {"name": "probe"}}
     wait_until("the NetworkAttachmentDefinition CRD to be established and served",
-               lambda: crd_established(admin_api, NAD_CRD_NAME)
-               and bool(admin_api.object_path(probe)), 60)
+               lambda: crd_established(kube, NAD_CRD_NAME) and bool(kube.object_path(probe)),
+               60)
     yield
     if existed is None:
         kube.delete(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{NAD_CRD_NAME}")
 
 
-def dry_run(kube: Kube, admin_api: KubeApi, manifest: dict[str, Any]) -> dict[str, Any]:
+def dry_run(kube: Kube, manifest: dict[str, Any]) -> dict[str, Any]:
     """Server-side dry-run: create when absent, server-side apply when the object exists."""
-    path = admin_api.object_path(manifest)
-    deadline = kube._deadline()
+    path = kube.object_path(manifest)
     if kube.get(path) is None:
-        collection = path.rsplit("/", 1)[0]
-        created: dict[str, Any] = kube.client.request("POST", collection, deadline,
-                                                      body=manifest, query=DRY_RUN)
-        return created
-    applied: dict[str, Any] = kube.client.request(
-        "PATCH", path, deadline, body=manifest, content_type="application/apply-patch+yaml",
-        query={**DRY_RUN, "fieldManager": FIELD_MANAGER, "force": "true"})
-    return applied
+        return kube.create(path.rsplit("/", 1)[0], manifest, dry_run=True)
+    return kube.apply(manifest, dry_run=True, field_manager=FIELD_MANAGER)
 
 
 @pytest.mark.parametrize("manifest", [m for _, m in MANIFESTS], ids=[i for i, _ in MANIFESTS])
-def test_manifest_passes_server_side_dry_run(kube: Kube, admin_api: KubeApi, nad_crd: None,
+def test_manifest_passes_server_side_dry_run(kube: Kube, nad_crd: None,
                                              manifest: dict[str, Any]) -> None:
     try:
-        answer = dry_run(kube, admin_api, manifest)
+        answer = dry_run(kube, manifest)
     except ApiError as exc:
         if "privileged: Forbidden: disallowed by cluster policy" in exc.message:
             pytest.fail("the control plane refuses privileged Pods: its kube-apiserver needs "
                         "--allow-privileged=true, as in every cluster that runs CNI "
-                        f"DaemonSets (e2e/cluster/cluster.py): {exc.message}")
+                        f"DaemonSets (e2e/harness/cluster/cluster.py): {exc.message}")
         raise
     assert answer["kind"] == manifest["kind"]
     assert answer["metadata"]["name"] == manifest["metadata"]["name"]
     # Dry-run persisted nothing new (objects that existed before may of course still exist).
     if manifest["kind"] not in ("CustomResourceDefinition", "ClusterRole",
                                 "ClusterRoleBinding", "ServiceAccount"):
-        assert kube.get(admin_api.object_path(manifest)) is None
+        assert kube.get(kube.object_path(manifest)) is None
 
 
-def test_dry_run_rejects_a_broken_daemonset(kube: Kube, admin_api: KubeApi) -> None:
+def test_dry_run_rejects_a_broken_daemonset(kube: Kube) -> None:
     """The dry-run really validates: a DaemonSet whose selector misses its labels is refused."""
     broken = copy.deepcopy(_one("DaemonSet", "vpc-attach"))
     broken["spec"]["selector"]["matchLabels"] = {"app.kubernetes.io/name": "something-else"}
     with pytest.raises(ApiError) as refused:
-        dry_run(kube, admin_api, broken)
+        dry_run(kube, broken)
     assert refused.value.status == 422
     assert "selector" in refused.value.message, refused.value.message
 

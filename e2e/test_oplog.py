@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from e2e.conftest import Kube, Plugin, base_conf, host_local
-from e2e.publishing import create_pod, make_node
+from e2e.harness.kube import Kube
+from e2e.harness.plugin import Plugin, base_conf, host_local
+from e2e.harness.publishing import create_pod, make_node
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster]
 

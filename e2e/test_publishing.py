@@ -12,8 +12,10 @@ import pytest
 from cni_plugin.core import naming
 from cni_plugin.publish.endpointslice import slice_name
 from cni_plugin.publish.resources import ENDPOINT_SLICES
-from e2e.conftest import Kube, Plugin, base_conf, host_local, links_in, run_ip, with_prev
-from e2e.publishing import (
+from e2e.harness.kernel import links_in, run_ip
+from e2e.harness.kube import Kube
+from e2e.harness.plugin import Plugin, base_conf, host_local, with_prev
+from e2e.harness.publishing import (
     Node,
     advertisement,
     create_pod,
@@ -21,8 +23,8 @@ from e2e.publishing import (
     endpoint_slice,
     make_node,
     vrf_instance,
-    wait_for,
 )
+from e2e.harness.wait import wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster]
 
@@ -134,7 +136,8 @@ def test_pod_deleted_without_del_loses_its_slice_to_the_garbage_collector(
     name = slice_name("gone-1", vpc, "3", "IPv6")
     assert endpoint_slice(kube, name) is not None
     delete_pod(kube, "gone-1")
-    wait_for(lambda: endpoint_slice(kube, name) is None, "garbage collection of the slice", 90)
+    wait_until("garbage collection of the slice",
+               lambda: endpoint_slice(kube, name) is None, 90)
 
 
 def test_late_del_of_an_old_container_keeps_the_recreated_pods_slice(
@@ -145,7 +148,8 @@ def test_late_del_of_an_old_container_keeps_the_recreated_pods_slice(
                    CNI_ARGS=node.cni_args("again-1", old_uid))
     name = slice_name("again-1", vpc, "4", "IPv6")
     delete_pod(kube, "again-1")
-    wait_for(lambda: endpoint_slice(kube, name) is None, "garbage collection", 90)
+    wait_until("garbage collection",
+               lambda: endpoint_slice(kube, name) is None, 90)
     node.plugin.ok("DEL", conf, container_id="ctr-old", netns=netns,
                    CNI_ARGS=node.cni_args("again-1", old_uid))  # kubelet tears down the old one
 

@@ -12,8 +12,10 @@ import pytest
 from cni_plugin.core import naming
 from cni_plugin.publish.endpointslice import slice_name
 from cni_plugin.publish.resources import GROUP, ROUTERS, VERSION, VRF_INSTANCES
-from e2e.conftest import Kube, Plugin, base_conf, host_local, links_in
-from e2e.publishing import (
+from e2e.harness.kernel import links_in
+from e2e.harness.kube import Kube
+from e2e.harness.plugin import Plugin, base_conf, host_local
+from e2e.harness.publishing import (
     BGP_NS,
     Node,
     advertisement,
@@ -47,8 +49,7 @@ def _instance(kube: Kube, name: str, router: str, vrf_id: int, rt: str) -> None:
 
 
 def test_field_selectors_narrow_lists_to_this_node(kube: Kube, node: Node) -> None:
-    found = kube.client.list(ROUTERS.path(BGP_NS), kube._deadline(),
-                             fields=f"spec.targetRef.name={node.name}")
+    found = kube.list(ROUTERS.path(BGP_NS), fields=f"spec.targetRef.name={node.name}")
     assert [r["metadata"]["name"] for r in found] == [node.router]
 
 

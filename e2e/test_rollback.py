@@ -18,15 +18,10 @@ from cni_plugin.publish.resources import (
     VERSION,
     VRF_INSTANCES,
 )
-from e2e.conftest import (
-    Kube,
-    Plugin,
-    base_conf,
-    host_local,
-    host_local_reservations,
-    links_in,
-)
-from e2e.publishing import (
+from e2e.harness.kernel import links_in
+from e2e.harness.kube import Kube
+from e2e.harness.plugin import Plugin, base_conf, host_local, host_local_reservations
+from e2e.harness.publishing import (
     BGP_NS,
     Node,
     advertisement,
@@ -80,9 +75,13 @@ def _assert_nothing_kept(node_plugin: Plugin, vpc: str, att: str, netns: str,
     assert host_local_reservations(tmp_path / "ipam", f"net-{vpc}") == []
 
 
+def _existing(found: dict[str, Any] | None) -> dict[str, Any]:
+    assert found is not None
+    return found
+
+
 def _dry_run(kube: Kube, path: str, body: dict[str, Any]) -> object:
-    return kube.client.request("POST", path, kube._deadline(), body=body,
-                               query={"dryRun": "All"})
+    return kube.create(path, body, dry_run=True)
 
 
 def test_denied_vrf_instance_create_leaves_nothing(kube: Kube, node: Node, netns: str,
@@ -124,9 +123,8 @@ def test_denied_advertisement_update_keeps_the_shared_objects_intact(
     remove = deny_writes(kube, f"deny-adv-{vpc.lower()}", "bgpadvertisements", GROUP,
                          ["UPDATE"], adv_name)
     try:
-        wait_denied(lambda: kube.client.request(
-            "PUT", ADVERTISEMENTS.path(BGP_NS, adv_name), kube._deadline(),
-            body=advertisement(kube, adv_name), query={"dryRun": "All"}))
+        wait_denied(lambda: kube.put(ADVERTISEMENTS.path(BGP_NS, adv_name),
+                                     _existing(advertisement(kube, adv_name)), dry_run=True))
         uid = create_pod(kube, "deny-adv", node.name)
         answer = node.plugin.call("ADD", _conf(vpc, "7", tmp_path), container_id="ctr-f",
                                   netns=netns, CNI_ARGS=node.cni_args("deny-adv", uid))

@@ -25,7 +25,7 @@ from cni_plugin.kernel.rtnl import (
     RouteMsg,
     Rtnl,
 )
-from e2e.conftest import run_ip, temporary_netns
+from e2e.harness.kernel import run_ip, temporary_netns
 
 pytestmark = pytest.mark.root
 IFA_F_NODAD = 0x02

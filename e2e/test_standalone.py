@@ -21,20 +21,18 @@ import pytest
 
 from cni_plugin.agent.protocol import MAGIC, REFUSAL, recv_exact
 from cni_plugin.core import naming
-from e2e import cnibin
-from e2e.agentproc import AgentProcess
-from e2e.conftest import (
-    WATCH_TMP,
+from e2e.harness import cnibin
+from e2e.harness.agentproc import AgentProcess
+from e2e.harness.kernel import links_in
+from e2e.harness.plugin import (
     Answer,
     Plugin,
     base_conf,
     host_local,
     host_local_reservations,
-    links_in,
-    outside_tmp,
-    stage_standalone,
     with_prev,
 )
+from e2e.harness.standalone import WATCH_TMP, outside_tmp, stage_standalone
 
 pytestmark = pytest.mark.root
 

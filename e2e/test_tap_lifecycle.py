@@ -8,7 +8,8 @@ import pytest
 
 from cni_plugin.core import naming
 from cni_plugin.kernel.tap import IFF_MULTI_QUEUE, IFF_VNET_HDR
-from e2e.conftest import Plugin, base_conf, links_in, run_ip, with_prev
+from e2e.harness.kernel import links_in, run_ip
+from e2e.harness.plugin import Plugin, base_conf, with_prev
 
 pytestmark = pytest.mark.root
 

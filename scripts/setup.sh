@@ -32,8 +32,8 @@ if [ ! -e "$stamp" ]; then
   touch "$stamp"
 fi
 # Reference CNI plugins and cnitool, built from Go modules and cached outside the repo.
-.venv/bin/python -m e2e.tools build >&2
+.venv/bin/python -m e2e.harness.tools build >&2
 # The local control plane (etcd, kube-apiserver, kube-controller-manager), same cache.
-.venv/bin/python -m e2e.cluster build >&2
+.venv/bin/python -m e2e.harness.cluster build >&2
 # The CRI API stubs and the local pause image for the containerd e2e.
-.venv/bin/python -m e2e.cri build >&2
+.venv/bin/python -m e2e.harness.cri build >&2

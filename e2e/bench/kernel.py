@@ -7,24 +7,13 @@ made (also what an interrupted step left half-made) and never anything else on t
 from __future__ import annotations
 
 import itertools
-import subprocess
 import time
 from dataclasses import dataclass
 
-from cni_plugin.core import naming
 from cni_plugin.kernel import links, netns
+from e2e.harness.kernel import remove_vpc_objects, run_ip
 
-IP_TIMEOUT = 20.0
 REAPER_TIMEOUT = 10.0
-
-
-def ip(*args: str, check: bool = True) -> str:
-    """Run `ip` (with a timeout) and return its stdout."""
-    proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=IP_TIMEOUT,
-                          check=False)
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)} failed: {proc.stderr.strip()}")
-    return proc.stdout
 
 
 def reaper_done(timeout: float = REAPER_TIMEOUT) -> bool:
@@ -62,12 +51,12 @@ class KernelJanitor:
     def netns(self) -> Netns:
         """A fresh, empty network namespace."""
         created = Netns(f"{self.prefix}{next(self._counter)}")
-        ip("netns", "add", created.name)
+        run_ip("netns", "add", created.name)
         return created
 
     def remove(self, netns: Netns) -> None:
         """Delete a namespace this janitor made (missing is fine)."""
-        ip("netns", "del", netns.name, check=False)
+        run_ip("netns", "del", netns.name, check=False)
 
     def own_vpc(self, vpc: str) -> None:
         """Remember a VPC whose host links and policy rules the sweep must remove."""
@@ -76,23 +65,9 @@ class KernelJanitor:
     def sweep(self) -> list[str]:
         """Remove every namespace, link and rule of this run; what was removed."""
         removed = []
-        for line in ip("netns", "list", check=False).splitlines():
+        for line in run_ip("netns", "list", check=False).splitlines():
             name = line.split()[0] if line.split() else ""
             if name.startswith(self.prefix):
-                ip("netns", "del", name, check=False)
+                run_ip("netns", "del", name, check=False)
                 removed.append(f"netns {name}")
-        prefixes = tuple("G" + naming.pad_base62(vpc, naming.VPC_WIDTH) for vpc in self._vpcs)
-        if not prefixes:
-            return removed
-        for line in ip("-o", "link", "show", check=False).splitlines():
-            link = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
-            if link.startswith(prefixes):
-                ip("link", "del", link, check=False)
-                removed.append(f"link {link}")
-        for family in ("-4", "-6"):
-            for line in ip(family, "rule", "show", check=False).splitlines():
-                iif = line.split("iif ")[1].split()[0] if "iif " in line else ""
-                if iif.startswith(prefixes):
-                    ip(family, "rule", "del", "iif", iif, check=False)
-                    removed.append(f"rule {family} iif {iif}")
-        return removed
+        return removed + remove_vpc_objects(self._vpcs)

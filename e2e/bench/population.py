@@ -4,20 +4,17 @@ publishing ADD, and N "foreign" objects of each kind the plugin reads or writes.
 The foreign BGPVRFInstances, BGPAdvertisements, EndpointSlices and Pods belong to other nodes,
 other routers and (for Pods and slices) partly other namespaces, the way a busy cluster looks
 to one node: an ADD whose selectors narrow correctly never sees them. They are created with
-the admin client from parallel threads. The cluster is thrown away at the end, so nothing here
-is deleted one by one.
+the admin client (`e2e.harness.kube`, thread-safe) from parallel threads. The cluster is thrown
+away at the end, so nothing here is deleted one by one.
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from cni_plugin.core import naming
-from cni_plugin.kube.client import ApiError
 from cni_plugin.publish.resources import (
     ADVERTISEMENTS,
     ENDPOINT_SLICES,
@@ -29,8 +26,9 @@ from cni_plugin.publish.resources import (
     VERSION,
     VRF_INSTANCES,
 )
-from e2e.conftest import Kube
-from e2e.publishing import BGP_NS, create_pod, create_router
+from e2e.harness.kube import ApiError, Kube
+from e2e.harness.publishing import BGP_NS, create_pod, create_router
+from e2e.harness.wait import wait_until
 from netconf import base62
 
 BENCH_NAMESPACE = "vpc-attach-bench"
@@ -43,53 +41,35 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-class AdminPool:
-    """One admin client per thread (a KubeClient keeps one connection and is not shared)."""
-
-    def __init__(self, kubeconfig: str) -> None:
-        self._kubeconfig = kubeconfig
-        self._local = threading.local()
-
-    def kube(self) -> Kube:
-        """This thread's admin client."""
-        kube: Kube | None = getattr(self._local, "kube", None)
-        if kube is None:
-            from pathlib import Path
-            kube = self._local.kube = Kube(Path(self._kubeconfig))
-        return kube
-
-
-def prepare_namespaces(admin: AdminPool) -> None:
+def prepare_namespaces(kube: Kube) -> None:
     """The bench's Pod namespace and the foreign ones, each with its default ServiceAccount."""
-    kube = admin.kube()
-    for name in (BENCH_NAMESPACE, *OTHER_NAMESPACES):
+    namespaces = (BENCH_NAMESPACE, *OTHER_NAMESPACES)
+    for name in namespaces:
         _create(kube, "/api/v1/namespaces",
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    give_up = time.monotonic() + SERVICE_ACCOUNT_WAIT_S
-    for name in (BENCH_NAMESPACE, *OTHER_NAMESPACES):  # Pod admission needs it
-        while kube.get(f"/api/v1/namespaces/{name}/serviceaccounts/default") is None:
-            if time.monotonic() > give_up:
-                raise RuntimeError(f"namespace {name}: no default ServiceAccount after "
-                                   f"{SERVICE_ACCOUNT_WAIT_S:.0f} s")
-            time.sleep(0.1)
+    wait_until(  # Pod admission needs it
+        "the bench namespaces' default ServiceAccounts",
+        lambda: all(kube.get(f"/api/v1/namespaces/{name}/serviceaccounts/default") is not None
+                    for name in namespaces),
+        SERVICE_ACCOUNT_WAIT_S, interval=0.1)
 
 
-def bench_router(admin: AdminPool, node: str) -> str:
+def bench_router(kube: Kube, node: str) -> str:
     """The bench node's BGPRouter; its name."""
-    return create_router(admin.kube(), node)
+    return create_router(kube, node)
 
 
-def bench_pods(admin: AdminPool, node: str, names: Iterable[str]) -> dict[str, str]:
+def bench_pods(kube: Kube, node: str, names: Iterable[str]) -> dict[str, str]:
     """Pod objects on the bench node (nothing runs them), created in parallel; name -> uid."""
     names = list(names)
 
     def make(kube: Kube, name: str) -> str:
         return create_pod(kube, name, node, BENCH_NAMESPACE)
 
-    return dict(zip(names, _parallel(admin, make, names), strict=True))
+    return dict(zip(names, _parallel(kube, make, names), strict=True))
 
 
-def foreign_objects(admin: AdminPool, count: int) -> dict[str, int]:
+def foreign_objects(kube: Kube, count: int) -> dict[str, int]:
     """`count` objects of each of the four kinds, none of them the bench node's."""
     kinds: list[tuple[Callable[[int], str], Callable[[int], dict[str, Any]]]] = [
         (lambda _k: VRF_INSTANCES.path(BGP_NS), _instance),
@@ -103,14 +83,14 @@ def foreign_objects(admin: AdminPool, count: int) -> dict[str, int]:
         path, body = kinds[kind]
         _create(kube, path(k), body(k))
 
-    _parallel(admin, make, [(kind, k) for k in range(count) for kind in range(len(kinds))])
+    _parallel(kube, make, [(kind, k) for k in range(count) for kind in range(len(kinds))])
     return {"BGPVRFInstance": count, "BGPAdvertisement": count, "Pod": count,
             "EndpointSlice": count}
 
 
-def _parallel(admin: AdminPool, work: Callable[[Kube, T], R], items: list[T]) -> list[R]:
+def _parallel(kube: Kube, work: Callable[[Kube, T], R], items: list[T]) -> list[R]:
     with ThreadPoolExecutor(CREATE_THREADS, thread_name_prefix="bench-create") as pool:
-        return list(pool.map(lambda item: work(admin.kube(), item), items))
+        return list(pool.map(lambda item: work(kube, item), items))
 
 
 def _create(kube: Kube, path: str, body: dict[str, Any]) -> None:

@@ -52,7 +52,7 @@ def launcher() -> str:
     """The launcher binary, built on first use into the project's Go cache."""
     if _launcher:
         return _launcher[0]
-    from e2e.tools.gotools import cache_root
+    from e2e.harness.tools.gotools import cache_root
     digest = hashlib.sha256()
     for name in ("go.mod", "main.go"):
         digest.update((LAUNCHER_SOURCE / name).read_bytes())
@@ -66,7 +66,7 @@ def launcher() -> str:
 
 
 def _build(entry: Path, binary: Path) -> None:
-    from e2e.tools.gotools import go_binary, go_env
+    from e2e.harness.tools.gotools import go_binary, go_env
     go = go_binary()
     with tempfile.TemporaryDirectory(prefix="bench-launcher-") as scratch:
         env = go_env(Path(scratch))

@@ -95,7 +95,7 @@ class Agent:
 
     name: str
     socket: Path
-    process: Any = None  # e2e.agentproc.AgentProcess
+    process: Any = None  # e2e.harness.agentproc.AgentProcess
     problem: str | None = None
 
 
@@ -114,7 +114,7 @@ class Bench:
         self.janitor = KernelJanitor(self.token)
         self.node = f"bench-node-{self.token}"
         self.notes: list[str] = []
-        self.clusters: dict[str, Any] = {}  # e2e.cluster.Cluster
+        self.clusters: dict[str, Any] = {}  # e2e.harness.cluster.Cluster
         self.cluster_problem: dict[str, str] = {}
         self.agents: dict[str, Agent] = {}
         self.rows: dict[str, Row] = {}
@@ -183,7 +183,7 @@ class Bench:
                 log(f"removed {len(removed)} leftover kernel object(s): {', '.join(removed[:5])}")
         except Exception as exc:
             log(f"kernel sweep: {exc}")
-        from e2e.cluster.cluster import down
+        from e2e.harness.cluster.cluster import down
         for name in (SMALL, LARGE):
             state_dir = self.workdir / f"cluster-{name}"
             if state_dir.exists():
@@ -197,8 +197,8 @@ class Bench:
 
     def _bin_dir(self) -> Path:
         """CNI_PATH: the Go reference plugins and our two executables, as a node gets them."""
-        from e2e import cnibin
-        from e2e.tools.gotools import reference_plugins_dir
+        from e2e.harness import cnibin
+        from e2e.harness.tools.gotools import reference_plugins_dir
         bin_dir = cnibin.populate(self.workdir / "bin", reference_plugins_dir())
         console = cnibin.console_script("vpc-attach")
         if console is None:
@@ -211,7 +211,7 @@ class Bench:
     def _start_clusters(self) -> None:
         """Two control planes side by side, so the 10-vs-N comparison is interleaved too."""
         from e2e.bench import population
-        from e2e.cluster import Cluster
+        from e2e.harness.cluster import Cluster
         for name, count in ((SMALL, SMALL_OBJECTS), (LARGE, self.options.objects)):
             began = time.monotonic()
             try:
@@ -221,10 +221,10 @@ class Bench:
                 log(self.cluster_problem[name])
                 continue
             self.clusters[name] = cluster
-            admin = population.AdminPool(str(cluster.admin_kubeconfig))
-            population.prepare_namespaces(admin)
-            population.bench_router(admin, self.node)
-            population.foreign_objects(admin, count)
+            with cluster.admin() as admin:
+                population.prepare_namespaces(admin)
+                population.bench_router(admin, self.node)
+                population.foreign_objects(admin, count)
             log(f"control plane {name} up with {count} foreign objects of each kind "
                 f"({time.monotonic() - began:.0f} s)")
 
@@ -243,7 +243,7 @@ class Bench:
             if name in self.clusters:
                 env["VPC_ATTACH_KUBECONFIG"] = str(self.clusters[name].plugin_kubeconfig)
             try:
-                from e2e.agentproc import AgentProcess
+                from e2e.harness.agentproc import AgentProcess
                 agent.process = AgentProcess(directory, env=env).start()
             except Exception as exc:
                 agent.problem = f"`vpc-attach agent` did not start: {_one_line(str(exc))}"
@@ -398,8 +398,8 @@ class Bench:
         for name, cluster in self.clusters.items():
             names = wanted[name] + [f"spare-{k}" for k in range(most - len(wanted[name]))]
             began = time.monotonic()
-            admin = population.AdminPool(str(cluster.admin_kubeconfig))
-            self.pods[name] = population.bench_pods(admin, self.node, names)
+            with cluster.admin() as admin:
+                self.pods[name] = population.bench_pods(admin, self.node, names)
             log(f"control plane {name}: {len(names)} bench Pods "
                 f"({time.monotonic() - began:.0f} s)")
         if self.clusters:
@@ -599,8 +599,8 @@ class Bench:
         return memory
 
     def _machine(self) -> dict[str, Any]:
-        from e2e.cluster import build
-        from e2e.tools.gotools import PLUGINS_VERSION
+        from e2e.harness.cluster import build
+        from e2e.harness.tools.gotools import PLUGINS_VERSION
         return {"nproc": len(os.sched_getaffinity(0)), "cpu_model": _cpu_model(),
                 "kernel": platform.release(),
                 "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),

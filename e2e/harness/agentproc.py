@@ -11,13 +11,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from e2e.harness.cnibin import installed
+
 
 class AgentProcess:
     """A node agent process listening on `<directory>/agent.sock`."""
 
     def __init__(self, directory: Path, prefix: list[str] | None = None,
                  env: dict[str, str] | None = None, executable: str | None = None) -> None:
-        from e2e.conftest import installed
         self.directory = directory
         self.socket = directory / "agent.sock"
         self.log = directory / "agent.log"

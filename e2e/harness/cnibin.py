@@ -20,6 +20,15 @@ def console_script(executable: str) -> str | None:
     return str(beside) if beside.exists() else shutil.which(executable)
 
 
+def installed(executable: str) -> str:
+    """Our console script next to this interpreter; FileNotFoundError when it is missing."""
+    found = console_script(executable)
+    if found is None:
+        raise FileNotFoundError(f"{executable} is not installed next to {sys.executable} "
+                                f"(run scripts/setup.sh)")
+    return found
+
+
 def populate(directory: Path, reference_plugins: Path, ours: Path | None = None) -> Path:
     """Fill directory (created if needed) with links to the reference plugins, and our two
     executables: launchers for this environment, or links to those in ours (a standalone

@@ -15,7 +15,7 @@ import urllib.parse
 from collections.abc import Iterator
 
 from cni_plugin.kernel.netns import entered
-from e2e.conftest import run_ip
+from e2e.harness.kernel import run_ip
 
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:

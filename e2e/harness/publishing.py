@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import secrets
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +16,9 @@ from cni_plugin.publish.resources import (
     VERSION,
     VRF_INSTANCES,
 )
-from e2e.conftest import Kube, Plugin
+from e2e.harness.kube import ApiError, Kube
+from e2e.harness.plugin import Plugin
+from e2e.harness.wait import wait_until
 
 BGP_NS = "galactic-system"
 
@@ -49,18 +50,8 @@ def create_pod(kube: Kube, name: str, node: str, namespace: str = "default") -> 
 
 def delete_pod(kube: Kube, name: str, namespace: str = "default") -> None:
     """Delete a Pod object and wait until it is gone."""
-    kube.client.request("DELETE", PODS.path(namespace, name), kube._deadline(),
-                        body={"gracePeriodSeconds": 0})
-    wait_for(lambda: kube.get(PODS.path(namespace, name)) is None, f"pod {name} deleted")
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
-    """Poll until condition() holds."""
-    give_up = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > give_up:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
+    kube.delete(PODS.path(namespace, name), grace_period_seconds=0)
+    wait_until(f"pod {name} deleted", lambda: kube.get(PODS.path(namespace, name)) is None)
 
 
 def advertisement(kube: Kube, name: str) -> dict[str, Any] | None:
@@ -134,13 +125,11 @@ def deny_writes(kube: Kube, name: str, resource: str, group: str, operations: li
 
 def wait_denied(probe: Callable[[], object]) -> None:
     """Wait until probe() (a dry-run write) raises the policy's 4xx refusal."""
-    from cni_plugin.kube.client import ApiError
-    give_up = time.monotonic() + 30
-    while time.monotonic() < give_up:
+    def refused() -> bool:
         try:
             probe()
         except ApiError as exc:
-            if exc.status in (400, 403, 422) and "denied by test policy" in exc.message:
-                return
-        time.sleep(0.2)
-    raise AssertionError("admission policy never took effect")
+            return exc.status in (400, 403, 422) and "denied by test policy" in exc.message
+        return False
+
+    wait_until("the admission policy to take effect", refused, timeout=30)

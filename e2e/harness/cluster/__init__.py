@@ -2,22 +2,19 @@
 
 etcd, kube-apiserver and kube-controller-manager (with the garbage collector), built from source.
 
-Python API: ``Cluster.up(state_dir)`` / ``cluster.down()``; CLI: ``python -m e2e.cluster
-{build,up,down}``. Binaries are built from Go modules and cached per version outside the
-repository (see ``build``).
+Python API: ``Cluster.up(state_dir)`` / ``cluster.down()``, ``cluster.admin()`` (a
+``e2e.harness.kube.Kube``); CLI: ``python -m e2e.harness.cluster {build,up,down}``. Binaries are
+built from Go modules and cached per version outside the repository (see ``build``).
 """
 
-from e2e.cluster.build import BuildError, ensure_all_built
-from e2e.cluster.cluster import BGP_NAMESPACE, Cluster, ClusterError, down
-from e2e.cluster.kubeapi import ApiError, KubeApi
+from e2e.harness.cluster.build import BuildError, ensure_all_built
+from e2e.harness.cluster.cluster import BGP_NAMESPACE, Cluster, ClusterError, down
 
 __all__ = [
     "BGP_NAMESPACE",
-    "ApiError",
     "BuildError",
     "Cluster",
     "ClusterError",
-    "KubeApi",
     "down",
     "ensure_all_built",
 ]

@@ -1,4 +1,4 @@
-"""``python -m e2e.cluster {build,up,down}``: manage a local test control plane.
+"""``python -m e2e.harness.cluster {build,up,down}``: manage a local test control plane.
 
 ``up`` prints exactly one JSON line on stdout,
 ``{"admin_kubeconfig": ..., "plugin_kubeconfig": ...}``; everything else goes to stderr and to
@@ -13,15 +13,15 @@ import logging
 import sys
 from pathlib import Path
 
-from e2e.cluster import build
-from e2e.cluster.cluster import Cluster, ClusterError, down
-from e2e.cluster.kubeapi import ApiError
-from e2e.cluster.processes import ProcessExited
+from e2e.harness.cluster import build
+from e2e.harness.cluster.cluster import Cluster, ClusterError, down
+from e2e.harness.cluster.processes import ProcessExited
+from e2e.harness.kube import ApiError
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; return the process exit status."""
-    parser = argparse.ArgumentParser(prog="python -m e2e.cluster", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m e2e.harness.cluster", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser(
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             down(args.state_dir)
     except (build.BuildError, ClusterError, ApiError, ProcessExited, TimeoutError, OSError) as exc:
-        logging.getLogger("e2e.cluster").error("%s failed: %s", args.command, exc)
+        logging.getLogger("e2e.harness.cluster").error("%s failed: %s", args.command, exc)
         return 1
     return 0
 

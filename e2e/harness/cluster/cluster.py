@@ -24,18 +24,19 @@ from typing import Any
 
 import yaml
 
-from e2e.cluster import build, processes
-from e2e.cluster.kubeapi import JsonObject, KubeApi, crd_established, wait_until
-from e2e.cluster.kubeconfig import write_cert_kubeconfig, write_token_kubeconfig
-from e2e.cluster.pki import Pki, create_pki
+from e2e.harness.cluster import build, processes
+from e2e.harness.cluster.kubeconfig import write_cert_kubeconfig, write_token_kubeconfig
+from e2e.harness.cluster.pki import Pki, create_pki
+from e2e.harness.kube import JsonObject, Kube, crd_established
+from e2e.harness.wait import wait_until
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_MANIFEST_DIRS = (REPO_ROOT / "packaging" / "crds", REPO_ROOT / "packaging" / "rbac")
 
 STATE_FILE = "cluster.json"
-STATE_MARKER = "vpc-attach e2e.cluster"
+STATE_MARKER = "vpc-attach e2e.cluster"  # kept when e2e/cluster moved: older state dirs stay ours
 BGP_NAMESPACE = "galactic-system"
 PLUGIN_SERVICE_ACCOUNT = ("kube-system", "vpc-attach")
 PLUGIN_TOKEN_SECONDS = 24 * 3600
@@ -98,10 +99,11 @@ class Cluster:
             _start_controller_manager(
                 directory, binaries["kube-controller-manager"], pki, server, components
             )
-            _apply_manifests(admin, manifest_dirs)
-            _wait_default_service_account(admin)
-            token = _mint_plugin_token(admin)
-            _wait_plugin_authorized(admin, pki, token)
+            with admin:
+                _apply_manifests(admin, manifest_dirs)
+                _wait_default_service_account(admin)
+                token = _mint_plugin_token(admin)
+                _wait_plugin_authorized(server, pki, token)
         except BaseException:
             for name in COMPONENT_NAMES:
                 if name in components:
@@ -165,11 +167,11 @@ class Cluster:
                 popen.poll()
         self._components.clear()
 
-    def admin_api(self) -> KubeApi:
-        """A minimal client authenticated as cluster admin (system:masters)."""
+    def admin(self) -> Kube:
+        """Cluster-admin access (system:masters) through the official client; close it after."""
         pki = Pki(self.state_dir / "pki")
-        host, port = _host_port(self.server)
-        return KubeApi(host, port, pki.ca_cert, pki.client_cert("admin"), pki.client_key("admin"))
+        return Kube.with_certificate(self.server, pki.ca_cert, pki.client_cert("admin"),
+                                     pki.client_key("admin"))
 
     def pids(self) -> dict[str, int]:
         """The recorded pid of each component."""
@@ -243,10 +245,11 @@ def _read_state(directory: Path) -> dict[str, Any]:
         state: dict[str, Any] = json.loads((directory / STATE_FILE).read_text())
     except (OSError, ValueError) as exc:
         raise ClusterError(
-            f"{directory} was not created by `e2e.cluster up`; not touching it"
+            f"{directory} was not created by `e2e.harness.cluster up`; not touching it"
         ) from exc
     if state.get("harness") != STATE_MARKER:
-        raise ClusterError(f"{directory} was not created by `e2e.cluster up`; not touching it")
+        raise ClusterError(
+            f"{directory} was not created by `e2e.harness.cluster up`; not touching it")
     return state
 
 
@@ -334,6 +337,8 @@ def _etcd_healthy(client_url: str) -> bool:
         connection.request("GET", "/health")
         response = connection.getresponse()
         body = response.read()
+    except http.client.HTTPException:  # a half-started etcd: not yet
+        return False
     finally:
         connection.close()
     return response.status == 200 and json.loads(body).get("health") == "true"
@@ -345,17 +350,18 @@ def _start_apiserver(
     pki: Pki,
     etcd_url: str,
     components: dict[str, processes.Component],
-) -> tuple[str, KubeApi]:
+) -> tuple[str, Kube]:
     server = ""
-    admin: KubeApi | None = None
+
+    def admin() -> Kube:
+        return Kube.with_certificate(
+            server, pki.ca_cert, pki.client_cert("admin"), pki.client_key("admin")
+        )
 
     def argv_for_ports() -> tuple[list[str], Callable[[processes.Component], None]]:
-        nonlocal server, admin
+        nonlocal server
         port = _free_port()
         server = f"https://127.0.0.1:{port}"
-        admin = KubeApi(
-            "127.0.0.1", port, pki.ca_cert, pki.client_cert("admin"), pki.client_key("admin")
-        )
         argv = [
             str(binary),
             f"--etcd-servers={etcd_url}",
@@ -378,18 +384,12 @@ def _start_apiserver(
             "--profiling=false",
             "--v=1",
         ]
-        ready_admin = admin
-        return argv, lambda component: wait_until(
-            "kube-apiserver /readyz",
-            lambda: ready_admin.get_text("/readyz", timeout=5.0)[0] == 200,
-            APISERVER_READY_S,
-            interval=0.5,
-            alive=component.check_alive,
+        return argv, functools.partial(
+            _wait_ready, "kube-apiserver", admin(), "/readyz", APISERVER_READY_S
         )
 
     _start_with_free_ports("kube-apiserver", state_dir, components, argv_for_ports)
-    assert admin is not None
-    return server, admin
+    return server, admin()
 
 
 def _start_controller_manager(
@@ -410,7 +410,6 @@ def _start_controller_manager(
 
     def argv_for_ports() -> tuple[list[str], Callable[[processes.Component], None]]:
         port = _free_port()
-        health = KubeApi("127.0.0.1", port, pki.ca_cert)
         argv = [
             str(binary),
             # No --authentication/authorization-kubeconfig: nothing but the always-allowed
@@ -433,15 +432,26 @@ def _start_controller_manager(
             f"--root-ca-file={pki.ca_cert}",
             "--v=1",
         ]
-        return argv, lambda component: wait_until(
-            "kube-controller-manager /healthz",
-            lambda: health.get_text("/healthz", timeout=5.0)[0] == 200,
-            CONTROLLER_MANAGER_READY_S,
-            interval=0.5,
-            alive=component.check_alive,
+        health = Kube.anonymous(f"https://127.0.0.1:{port}", pki.ca_cert)
+        return argv, functools.partial(
+            _wait_ready, "kube-controller-manager", health, "/healthz", CONTROLLER_MANAGER_READY_S
         )
 
     _start_with_free_ports("kube-controller-manager", state_dir, components, argv_for_ports)
+
+
+def _wait_ready(
+    name: str, client: Kube, path: str, timeout: float, component: processes.Component
+) -> None:
+    """Wait until ``path`` answers 200 (or the component dies); closes ``client``."""
+    with client:
+        wait_until(
+            f"{name} {path}",
+            lambda: client.get_text(path)[0] == 200,
+            timeout,
+            interval=0.5,
+            alive=component.check_alive,
+        )
 
 
 def load_manifests(directories: tuple[Path, ...]) -> Iterator[JsonObject]:
@@ -458,7 +468,7 @@ def load_manifests(directories: tuple[Path, ...]) -> Iterator[JsonObject]:
                     yield document
 
 
-def _apply_manifests(admin: KubeApi, manifest_dirs: tuple[Path, ...]) -> None:
+def _apply_manifests(admin: Kube, manifest_dirs: tuple[Path, ...]) -> None:
     admin.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": BGP_NAMESPACE}})
     crds = []
     for manifest in load_manifests(manifest_dirs):
@@ -472,33 +482,30 @@ def _apply_manifests(admin: KubeApi, manifest_dirs: tuple[Path, ...]) -> None:
         )
 
 
-def _wait_default_service_account(admin: KubeApi) -> None:
+def _wait_default_service_account(admin: Kube) -> None:
     # Pod admission rejects Pods until the controller manager has made this; it also shows
     # that the controllers run with their own ServiceAccount credentials.
     wait_until(
         "the default ServiceAccount",
-        lambda: bool(admin.request("GET", "/api/v1/namespaces/default/serviceaccounts/default")),
+        lambda: admin.get("/api/v1/namespaces/default/serviceaccounts/default") is not None,
         BOOTSTRAP_S,
     )
 
 
-def _mint_plugin_token(admin: KubeApi) -> str:
+def _mint_plugin_token(admin: Kube) -> str:
     namespace, name = PLUGIN_SERVICE_ACCOUNT
     request = {
         "apiVersion": "authentication.k8s.io/v1",
         "kind": "TokenRequest",
         "spec": {"expirationSeconds": PLUGIN_TOKEN_SECONDS},
     }
-    answer = admin.request(
-        "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", request
-    )
+    answer = admin.create(f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", request)
     token: str = answer["status"]["token"]
     return token
 
 
-def _wait_plugin_authorized(admin: KubeApi, pki: Pki, token: str) -> None:
+def _wait_plugin_authorized(server: str, pki: Pki, token: str) -> None:
     # RBAC objects reach the authorizer through an informer; wait until the binding is live.
-    plugin = KubeApi(admin.host, admin.port, pki.ca_cert, token=token)
     review = {
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SelfSubjectAccessReview",
@@ -512,10 +519,10 @@ def _wait_plugin_authorized(admin: KubeApi, pki: Pki, token: str) -> None:
         },
     }
 
-    def allowed() -> bool:
-        answer = plugin.request(
-            "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review
-        )
-        return bool(answer.get("status", {}).get("allowed"))
+    with Kube.with_token(server, pki.ca_cert, token) as plugin:
 
-    wait_until("the plugin's RBAC binding to take effect", allowed, BOOTSTRAP_S)
+        def allowed() -> bool:
+            answer = plugin.create("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review)
+            return bool(answer.get("status", {}).get("allowed"))
+
+        wait_until("the plugin's RBAC binding to take effect", allowed, BOOTSTRAP_S)

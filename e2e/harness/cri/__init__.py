@@ -7,13 +7,13 @@
 - `client`: a small CRI client (RunPodSandbox, StopPodSandbox, RemovePodSandbox, status) with a
   timeout on every call.
 
-`python -m e2e.cri build` prepares the stubs and the pause image (set-up runs it).
+`python -m e2e.harness.cri build` prepares the stubs and the pause image (set-up runs it).
 """
 
 from __future__ import annotations
 
-from e2e.cri.client import CriClient, CriError, SandboxConfig, SandboxStatus
-from e2e.cri.containerd import Containerd, ContainerdError
+from e2e.harness.cri.client import CriClient, CriError, SandboxConfig, SandboxStatus
+from e2e.harness.cri.containerd import Containerd, ContainerdError
 
 __all__ = [
     "Containerd",

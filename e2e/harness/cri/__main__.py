@@ -1,4 +1,4 @@
-"""CLI: ``python -m e2e.cri build`` prepares the CRI API stubs and the pause image (cached);
+"""CLI: ``python -m e2e.harness.cri build`` prepares the CRI API stubs and the pause image (cached);
 prints their paths as JSON."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import shutil
 import sys
 import time
 
-from e2e.cri.cache import BuildError
-from e2e.cri.pause import pause_image
-from e2e.cri.protos import CRI_API_MODULE, CRI_API_VERSION, stubs_dir
+from e2e.harness.cri.cache import BuildError
+from e2e.harness.cri.pause import pause_image
+from e2e.harness.cri.protos import CRI_API_MODULE, CRI_API_VERSION, stubs_dir
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
-    parser = argparse.ArgumentParser(prog="python -m e2e.cri", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m e2e.harness.cri", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("build", help="build (or find cached) CRI stubs and the pause image")
     args = parser.parse_args(argv)

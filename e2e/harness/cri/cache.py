@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from cni_plugin.core.locks import acquire
-from e2e.tools.gotools import cache_root
+from e2e.harness.tools.gotools import cache_root
 
 LOCK_TIMEOUT = 600.0
 COMPLETE_MARK = ".complete"

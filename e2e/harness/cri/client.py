@@ -10,7 +10,7 @@ from typing import Any
 
 import grpc
 
-from e2e.cri.protos import load_stubs
+from e2e.harness.cri.protos import load_stubs
 
 RUN_TIMEOUT = 120.0  # RunPodSandbox runs the whole CNI chain (publishing included)
 CALL_TIMEOUT = 60.0

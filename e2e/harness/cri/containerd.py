@@ -25,8 +25,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from e2e.cri.client import CriClient, CriError
-from e2e.cri.pause import PauseImage
+from e2e.harness.cri.client import CriClient, CriError
+from e2e.harness.cri.pause import PauseImage
 
 START_TIMEOUT = 30.0
 STOP_GRACE = 10.0

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e2e.cri.cache import BuildError, cached_entry, run
+from e2e.harness.cri.cache import BuildError, cached_entry, run
 
 PAUSE_SOURCE = r"""
 #include <signal.h>

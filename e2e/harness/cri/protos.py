@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-from e2e.cri.cache import BuildError, cached_entry, run
-from e2e.tools.gotools import GoToolsError, go_binary, go_env
+from e2e.harness.cri.cache import BuildError, cached_entry, run
+from e2e.harness.tools.gotools import GoToolsError, go_binary, go_env
 
 CRI_API_MODULE = "k8s.io/cri-api"
 CRI_API_VERSION = "v0.37.2"

@@ -1,4 +1,5 @@
-"""CLI: ``python -m e2e.tools build`` builds the Go CNI tools and prints their paths as JSON."""
+"""CLI: ``python -m e2e.harness.tools build`` builds the Go CNI tools; prints their paths as JSON.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from . import gotools
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m e2e.tools", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m e2e.harness.tools", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser(
         "build", help="build (or find cached) reference CNI plugins and cnitool; print JSON"

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from e2e.tools import gotools
+from e2e.harness.tools import gotools
 
 REQUIRED = [
     "ptp",

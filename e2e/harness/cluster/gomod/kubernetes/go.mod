@@ -1,7 +1,7 @@
 // Wrapper module: kube-apiserver and kube-controller-manager from k8s.io/kubernetes.
 // Staging modules are replaced by their published tags (v0.MINOR.PATCH); the upstream
 // go.mod replaces them with ./staging paths, which a dependent module cannot see.
-// Regenerate with: python -m e2e.cluster pin-kubernetes VERSION
+// Regenerate with: python -m e2e.harness.cluster pin-kubernetes VERSION
 module vpc-attach.local/e2e/kubernetes
 
 go 1.26.0
