@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
         print("python -m e2e.bench needs root (it creates network namespaces)", file=sys.stderr)
         return 2
     from e2e.bench import report as report_module
-    from e2e.bench.suite import Bench, Options, log
+    from e2e.bench.run import Options, log
+    from e2e.bench.suite import Bench
 
     runs = args.runs or (10 if args.quick else 50)
     options = Options(runs=runs, warmup=2, bursts=max(2, runs // 10), objects=args.objects,

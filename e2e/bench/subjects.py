@@ -8,13 +8,10 @@ address detection on every ADD, which would measure DAD rather than the plugin.
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from netconf import base62
 
 CNI_VERSION = "1.1.0"
 GO, IN_PROCESS, AGENT = "Go", "in-process", "agent"
@@ -43,11 +40,6 @@ class Subject:
                 "CNI_COMMAND": command, "CNI_CONTAINERID": container_id, "CNI_NETNS": netns,
                 "CNI_IFNAME": "eth0", "CNI_PATH": str(self.executable.parent),
                 "CNI_ARGS": cni_args, **self.environ}
-
-
-def random_vpc() -> str:
-    """A VPC id no other test on the host is likely to use (same range as the e2e fixture)."""
-    return base62.encode_base62(secrets.randbelow(base62.VPC_LIMIT - 10**6) + 10**6)
 
 
 def subnet(index: int) -> str:

@@ -1,0 +1,69 @@
+"""The run's two control planes (10 and N foreign objects of each kind), side by side so that
+the 10-vs-N comparison is interleaved too, and the Pods every publishing ADD needs."""
+
+from __future__ import annotations
+
+import time
+
+from e2e.bench import population
+from e2e.bench.run import CONCURRENCY, LARGE, SMALL, SMALL_OBJECTS, Run, log
+from e2e.bench.subjects import Subject
+from e2e.harness.cluster import Cluster, down
+
+
+def start_clusters(run: Run) -> None:
+    """Two control planes side by side, so the 10-vs-N comparison is interleaved too."""
+    for name, count in ((SMALL, SMALL_OBJECTS), (LARGE, run.options.objects)):
+        began = time.monotonic()
+        try:
+            cluster = Cluster.up(run.workdir / f"cluster-{name}")
+        except Exception as exc:
+            run.cluster_problem[name] = f"control plane did not start: {exc}"
+            log(run.cluster_problem[name])
+            continue
+        run.clusters[name] = cluster
+        with cluster.admin() as admin:
+            population.prepare_namespaces(admin)
+            population.bench_router(admin, run.node)
+            population.foreign_objects(admin, count)
+        log(f"control plane {name} up with {count} foreign objects of each kind "
+            f"({time.monotonic() - began:.0f} s)")
+
+
+def create_pods(run: Run, made: list[Subject]) -> None:
+    """A Pod for every publishing invocation; both control planes get as many Pods."""
+    run_ids = [f"w{n}" for n in range(run.options.warmup)] + \
+              [f"r{n}" for n in range(run.options.runs)]
+    burst_ids = [f"b{b}-{j}" for b in range(run.options.bursts) for j in range(CONCURRENCY)]
+    wanted: dict[str, list[str]] = {SMALL: [], LARGE: []}
+    for subject in made:
+        if subject.publishes and subject.cluster:
+            wanted[subject.cluster] += [f"{subject.key}-{r}" for r in run_ids]
+            if subject.key in ("full-agent", "full-inproc"):
+                wanted[subject.cluster] += [f"{subject.key}-{b}" for b in burst_ids]
+    most = max(len(names) for names in wanted.values())
+    for name, cluster in run.clusters.items():
+        names = wanted[name] + [f"spare-{k}" for k in range(most - len(wanted[name]))]
+        began = time.monotonic()
+        with cluster.admin() as admin:
+            run.pods[name] = population.bench_pods(admin, run.node, names)
+        log(f"control plane {name}: {len(names)} bench Pods "
+            f"({time.monotonic() - began:.0f} s)")
+    if run.clusters:
+        run.notes.append(
+            f"Both control planes also hold the bench's own {most} Pods on the bench node "
+            f"(one per publishing ADD, created beforehand); the 10 / "
+            f"{run.options.objects:,} objects of each kind are other nodes' (other "
+            f"routers; Pods and EndpointSlices half in the bench's namespace, half in "
+            f"others).")
+
+
+def stop_clusters(run: Run) -> None:
+    """Stop both control planes (also one that failed half-way) and remove their state."""
+    for name in (SMALL, LARGE):
+        state_dir = run.workdir / f"cluster-{name}"
+        if state_dir.exists():
+            try:
+                down(state_dir)
+            except Exception as exc:
+                log(f"stopping control plane {name}: {exc}")
