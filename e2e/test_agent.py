@@ -83,7 +83,7 @@ def test_an_agent_of_another_protocol_version_is_not_used(plugin: Plugin, netns:
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(str(path))
     listener.listen(8)
-    seen: list[int] = []
+    seen: list[bytes] = []
 
     def future_agent() -> None:
         listener.settimeout(30)

@@ -54,8 +54,9 @@ def test_chain_with_tuning_and_portmap_through_cnitool(plugin: Plugin, netns: st
         ],
     }
     (confdir / f"{network}.conflist").write_text(json.dumps(conflist))
-    run = lambda verb: _cnitool(verb, network, netns, confdir, plugin.cni_bin,  # noqa: E731
-                                cache, plugin)
+
+    def run(verb: str) -> subprocess.CompletedProcess[str]:
+        return _cnitool(verb, network, netns, confdir, plugin.cni_bin, cache, plugin)
 
     added = run("add")
     assert added.returncode == 0, added.stderr + added.stdout

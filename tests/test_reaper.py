@@ -10,6 +10,7 @@ from contextlib import contextmanager
 import pytest
 
 from cni_plugin.agent import reaper
+from cni_plugin.kernel import netns
 from cni_plugin.kernel.rtnl import Rtnl
 
 
@@ -38,7 +39,7 @@ def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
         yield None
 
     monkeypatch.setattr(reaper, "_delete", found.delete)
-    monkeypatch.setattr(reaper.netns, "open_netlink", no_netlink)
+    monkeypatch.setattr(netns, "open_netlink", no_netlink)  # the module the reaper calls
     return found
 
 

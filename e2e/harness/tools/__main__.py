@@ -24,12 +24,11 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         start = time.monotonic()
         try:
-            out = gotools.build_all()
+            paths = gotools.build_all()
         except gotools.GoToolsError as exc:
             print(f"build failed: {exc}", file=sys.stderr)
             return 1
-        out["seconds"] = round(time.monotonic() - start, 1)
-        print(json.dumps(out, indent=2))
+        print(json.dumps({**paths, "seconds": round(time.monotonic() - start, 1)}, indent=2))
     return 0
 
 
