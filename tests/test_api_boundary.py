@@ -120,11 +120,8 @@ def test_a_watch_resumes_from_the_last_version_it_saw_bookmarks_included() -> No
     pod = {"metadata": {"namespace": "team-a", "name": "web", "resourceVersion": "5"}}
     client = ScriptedWatch([{"type": "ADDED", "object": pod},
                             {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}}])
-    cache = WatchCache(client.creds, PODS.path(), "spec.nodeName=node-1")
-    try:  # its own thread finds no API server; only the method under test gets events
-        assert cache._watch(client, "1") == "9"
-    finally:
-        cache.stop()
+    cache = WatchCache(client.creds, PODS.path(), "spec.nodeName=node-1")  # not started
+    assert cache._watch(client, "1") == "9"
     assert client.queries[0]["resourceVersion"] == "1"
     assert client.queries[0]["allowWatchBookmarks"] == "true"
     assert cache._objects["team-a/web"] == pod
@@ -133,8 +130,5 @@ def test_a_watch_resumes_from_the_last_version_it_saw_bookmarks_included() -> No
 def test_a_watch_error_event_makes_the_cache_list_again() -> None:
     client = ScriptedWatch([{"type": "ERROR", "object": {"message": "too old resource version"}}])
     cache = WatchCache(client.creds, PODS.path(), "spec.nodeName=node-1")
-    try:
-        with pytest.raises(ConnectionError, match="too old"):
-            cache._watch(client, "1")
-    finally:
-        cache.stop()
+    with pytest.raises(ConnectionError, match="too old"):
+        cache._watch(client, "1")

@@ -71,7 +71,11 @@ def test_racing_first_uses_start_one_watch(kubeconfig: str,
 
     class CountingWatch:
         def __init__(self, _creds: object, path: str, _selector: str) -> None:
-            started.append(path)
+            self.path = path
+
+        def start(self) -> CountingWatch:
+            started.append(self.path)
+            return self
 
         def get(self, *_: str) -> None:
             return None

@@ -36,7 +36,11 @@ class WatchCache:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"watch {path}", daemon=True)
+
+    def start(self) -> WatchCache:
+        """Start listing and watching in a thread of its own."""
         self._thread.start()
+        return self
 
     def items(self) -> list[dict[str, Any]] | None:
         """Current objects, or None when not in sync."""
@@ -160,7 +164,7 @@ class WarmCluster:
         with self._lock:  # created under the lock: racing first uses start one watch, not two
             cache = self._watches.get(key)
             if cache is None:
-                cache = self._watches[key] = WatchCache(creds, path, selector)
+                cache = self._watches[key] = WatchCache(creds, path, selector).start()
         return cache
 
     def routers(self, kubeconfig: str, namespace: str, node: str) -> list[dict[str, Any]] | None:
