@@ -5,6 +5,7 @@ Everything runs in tmp dirs and needs no root.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import os
@@ -585,6 +586,55 @@ def test_release_reaches_pools_no_longer_configured(tmp_path: Path) -> None:
     allocator.allocate_all(old, att("c1"))
     new = ipam_conf(tmp_path, ipv6_subnet="fd99::/64", ipv6_prefix_length=112)
     assert allocator.release(new, att("c1")) == ["fd00::1:0:0"]
+
+
+def full_disk_at(monkeypatch: pytest.MonkeyPatch, fails: str) -> None:
+    """os.replace onto a path ending in `fails` fails as on a full disk (ENOSPC)."""
+    real = os.replace
+
+    def replace(src: str, dst: str) -> None:
+        if str(dst).endswith(fails):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+
+
+def test_a_reserve_whose_index_cannot_be_written_leaves_no_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    conf = ipam_conf(tmp_path, ipv4_subnet="10.0.0.0/24")
+    full_disk_at(monkeypatch, "c1@eth0")
+    assert code_of(allocator.allocate_all, conf, att("c1")).code == IO_FAILURE
+    assert records_in(pool_dir(conf)) == []
+    assert [p for p in pool_dir(conf).rglob("*") if p.name.startswith(TMP_PREFIX)] == []
+
+
+def test_a_reserve_whose_cursor_cannot_be_written_is_complete(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    conf = ipam_conf(tmp_path, ipv4_subnet="10.0.0.0/24")
+    full_disk_at(monkeypatch, "last_reserved")
+    (first,) = allocator.allocate_all(conf, att("c1"))
+    (second,) = allocator.allocate_all(conf, att("c2"))  # no cursor: found free all the same
+    assert first.address != second.address
+    assert allocator.release(conf, att("c1")) == ["10.0.0.2"]
+
+
+def test_del_finds_a_record_whose_index_entry_is_gone(tmp_path: Path) -> None:
+    conf = ipam_conf(tmp_path, ipv6_subnet="fd00::/64")
+    allocator.allocate_all(conf, att("c1"))
+    allocator.allocate_all(conf, att("c2"))
+    (pool_dir(conf) / INDEX_DIR / "c1@eth0").unlink()
+    assert allocator.release(conf, att("c1")) == ["fd00::1:0:0"]
+    assert records_in(pool_dir(conf)) == ["fd00::2:0:0"]
+
+
+def test_del_finds_a_record_whose_index_entry_is_damaged(tmp_path: Path) -> None:
+    conf = ipam_conf(tmp_path, ipv6_subnet="fd00::/64")
+    allocator.allocate_all(conf, att("c1"))
+    allocator.allocate_all(conf, att("c2"))
+    (pool_dir(conf) / INDEX_DIR / "c1@eth0").write_text("fd00::2:0:0")  # c2's record
+    assert allocator.release(conf, att("c1")) == ["fd00::1:0:0"]
+    assert allocator.held(conf, conf.pools[0], att("c2")) is not None
 
 
 def test_gc_releases_unlisted_attachments_and_keeps_listed_ones(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ Layout (all writes happen under the pool's `lock`):
   already taken fails with EEXIST, like O_EXCL;
 - `attachments/<containerID>@<ifname>`: the record name an attachment holds, so ADD and DEL find
   it without scanning the pool;
-- `last_reserved`: the record name handed out last; the next search starts after it;
+- `last_reserved`: the record name handed out last; the next search starts after it (a hint:
+  an allocation whose cursor could not be written is still complete);
 - `.tmp-*`: files being written (temp + rename); leftovers of a crash are removed by GC.
 """
 
@@ -125,7 +126,9 @@ class PoolState:
     # Writing.
 
     def reserve(self, attachment: Attachment, names: Iterable[str]) -> str | None:
-        """Take the first free name of `names` for `attachment`; None if all are taken."""
+        """Take the first free name of `names` for `attachment`; None if all are taken.
+
+        All or nothing: a record whose index entry cannot be written is removed again."""
         body = self._write_temp(attachment.to_json())
         try:
             for name in names:
@@ -135,16 +138,25 @@ class PoolState:
                     continue
                 except OSError as exc:
                     raise io_error("create record", self._path(name), exc) from None
-                self._replace(self._path(INDEX_DIR, attachment.index_name), name.encode())
-                self._replace(self._path(CURSOR_FILE), name.encode())
+                try:
+                    self._replace(self._path(INDEX_DIR, attachment.index_name), name.encode())
+                except CniError:
+                    _unlink(self._path(name))
+                    raise
+                with contextlib.suppress(CniError):  # only where the next search starts
+                    self._replace(self._path(CURSOR_FILE), name.encode())
                 return name
             return None
         finally:
             _unlink(body)
 
     def release(self, attachment: Attachment) -> str | None:
-        """Remove the record `attachment` holds and its index entry; the released name."""
+        """Remove the record `attachment` holds and its index entry; the released name.
+
+        Without a usable index entry the pool is scanned, so no record outlives its DEL."""
         name = self.lookup(attachment)
+        if name is None:
+            name = next((r.name for r in self.records() if r.attachment == attachment), None)
         if name is not None:
             _unlink(self._path(name))
         _unlink(self._path(INDEX_DIR, attachment.index_name))
