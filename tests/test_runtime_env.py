@@ -348,3 +348,21 @@ def test_any_environment_is_accepted_or_code_4_or_2(command: str, container_id: 
         assert "CNI_" in err.msg
     else:
         assert env.command == command
+
+
+# --- CNI_NETNS -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("own", ["/proc/self/ns/net", "/proc/thread-self/ns/net"])
+def test_add_into_the_plugins_own_netns_is_code_4(isolated_environ: dict[str, str],
+                                                   own: str) -> None:
+    with pytest.raises(CniError) as refused:
+        invocation({**isolated_environ, "CNI_NETNS": own})
+    assert refused.value.code == INVALID_ENV and "own network namespace" in refused.value.msg
+    with pytest.raises(CniError):
+        invocation({**isolated_environ, "CNI_NETNS": own, "CNI_COMMAND": "CHECK"})
+
+
+def test_del_and_tap_accept_the_plugins_own_netns(isolated_environ: dict[str, str]) -> None:
+    own = "/proc/self/ns/net"
+    assert invocation({**isolated_environ, "CNI_NETNS": own, "CNI_COMMAND": "DEL"})
+    assert invocation({**isolated_environ, "CNI_NETNS": own}, attachment="tap")

@@ -65,8 +65,8 @@ class Invocation:
         args = {**env.cni_args, **conf.cni_args()}  # config args.cni wins (SPEC §3)
         check_known_args(args)
         host = resolve_host_settings(_stanza_host_keys(conf), request.environ)
-        if env.netns and env.command in ("ADD", "CHECK") and not env.netns.startswith("/"):
-            raise CniError(INVALID_ENV, f"invalid CNI_NETNS {env.netns!r}: not an absolute path")
+        if env.netns and env.command in ("ADD", "CHECK"):
+            _check_netns(env.netns, veth=conf.attachment == "veth")
         _check_runtime_mac(conf)
         pod = PodRef(args.get("K8S_POD_NAMESPACE"), args.get("K8S_POD_NAME"),
                      args.get("K8S_POD_UID"), args.get("K8S_POD_INFRA_CONTAINER_ID"))
@@ -85,6 +85,22 @@ class Invocation:
     def runtime_value(self, key: str) -> Any:
         """A runtimeConfig value, matched case-insensitively like the Go plugins do."""
         return lookup_ci(self.conf.runtime_config, key)
+
+
+def _check_netns(path: str, veth: bool) -> None:
+    if not path.startswith("/"):
+        raise CniError(INVALID_ENV, f"invalid CNI_NETNS {path!r}: not an absolute path")
+    if veth and _same_file(path, "/proc/self/ns/net"):
+        raise CniError(INVALID_ENV, f"invalid CNI_NETNS {path!r}: it is the plugin's own "
+                       "network namespace", "a Pod's interface would be made on the host")
+
+
+def _same_file(path: str, other: str) -> bool:
+    try:
+        mine, theirs = os.stat(path), os.stat(other)
+    except OSError:
+        return False  # a netns that does not exist is reported where it is opened
+    return (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)
 
 
 def _check_runtime_mac(conf: NetConf) -> None:

@@ -73,11 +73,3 @@ def exists(path: str) -> bool:
         return False
     os.close(fd)
     return True
-
-
-def same_as_host(path: str) -> bool:
-    """True when path is the netns this process runs in (a misconfigured CNI_NETNS)."""
-    try:
-        return os.stat(path).st_ino == os.stat("/proc/self/ns/net").st_ino
-    except OSError:
-        return False
