@@ -92,6 +92,7 @@ def load_kubeconfig(path: str) -> KubeCredentials:
         cluster = _named(doc["clusters"], context["cluster"])["cluster"]
         user = _named(doc.get("users") or [], context["user"])["user"] if context.get("user") \
             else {}
+        _refuse_unsupported_auth(path, context.get("user"), user)
         base_dir = os.path.dirname(os.path.abspath(path))
         ca = _data_or_file(cluster, "certificate-authority", base_dir)
         token_file = user.get("tokenFile")
@@ -109,6 +110,20 @@ def load_kubeconfig(path: str) -> KubeCredentials:
     except (KeyError, TypeError, ValueError, OSError) as exc:
         raise CniError(INVALID_CONFIG, f"kubeconfig {path!r} is not usable",
                        f"{type(exc).__name__}: {exc}") from None
+
+
+# Ways a kubeconfig user can authenticate that this client does not perform. Ignoring one would
+# send anonymous requests, and the 401 that follows reads like a rotating token.
+UNSUPPORTED_AUTH = ("exec", "auth-provider", "username", "password")
+
+
+def _refuse_unsupported_auth(path: str, name: object, user: dict[str, Any]) -> None:
+    found = [key for key in UNSUPPORTED_AUTH if user.get(key)]
+    if found:
+        raise CniError(INVALID_CONFIG, f"kubeconfig {path!r}: user {name!r} authenticates with "
+                       f"{found[0]!r}, which vpc-attach does not support",
+                       "use a token, tokenFile or client certificate (vpc-attach install "
+                       "writes such a kubeconfig for the plugin's ServiceAccount)")
 
 
 def _named(items: list[dict[str, Any]], name: str) -> dict[str, Any]:
