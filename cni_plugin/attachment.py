@@ -22,7 +22,7 @@ from cni_plugin.core.rollback import Rollback, Undo
 from cni_plugin.kernel import addresses, isolation, links, netns, sysctl, tap
 from cni_plugin.kernel.addresses import RouteSpec
 from cni_plugin.kernel.links import Link, Owner
-from cni_plugin.kernel.rtnl import DEFAULT_TIMEOUT, Rtnl
+from cni_plugin.kernel.rtnl import Rtnl
 from netconf.errors import INTERFACE_CONFLICT, TRY_AGAIN_LATER, CniError
 from netconf.result import Interface, Result
 
@@ -32,19 +32,15 @@ TAP_IPV4_GATEWAY_PREFIX = 25
 @contextmanager
 def host_netlink(deadline: Deadline | None = None) -> Iterator[Rtnl]:
     """A netlink socket in the host netns, closed afterwards (each call bounded by deadline)."""
-    with netns.open_netlink(None, _timeout(deadline)) as rtnl:
+    with netns.open_netlink(None, deadline=deadline) as rtnl:
         yield rtnl
 
 
 @contextmanager
 def pod_netlink(path: str, deadline: Deadline | None = None) -> Iterator[Rtnl]:
     """A netlink socket in the pod netns at path, closed afterwards."""
-    with netns.open_netlink(path, _timeout(deadline)) as rtnl:
+    with netns.open_netlink(path, deadline=deadline) as rtnl:
         yield rtnl
-
-
-def _timeout(deadline: Deadline | None) -> float:
-    return deadline.remaining() if deadline is not None else DEFAULT_TIMEOUT
 
 
 def host_link_name(inv: Invocation) -> str:

@@ -18,7 +18,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cni_plugin.core.deadline import Deadline
 from cni_plugin.kernel import rtnl
+from cni_plugin.kernel.links import kernel_errors
 from cni_plugin.kernel.rtnl import (
     IFF_UP,
     IFLA_ADDRESS,
@@ -52,6 +54,7 @@ from cni_plugin.kernel.rtnl import (
     pack_message,
     parse_attrs,
 )
+from netconf.errors import KERNEL_FAILURE, TRY_AGAIN_LATER, CniError
 
 IFINFOMSG = struct.Struct("=BxHiII")
 RTMSG = struct.Struct("=BBBBBBBBI")
@@ -437,6 +440,12 @@ def test_no_answer_within_the_timeout_is_etimedout() -> None:
     assert raised.value.code == errno.ETIMEDOUT
 
 
+def test_a_wait_never_outlasts_the_invocations_deadline() -> None:
+    with Rtnl(timeout=30, deadline=Deadline(0.05)) as nl, pytest.raises(NetlinkError) as raised:
+        nl._receive()  # nothing was asked: waits for what is left of the deadline, not 30 s
+    assert raised.value.code == errno.ETIMEDOUT and "0.05s" in raised.value.message
+
+
 def test_a_reply_larger_than_the_buffer_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rtnl, "RECV_BUFFER", 24)
     with Rtnl(timeout=5) as nl, pytest.raises(NetlinkError) as raised:
@@ -462,6 +471,9 @@ class _ScriptedSocket:
             pack_message(NLMSG_DONE, 2 | flags, self.seq, struct.pack("=i", 0))
         return datagram, [], 0, None
 
+    def settimeout(self, _: float) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -482,3 +494,22 @@ def test_a_dump_that_keeps_changing_is_used_as_last_read() -> None:
         nl._sock = scripted  # type: ignore[assignment]
         assert [link.name for link in nl.links()] == ["lo"]
         assert scripted.dump_flags == []
+
+
+def test_a_dump_that_decides_an_allocation_and_keeps_changing_is_eagain() -> None:
+    with Rtnl(timeout=5) as nl:
+        nl._sock.close()
+        nl._sock = _ScriptedSocket([NLM_F_DUMP_INTR] * rtnl.DUMP_ATTEMPTS)  # type: ignore
+        with pytest.raises(NetlinkError) as raised:
+            nl.links(consistent=True)
+        assert raised.value.code == errno.EAGAIN
+
+
+def test_a_kernel_that_keeps_changing_or_does_not_answer_is_code_11() -> None:
+    for code in (errno.EAGAIN, errno.ETIMEDOUT):
+        with pytest.raises(CniError) as raised, kernel_errors("list", "links"):
+            raise NetlinkError(code)
+        assert raised.value.code == TRY_AGAIN_LATER
+    with pytest.raises(CniError) as raised, kernel_errors("create", "veth"):
+        raise NetlinkError(errno.EPERM)
+    assert raised.value.code == KERNEL_FAILURE

@@ -40,9 +40,10 @@ class VpcTable:
 
 
 def all_rules(rtnl: Rtnl) -> Rules:
-    """Every policy rule, per family (read once, pass to several lookups below)."""
+    """Every policy rule, per family (read once, pass to several lookups below); consistent,
+    as they decide which table a VPC gets."""
     with kernel_errors("list", "policy rules"):
-        return {family: rtnl.rules(family) for family in FAMILIES}
+        return {family: rtnl.rules(family, consistent=True) for family in FAMILIES}
 
 
 def used_tables(rtnl: Rtnl, rules: Rules | None = None) -> set[int]:
@@ -51,7 +52,7 @@ def used_tables(rtnl: Rtnl, rules: Rules | None = None) -> set[int]:
     for family_rules in (rules or all_rules(rtnl)).values():
         used.update(rule.table for rule in family_rules)
     with kernel_errors("list", "links"):
-        used.update(link.vrf_table for link in rtnl.links()
+        used.update(link.vrf_table for link in rtnl.links(consistent=True)
                     if link.kind == "vrf" and link.vrf_table is not None)
     return used
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from cni_plugin.kernel.rtnl import LinkMsg, NetlinkError, Rtnl
-from netconf.errors import KERNEL_FAILURE, CniError
+from netconf.errors import KERNEL_FAILURE, TRY_AGAIN_LATER, CniError
 
 ALIAS_PREFIX = "vpc-attach/"
 RETIRED_ALIAS_PREFIX = "vpc-attach-retired/"
@@ -62,13 +62,18 @@ class Link:
         return Owner.from_alias(self.alias)
 
 
+TRANSIENT_ERRNOS = frozenset({errno.EAGAIN, errno.ETIMEDOUT})
+
+
 @contextmanager
 def kernel_errors(action: str, obj: str) -> Iterator[None]:
-    """Turn netlink/OS errors into code 100 naming the action and the object."""
+    """Turn netlink/OS errors into code 100 naming the action and the object (code 11 when the
+    kernel was only slow or busy: no answer within the deadline, a dump that kept changing)."""
     try:
         yield
     except NetlinkError as exc:
-        raise CniError(KERNEL_FAILURE, f"failed to {action} {obj!r}: {exc.message}",
+        code = TRY_AGAIN_LATER if exc.code in TRANSIENT_ERRNOS else KERNEL_FAILURE
+        raise CniError(code, f"failed to {action} {obj!r}: {exc.message}",
                        f"netlink error {exc.code}") from None
     except OSError as exc:
         raise CniError(KERNEL_FAILURE, f"failed to {action} {obj!r}: {exc.strerror or exc}",

@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from cni_plugin.core.deadline import Deadline
 from cni_plugin.kernel.rtnl import DEFAULT_TIMEOUT, Rtnl
 from netconf.errors import INVALID_ENV, KERNEL_FAILURE, CniError
 
@@ -54,15 +55,17 @@ def entered(path: str) -> Iterator[None]:
         os.close(home)
 
 
-def open_netlink(path: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> Rtnl:
+def open_netlink(path: str | None = None, timeout: float = DEFAULT_TIMEOUT,
+                 deadline: Deadline | None = None) -> Rtnl:
     """An rtnetlink socket living in the netns at path (host netns when None).
 
-    Every request on it waits at most timeout seconds for the kernel's answer.
+    Every request on it waits at most timeout seconds for the kernel's answer, and never past
+    the deadline when one is given.
     """
     if path is None:
-        return Rtnl(timeout)
+        return Rtnl(timeout, deadline)
     with entered(path):
-        return Rtnl(timeout)
+        return Rtnl(timeout, deadline)
 
 
 def exists(path: str) -> bool:

@@ -14,7 +14,10 @@ import struct
 from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from cni_plugin.core.deadline import Deadline
 
 NETLINK_ROUTE = 0
 SOL_NETLINK = 270
@@ -502,8 +505,10 @@ _REPLY_TYPES = {RTM_GETLINK: RTM_NEWLINK, RTM_GETADDR: RTM_NEWADDR, RTM_GETROUTE
 class Rtnl:
     """An rtnetlink socket in the netns of the thread that created it."""
 
-    def __init__(self, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, timeout: float = DEFAULT_TIMEOUT, deadline: Deadline | None = None
+                 ) -> None:
         self.timeout = timeout
+        self.deadline = deadline  # when given, no wait outlasts it
         self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
         try:
             self._sock.bind((0, 0))
@@ -527,22 +532,32 @@ class Rtnl:
     def __exit__(self, *_: object) -> None:
         self.close()
 
+    def _wait(self) -> float:
+        """Seconds the next send or read may wait (set on the socket)."""
+        wait = self.timeout
+        if self.deadline is not None:
+            wait = min(wait, self.deadline.remaining())
+        self._sock.settimeout(wait)
+        return wait
+
     def _send(self, msg_type: int, flags: int, body: bytes) -> int:
         self._seq = (self._seq + 1) & 0xFFFFFFFF
+        wait = self._wait()
         try:
             self._sock.send(pack_message(msg_type, flags | NLM_F_REQUEST | NLM_F_ACK, self._seq,
                                          body))
         except TimeoutError:
             raise NetlinkError(errno.ETIMEDOUT,
-                               f"the kernel took no request within {self.timeout:g}s") from None
+                               f"the kernel took no request within {wait:g}s") from None
         return self._seq
 
     def _receive(self) -> bytes:
+        wait = self._wait()
         try:
             data, _, msg_flags, _ = self._sock.recvmsg(RECV_BUFFER)
         except TimeoutError:
             raise NetlinkError(errno.ETIMEDOUT,
-                               f"no answer from the kernel within {self.timeout:g}s") from None
+                               f"no answer from the kernel within {wait:g}s") from None
         if msg_flags & socket.MSG_TRUNC:
             raise NetlinkError(errno.EMSGSIZE, "netlink reply larger than the receive buffer")
         return data
@@ -570,17 +585,21 @@ class Rtnl:
                 if msg.type not in (NLMSG_NOOP, NLMSG_DONE, NLMSG_OVERRUN):
                     replies.append(msg)
 
-    def dump(self, msg_type: int, body: bytes) -> list[Message]:
+    def dump(self, msg_type: int, body: bytes, consistent: bool = False) -> list[Message]:
         """Every object a dump returns; read again while the kernel flags it inconsistent.
 
-        On a busy node links change all the time: after DUMP_ATTEMPTS the last answer is used,
-        as iproute2 does.
+        After DUMP_ATTEMPTS the last answer is used, as iproute2 does; unless the caller needs
+        a consistent one (it decides an allocation): then EAGAIN.
         """
         for _ in range(DUMP_ATTEMPTS - 1):
             replies, interrupted = self._dump_once(msg_type, body)
             if not interrupted:
                 return replies
-        return self._dump_once(msg_type, body)[0]
+        replies, interrupted = self._dump_once(msg_type, body)
+        if interrupted and consistent:
+            raise NetlinkError(errno.EAGAIN, f"the kernel's answer kept changing over "
+                               f"{DUMP_ATTEMPTS} reads")
+        return replies
 
     def _dump_once(self, msg_type: int, body: bytes) -> tuple[list[Message], bool]:
         seq = self._send(msg_type, NLM_F_DUMP, body)
@@ -605,10 +624,10 @@ class Rtnl:
                     replies.append(msg)
 
     def _decoded(self, decode: Callable[[bytes], T], msg_type: int, body: bytes,
-                 filtered: bool = False) -> list[T]:
+                 filtered: bool = False, consistent: bool = False) -> list[T]:
         """A dump decoded; a kernel-side filter naming a missing link or table means none."""
         try:
-            replies = self.dump(msg_type, body)
+            replies = self.dump(msg_type, body, consistent)
         except NetlinkError as exc:
             if filtered and exc.code in (errno.ENODEV, errno.ENOENT):
                 return []
@@ -625,10 +644,11 @@ class Rtnl:
             raise NetlinkError(errno.ENODEV)
         return decoded(decode_link, replies[0].payload)
 
-    def links(self) -> list[LinkMsg]:
-        """Every link of the netns."""
+    def links(self, consistent: bool = False) -> list[LinkMsg]:
+        """Every link of the netns (consistent: see `dump`)."""
         return self._decoded(decode_link, RTM_GETLINK,
-                             ifinfomsg() + attr_u32(IFLA_EXT_MASK, RTEXT_FILTER_SKIP_STATS))
+                             ifinfomsg() + attr_u32(IFLA_EXT_MASK, RTEXT_FILTER_SKIP_STATS),
+                             consistent=consistent)
 
     def new_veth(self, name: str, peer_name: str, peer_netns_fd: int, mtu: int | None) -> None:
         """Create veth name here with its peer peer_name in the netns of peer_netns_fd."""
@@ -700,7 +720,8 @@ class Rtnl:
         self.request(RTM_NEWRULE, rule_request(family, iifname, table, priority),
                      NLM_F_CREATE | NLM_F_EXCL)
 
-    def rules(self, family: int) -> list[RuleMsg]:
-        """Policy rules of one family."""
+    def rules(self, family: int, consistent: bool = False) -> list[RuleMsg]:
+        """Policy rules of one family (consistent: see `dump`)."""
         return self._decoded(decode_rule, RTM_GETRULE,
-                             _FIB_RULE_HDR.pack(family, 0, 0, 0, 0, 0, 0, 0, 0))
+                             _FIB_RULE_HDR.pack(family, 0, 0, 0, 0, 0, 0, 0, 0),
+                             consistent=consistent)
