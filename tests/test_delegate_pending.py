@@ -102,6 +102,6 @@ def test_settle_lets_a_running_delegate_finish_before_its_release(tmp_path: Path
     env = plugin(tmp_path, "ipam", f"cat >/dev/null; sleep 0.3; touch {tmp_path}/finished; "
                  f"echo '{json.dumps(RESULT)}'")
     pending = delegate.backend("ipam", env).start_add(b"{}", Deadline(10))
-    pending.settle()
+    pending.settle(Deadline(10))
     assert (tmp_path / "finished").exists()
     assert not pending.failed

@@ -147,7 +147,7 @@ def test_stanza_keys_of_the_config_win_over_env_and_host_file(host_file: Path) -
     assert inv.host.namespace == inv.namespace == "stanza-ns"
     assert inv.host.log_level == "warning"
     assert inv.host.timeout_seconds == 4.0
-    assert inv.deadline.seconds == 4.0
+    assert inv.whole.seconds == 4.0
 
 
 def test_bgp_namespace_defaults_from_host_file_then_galactic_system(host_file: Path) -> None:

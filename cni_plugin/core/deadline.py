@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 
 from netconf.errors import TRY_AGAIN_LATER, CniError
 
+# What ADD's forward work leaves its rollback (SPEC §7): a third, at least 2 s, at most half.
+ROLLBACK_SHARE = 1 / 3
+ROLLBACK_MIN_SECONDS = 2.0
+
 
 @dataclass
 class Deadline:
@@ -29,6 +33,8 @@ class Deadline:
             raise CniError(TRY_AGAIN_LATER,
                            f"deadline of {self.seconds:g}s exceeded before {doing}")
 
-    def fresh(self, seconds: float) -> Deadline:
-        """A new deadline (rollback steps each get their own)."""
-        return Deadline(seconds)
+    def less_rollback_reserve(self) -> Deadline:
+        """The part of this deadline forward work may use: it ends early enough to leave a
+        rollback its reserve, which the rollback's steps then share."""
+        reserve = min(max(self.seconds * ROLLBACK_SHARE, ROLLBACK_MIN_SECONDS), self.seconds / 2)
+        return Deadline(self.seconds - reserve, self.started)

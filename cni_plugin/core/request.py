@@ -6,13 +6,17 @@ to validate it into typed models. Nothing here reads stdin or writes stdout.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import secrets
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
 from cni_plugin.core.deadline import Deadline
+from cni_plugin.core.locks import file_lock
 from netconf.config import NetConf, decode_json, lookup_ci, parse_netconf
 from netconf.errors import INVALID_CONFIG, INVALID_ENV, CniError
 from netconf.host import HostSettings, resolve_host_settings
@@ -54,7 +58,9 @@ class Invocation:
     stdin: bytes
     host: HostSettings
     pod: PodRef
-    deadline: Deadline = field(compare=False)
+    deadline: Deadline = field(compare=False)  # for forward work
+    whole: Deadline = field(compare=False)  # the invocation's, rollback included
+    attempt: str = field(compare=False)  # random token of this invocation (created-by)
 
     @classmethod
     def parse(cls, request: Request) -> Invocation:
@@ -70,8 +76,10 @@ class Invocation:
         _check_runtime_mac(conf)
         pod = PodRef(args.get("K8S_POD_NAMESPACE"), args.get("K8S_POD_NAME"),
                      args.get("K8S_POD_UID"), args.get("K8S_POD_INFRA_CONTAINER_ID"))
+        whole = Deadline(host.timeout_seconds)
+        forward = whole.less_rollback_reserve() if env.command == "ADD" else whole
         return cls(env=env, conf=conf, raw=raw, stdin=request.stdin, host=host, pod=pod,
-                   deadline=Deadline(host.timeout_seconds))
+                   deadline=forward, whole=whole, attempt=secrets.token_hex(6))
 
     @property
     def namespace(self) -> str:
@@ -81,6 +89,18 @@ class Invocation:
     def lock_path(self, name: str) -> str:
         """Lock file for a host object name (a host link, or 'host' for shared state)."""
         return os.path.join(self.host.lock_dir, f"{name}.lock")
+
+    def container_lock(self) -> AbstractContextManager[None]:
+        """The lock of this (container, ifname), held for a whole ADD or DEL (SPEC §9), so the
+        two never interleave. One of 256 files: unrelated containers rarely share one."""
+        key = f"{self.env.container_id}/{self.env.ifname}".encode()
+        bucket = hashlib.sha256(key).hexdigest()[:2]
+        return file_lock(self.lock_path(f"container-{bucket}"), self.deadline.remaining())
+
+    @property
+    def created_by(self) -> str:
+        """What every object this invocation creates records about its creator (SPEC §7)."""
+        return f"{self.env.container_id}/{self.env.ifname}/{self.attempt}"
 
     def runtime_value(self, key: str) -> Any:
         """A runtimeConfig value, matched case-insensitively like the Go plugins do."""

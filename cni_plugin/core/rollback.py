@@ -1,9 +1,10 @@
 """Created-only rollback (SPEC §7).
 
 ADD records each thing at the moment it creates it, with the step that undoes exactly that.
-On failure the steps run in reverse, each best-effort with a fresh deadline; the original error
-is what the caller sees. Things ADD merely found or updated are never recorded, so they are
-never deleted.
+On failure the steps run in reverse, each best-effort, all within what is left of the
+invocation's deadline (forward work stopped early to leave it a reserve); the original error
+is what the caller sees, with what could not be undone in its details. Things ADD merely found
+or updated are never recorded, so they are never deleted.
 """
 
 from __future__ import annotations
@@ -14,17 +15,18 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 from cni_plugin.core.deadline import Deadline
+from netconf.errors import CniError
 
 log = logging.getLogger(__name__)
-UNDO_STEP_SECONDS = 10.0
 
 Undo = Callable[[Deadline], None]
 
 
 @dataclass
 class Rollback:
-    """The undo log of one ADD."""
+    """The undo log of one ADD; its steps share `deadline` (the invocation's whole one)."""
 
+    deadline: Deadline
     steps: list[tuple[str, Undo]] = field(default_factory=list)
 
     def created(self, what: str, undo: Undo) -> None:
@@ -32,16 +34,21 @@ class Rollback:
         self.steps.append((what, undo))
 
     def run(self) -> list[str]:
-        """Undo everything recorded, newest first; returns the steps that failed."""
+        """Undo everything recorded, newest first; returns the steps that did not finish."""
         failed: list[str] = []
         while self.steps:
             what, undo = self.steps.pop()
+            if self.deadline.expired():
+                failed.append(f"{what}: no time left")
+                continue
             try:
-                undo(Deadline(UNDO_STEP_SECONDS))
+                undo(self.deadline)
                 log.info("rollback: removed %s", what)
             except Exception as exc:  # best effort: keep undoing the rest
-                log.warning("rollback: could not remove %s: %s", what, exc)
                 failed.append(f"{what}: {exc}")
+        if failed:
+            log.warning("rollback incomplete (GC or a retried DEL removes the rest): %s",
+                        "; ".join(failed))
         return failed
 
     def forget(self) -> None:
@@ -53,8 +60,12 @@ class Rollback:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        """Undo everything on any failure in the block (the error goes on); keep it otherwise."""
+        """Undo everything on any failure in the block (the error goes on, saying what could
+        not be undone); keep it otherwise."""
         if kind is None:
             self.forget()
-        else:
-            self.run()
+            return
+        failed = self.run()
+        if failed and isinstance(exc, CniError):
+            note = "rollback incomplete: " + "; ".join(failed)
+            exc.details = f"{exc.details}; {note}" if exc.details else note

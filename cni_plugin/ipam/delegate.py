@@ -90,8 +90,9 @@ class PendingAdd(Protocol):
     def result(self) -> Result:
         """The allocation (waits for the delegate; its CNI error, or code 11 on timeout)."""
 
-    def settle(self, wait: bool = True) -> None:
-        """Make sure the delegate no longer runs (before its DEL undoes the ADD)."""
+    def settle(self, deadline: Deadline) -> None:
+        """Make sure the delegate no longer runs (before its DEL undoes the ADD): let it
+        finish within deadline, else kill it."""
 
 
 class IpamBackend(Protocol):
@@ -195,7 +196,7 @@ class FinishedAdd:
             raise self._done
         return self._done
 
-    def settle(self, wait: bool = True) -> None:
+    def settle(self, deadline: Deadline) -> None:
         """Nothing runs."""
 
 
@@ -260,7 +261,7 @@ class RunningAdd:
         try:
             stdout, stderr = self._proc.communicate(rest, timeout=self._deadline.remaining())
         except subprocess.TimeoutExpired:
-            self.settle(wait=False)  # the deadline is spent
+            self._kill()  # the deadline is spent
             raise _timed_out(self.plugin_type, "ADD", self._deadline) from None
         try:
             return _allocation(self.plugin_type, _answer(self.plugin_type, "ADD",
@@ -268,15 +269,16 @@ class RunningAdd:
         except CniError as exc:
             return exc
 
-    def settle(self, wait: bool = True) -> None:
-        """Let the delegate finish within what is left of the deadline (at least 1 s), or kill
-        it (at once: not wait)."""
+    def settle(self, deadline: Deadline) -> None:
+        """Let the delegate finish within deadline, or kill it."""
         if self._proc.poll() is not None:
             return
         rest, self._stdin = self._stdin, None
-        if wait:
-            with suppress(subprocess.TimeoutExpired):
-                self._proc.communicate(rest, timeout=max(self._deadline.remaining(), 1.0))
-                return
+        with suppress(subprocess.TimeoutExpired):
+            self._proc.communicate(rest, timeout=deadline.remaining())
+            return
+        self._kill()
+
+    def _kill(self) -> None:
         self._proc.kill()
         self._proc.communicate()

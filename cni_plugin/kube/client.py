@@ -25,6 +25,12 @@ from netconf.errors import PUBLISH_FAILURE, TRY_AGAIN_LATER, CniError
 
 REQUEST_TIMEOUT_CAP = 10.0
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
+NOT_PROCESSED_STATUS = frozenset({429, 503})  # the server says it did not act on the request
+# Every object vpc-attach creates records which invocation created it (SPEC §7), so a create
+# whose answer was lost can be repeated: its 409 is recognised as our own.
+CREATED_BY_ANNOTATION = "vpc-attach.datum.net/created-by"
+# Kinds whose create stores nothing (reviews): repeating one is harmless.
+UNSTORED_KINDS = frozenset({"SelfSubjectAccessReview"})
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -138,13 +144,14 @@ class KubeClient:
         return headers
 
     def _once(self, method: str, path: str, body: bytes | None, content_type: str,
-              timeout: float) -> tuple[int, bytes]:
+              timeout: float) -> tuple[int, bytes, float | None]:
+        """(status, body, Retry-After seconds if given) of one exchange."""
         headers = self._headers(content_type if body is not None else None)
         conn = self._connection(timeout)
         try:
             conn.request(method, self._prefix + path, body=body, headers=headers)
             response = conn.getresponse()
-            return response.status, response.read()
+            return response.status, response.read(), _seconds(response.getheader("Retry-After"))
         except BaseException:
             self.close()  # never reuse a connection in an unknown state
             raise
@@ -152,17 +159,23 @@ class KubeClient:
     def request(self, method: str, path: str, deadline: Deadline, *,
                 body: Any = None, query: Mapping[str, str] | None = None,
                 content_type: str = "application/json") -> Any:
-        """Send one request, retrying transient failures until the deadline; parsed JSON back."""
+        """Send one request, retrying transient failures until the deadline; parsed JSON back.
+
+        A write is repeated after a lost answer only when repeating it is safe (see
+        `repeatable`); Retry-After is honoured when it fits in the deadline."""
         if query:
             path += "?" + urllib.parse.urlencode(query)
         payload = json.dumps(body).encode() if body is not None else None
+        safe = repeatable(method, body)
         attempt = 0
         last = ""
         while True:
             attempt += 1
+            retry_after = None
             try:
-                status, data = self._once(method, path, payload, content_type,
-                                          min(deadline.remaining(), REQUEST_TIMEOUT_CAP))
+                status, data, retry_after = self._once(
+                    method, path, payload, content_type,
+                    min(deadline.remaining(), REQUEST_TIMEOUT_CAP))
             except (TimeoutError, OSError, http.client.HTTPException, ssl.SSLError) as exc:
                 status, data, last = 0, b"", f"{type(exc).__name__}: {exc}"
             if 200 <= status < 300:
@@ -171,11 +184,17 @@ class KubeClient:
                 raise _api_error(status, data, method, path)
             if status:
                 last = f"HTTP {status}"
+            if not safe and status not in NOT_PROCESSED_STATUS:
+                raise CniError(TRY_AGAIN_LATER, f"Kubernetes API: no answer to {method} {path}",
+                               f"{last}; not repeated: it may have been applied")
             backoff = min(2.0, 0.05 * 2 ** attempt) * (0.5 + random.random() / 2)
-            if deadline.remaining(floor=0) <= backoff:
+            wait = max(backoff, retry_after or 0.0)
+            if deadline.remaining(floor=0) <= wait:
+                asked = f"; the server asked to retry after {retry_after:g}s" \
+                    if retry_after else ""
                 raise CniError(TRY_AGAIN_LATER, f"Kubernetes API unavailable: {method} {path}",
-                               f"{last} after {attempt} attempt(s) within the deadline")
-            time.sleep(backoff)
+                               f"{last} after {attempt} attempt(s) within the deadline{asked}")
+            time.sleep(wait)
 
     def watch(self, path: str, query: Mapping[str, str], timeout: float
               ) -> Iterator[dict[str, Any]]:
@@ -242,6 +261,33 @@ class KubeClient:
             if exc.status in (404, 409):  # gone, or a precondition / resourceVersion failed
                 return False
             raise
+
+
+def repeatable(method: str, body: Any) -> bool:
+    """Whether sending this request twice does no harm: reads; creates that carry
+    CREATED_BY_ANNOTATION (the second one's 409 is recognised) or store nothing; updates with a
+    resourceVersion and deletes with preconditions (the second one fails cleanly)."""
+    if method == "GET":
+        return True
+    if not isinstance(body, dict):
+        return False
+    meta = body.get("metadata") or {}
+    if method == "POST":
+        return CREATED_BY_ANNOTATION in (meta.get("annotations") or {}) \
+            or body.get("kind") in UNSTORED_KINDS
+    if method == "PUT":
+        return bool(meta.get("resourceVersion"))
+    if method == "DELETE":
+        return bool(body.get("preconditions"))
+    return False
+
+
+def _seconds(value: str | None) -> float | None:
+    """A Retry-After header in seconds (the HTTP-date form is not used by the API server)."""
+    try:
+        return max(0.0, float(value)) if value else None
+    except ValueError:
+        return None
 
 
 def _api_error(status: int, data: bytes, method: str, path: str) -> ApiError:

@@ -15,7 +15,7 @@ from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.locks import file_lock
 from cni_plugin.core.rollback import Rollback
 from cni_plugin.kube.client import ApiError, Resource, update_with_retry
-from cni_plugin.publish.context import PublishContext, Router
+from cni_plugin.publish.context import PublishContext, Router, create
 from cni_plugin.publish.resources import (
     ADVERTISEMENTS,
     CONTAINER_KEYS,
@@ -151,17 +151,11 @@ def _create_instance_locked(ctx: PublishContext, router: Router, name: str, targ
                  "importRouteTargets": [{"value": target}],
                  "exportRouteTargets": [{"value": target}]},
     }
-    try:
-        created: dict[str, Any] = ctx.client.request(
-            "POST", VRF_INSTANCES.path(ctx.namespace), deadline, body=body)
-    except ApiError as exc:
-        if exc.status == 409:
-            return None
-        raise
-    uid = created["metadata"]["uid"]
-    rollback.created(f"BGPVRFInstance {name}",
-                     lambda d: _undo_instance(ctx, router, name, uid, d))
-    return created
+
+    def undo(found: dict[str, Any], d: Deadline) -> None:
+        _undo_instance(ctx, router, name, found["metadata"]["uid"], d)
+
+    return create(ctx, VRF_INSTANCES, body, rollback, undo, deadline)  # None: someone else's
 
 
 def _resolve_collision(ctx: PublishContext, router: Router, ours: dict[str, Any],
@@ -311,17 +305,11 @@ def ensure_advertisement(ctx: PublishContext, router: Router, vrf_id: int, plan:
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "BGPAdvertisement",
                 "metadata": {"name": name, "namespace": ctx.namespace, "annotations": {}}}
         merge(body)
-        try:
-            ctx.client.request("POST", ADVERTISEMENTS.path(ctx.namespace), deadline,
-                               body=body)
-        except ApiError as exc:
-            if exc.status == 409:
-                continue  # created concurrently: merge into it
-            raise
-        # Created here, but others may join before a rollback: withdraw, never blind-delete.
-        rollback.created(f"BGPAdvertisement {name}",
-                         lambda d: withdraw_advertisement(ctx, d, may_delete=True))
-        return
+        # Others may join before a rollback: it withdraws ours, never blind-deletes.
+        if create(ctx, ADVERTISEMENTS, body, rollback,
+                  lambda _, d: withdraw_advertisement(ctx, d, may_delete=True), deadline):
+            return
+        # created concurrently: merge into it
     raise CniError(TRY_AGAIN_LATER, f"BGPAdvertisement {name!r} keeps changing")
 
 

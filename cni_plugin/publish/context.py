@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Invocation
-from cni_plugin.kube.client import KubeClient
+from cni_plugin.core.rollback import Rollback
+from cni_plugin.kube.client import CREATED_BY_ANNOTATION, ApiError, KubeClient, Resource
 from cni_plugin.publish.source import ClusterSource
 
 
@@ -51,3 +54,41 @@ class Router:
         spec = obj.get("spec") or {}
         return cls(obj["metadata"]["name"], int(spec["localASN"]), spec.get("srv6Locator"),
                    spec.get("nodeID"))
+
+
+def create(ctx: PublishContext, resource: Resource, body: dict[str, Any], rollback: Rollback,
+           undo: Callable[[dict[str, Any], Deadline], None],
+           deadline: Deadline) -> dict[str, Any] | None:
+    """Create body, marked with this invocation's created-by; the object, or None when someone
+    else created it first (409).
+
+    The undo is recorded before the request, so a create whose answer is lost (however it was
+    lost) is still undone; it runs only on an object that carries our mark."""
+    meta = body["metadata"]
+    marked = {**body, "metadata": {**meta, "annotations": {
+        **(meta.get("annotations") or {}), CREATED_BY_ANNOTATION: ctx.inv.created_by}}}
+    path = resource.path(meta["namespace"], meta["name"])
+    kind = body.get("kind", resource.kind)
+
+    def undo_ours(d: Deadline) -> None:
+        found = ctx.client.get(path, d)
+        if found is not None and created_by(found) == ctx.inv.created_by:
+            undo(found, d)
+
+    rollback.created(f"{kind} {meta['namespace']}/{meta['name']}", undo_ours)
+    try:
+        created: dict[str, Any] = ctx.client.request("POST", resource.path(meta["namespace"]),
+                                                     deadline, body=marked)
+        return created
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+    found = ctx.client.get(path, deadline)  # ours after a lost answer, or someone else's
+    return found if found is not None and created_by(found) == ctx.inv.created_by else None
+
+
+def created_by(obj: dict[str, Any]) -> str | None:
+    """The created-by mark of an object."""
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    value = annotations.get(CREATED_BY_ANNOTATION)
+    return value if isinstance(value, str) else None

@@ -11,8 +11,7 @@ from cni_plugin.core import naming
 from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.rollback import Rollback
-from cni_plugin.kube.client import ApiError
-from cni_plugin.publish.context import PublishContext
+from cni_plugin.publish.context import PublishContext, create
 from cni_plugin.publish.resources import (
     CONTAINER_ID_ANNOTATION,
     ENDPOINT_SLICES,
@@ -103,23 +102,16 @@ def ensure_slices(ctx: PublishContext, plan: Addressing, sid: str | None, rollba
 def _write_slice(ctx: PublishContext, namespace: str, name: str, body: dict[str, Any],
                  rollback: Rollback, deadline: Deadline) -> None:
     path = ENDPOINT_SLICES.path(namespace, name)
+
+    def undo(found: dict[str, Any], d: Deadline) -> None:
+        ctx.client.delete(path, d, uid=found["metadata"]["uid"])
+
     for _ in range(10):
         existing = ctx.client.get(path, deadline)
         if existing is None:
-            try:
-                created = ctx.client.request("POST", ENDPOINT_SLICES.path(namespace), deadline,
-                                             body=body)
-            except ApiError as exc:
-                if exc.status == 409:
-                    continue
-                raise
-            created_uid = str(created["metadata"]["uid"])
-
-            def undo(d: Deadline, uid: str = created_uid) -> None:
-                ctx.client.delete(path, d, uid=uid)
-
-            rollback.created(f"EndpointSlice {namespace}/{name}", undo)
-            return
+            if create(ctx, ENDPOINT_SLICES, body, rollback, undo, deadline) is not None:
+                return
+            continue  # someone else's: check it is ours to update
         labels = existing["metadata"].get("labels") or {}
         if labels.get(MANAGED_BY_LABEL) != MANAGED_BY:
             raise CniError(PUBLISH_FAILURE, f"EndpointSlice {namespace}/{name} exists and is not "

@@ -19,9 +19,10 @@ def add(request: Request, env: Environment) -> Result:
     """Attach the container and answer its result (in the 1.1.0 shape)."""
     inv = Invocation.parse(request)
     prev = inv.conf.prev()
-    # Settings, API and router are checked before any change (SPEC §4); the API client is
-    # held until the rollback, if any, is done.
-    with Publisher.open(inv, env.cluster) as publisher, Rollback() as rollback:
+    # One ADD or DEL of this container at a time; settings, API and router are checked before
+    # any change (SPEC §4); the API client is held until the rollback, if any, is done.
+    with inv.container_lock(), Publisher.open(inv, env.cluster) as publisher, \
+            Rollback(inv.whole) as rollback:
         if inv.conf.attachment == "existing":  # publish what an earlier plugin created
             result = _previous(prev)
             addressing = Addressing.from_result(result)
@@ -43,7 +44,7 @@ def start_ipam(inv: Invocation, rollback: Rollback) -> delegate.PendingAdd:
     pending = ipam.start_add(inv.stdin, inv.deadline)
 
     def release(deadline: Deadline) -> None:
-        pending.settle()
+        pending.settle(deadline)
         if not pending.failed:  # an ADD it refused allocated nothing
             ipam.run("DEL", inv.stdin, deadline)
 

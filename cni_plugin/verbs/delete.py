@@ -29,6 +29,11 @@ def delete(request: Request, env: Environment) -> None:
         log.warning("DEL with an unusable config succeeds without changes: %s (%s)",
                     exc.msg, exc.details)
         return
+    with inv.container_lock():  # never interleaved with an ADD of the same container
+        _undo_add(inv, env)
+
+
+def _undo_add(inv: Invocation, env: Environment) -> None:
     failures: list[CniError] = []
     ipam = delegate.of(inv)
     if ipam is not None:
