@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import secrets
+import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -173,8 +176,7 @@ def test_del_through_the_agent_retires_the_links_and_deletes_them_after_answerin
         plugin: Plugin, netns: str, vpc: str, tmp_path: Path) -> None:
     conf = _pool_conf(vpc, "4", tmp_path / "ipam")
     host_name = naming.host_link_name(vpc, "4")
-    monitor = subprocess.Popen(["ip", "-o", "monitor", "link"], stdout=subprocess.PIPE,
-                               text=True)
+    monitor = subprocess.Popen(["ip", "-o", "monitor", "link"], stdout=subprocess.PIPE)
     try:
         with AgentProcess(tmp_path) as agent:
             env = {"VPC_ATTACH_AGENT_SOCKET": str(agent.socket)}
@@ -193,15 +195,40 @@ def test_del_through_the_agent_retires_the_links_and_deletes_them_after_answerin
                        lambda: "retire-1" not in str(_retired_links()), 10)
             assert [line["verb"] for line in agent.verb_lines()] == ["ADD", "DEL", "ADD", "DEL"]
     finally:
-        time.sleep(0.2)  # let ip monitor print the last deletion
+        # The kernel has deleted them; read until ip monitor has printed both deletions.
+        events = _monitor_output(monitor, lambda text: len(_retired_deletions(text, host_name)[1])
+                                 >= 2, timeout=10)
         monitor.terminate()
-        events, _ = monitor.communicate(timeout=10)
+        rest, _ = monitor.communicate(timeout=10)
+        events += rest.decode()
     # The kernel saw each host end (by its index) renamed to vpz…, and deleted under that name.
+    indexes, deleted = _retired_deletions(events, host_name)
+    assert len(indexes) == 2 and len(deleted) == 2, events
+
+
+def _retired_deletions(events: str, host_name: str) -> tuple[set[str], list[str]]:
+    """Indexes `ip -o monitor link` showed as host_name, and its deletions of them as vpz…."""
     indexes = {line.split(":")[0] for line in events.splitlines()
                if line.startswith(f"{line.split(':')[0]}: {host_name}@")}
     deleted = [line for line in events.splitlines() if line.startswith("Deleted ")
                and line.split()[1].rstrip(":") in indexes and line.split()[2].startswith("vpz")]
-    assert len(indexes) == 2 and len(deleted) == 2, events
+    return indexes, deleted
+
+
+def _monitor_output(monitor: subprocess.Popen[bytes], done: Callable[[str], bool],
+                    timeout: float) -> str:
+    """What the monitor printed so far, read until done(text) holds or timeout passes."""
+    assert monitor.stdout is not None
+    text = ""
+    give_up = time.monotonic() + timeout
+    while not done(text) and time.monotonic() < give_up:
+        readable, _, _ = select.select([monitor.stdout.fileno()], [], [], 0.1)
+        if readable:
+            chunk = os.read(monitor.stdout.fileno(), 65536)
+            if not chunk:
+                break
+            text += chunk.decode()
+    return text
 
 
 def test_agent_start_and_gc_delete_retired_links_left_behind(

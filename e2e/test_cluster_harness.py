@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from e2e.harness.cluster import BGP_NAMESPACE, BuildError, Cluster, build, processes
+from e2e.harness.wait import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -83,7 +83,7 @@ def namespace(admin: client.ApiClient) -> Iterator[str]:
         client.V1Namespace(metadata=client.V1ObjectMeta(name=name)),
         _request_timeout=REQUEST_TIMEOUT,
     )
-    poll_until(
+    wait_until(
         "default ServiceAccount",
         lambda: exists(
             lambda: core.read_namespaced_service_account(
@@ -94,14 +94,6 @@ def namespace(admin: client.ApiClient) -> Iterator[str]:
     )
     yield name
     core.delete_namespace(name, _request_timeout=REQUEST_TIMEOUT)
-
-
-def poll_until(what: str, condition: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.25)
 
 
 def exists(read: Callable[[], Any]) -> bool:
@@ -347,7 +339,7 @@ def test_endpointslice_owned_by_pod_is_garbage_collected(
         "workload", namespace, _request_timeout=REQUEST_TIMEOUT
     )
 
-    poll_until(
+    wait_until(
         "the garbage collector to delete the Pod's EndpointSlice",
         lambda: (
             not exists(
@@ -406,12 +398,14 @@ def test_down_refuses_a_directory_it_did_not_create(tmp_path: Path) -> None:
 
 def test_stop_escalates_to_sigkill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(processes, "STOP_GRACE_S", 0.5)
+    ready = tmp_path / "stubborn.ready"
     stubborn = processes.start(
         "stubborn",
-        ["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done", f"{tmp_path}/stubborn"],
+        ["sh", "-c", "trap '' TERM; : > \"$0.ready\"; while :; do sleep 0.1; done",
+         f"{tmp_path}/stubborn"],
         tmp_path,
     )
-    time.sleep(0.2)  # let sh install its trap
+    wait_until("sh to ignore SIGTERM", ready.exists, 10)  # the trap is set before the file
 
     processes.stop("stubborn", tmp_path, stubborn.popen)
 

@@ -3,7 +3,7 @@ STATUS with missing RBAC, GC of stale slices, pruning only this node's stale ann
 
 from __future__ import annotations
 
-import time
+import datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from e2e.harness.publishing import (
     make_node,
     vrf_instance,
 )
+from e2e.harness.wait import wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster]
 NPTV6 = {"publicPrefix": "2001:db8:aa::/48", "ulaPrefix": "fd00:aa::/48"}
@@ -41,8 +42,8 @@ def _conf(vpc: str, att: str, tmp_path: Path, **kw: Any) -> dict[str, Any]:
     return conf
 
 
-def _instance(kube: Kube, name: str, router: str, vrf_id: int, rt: str) -> None:
-    kube.create(VRF_INSTANCES.path(BGP_NS), {
+def _instance(kube: Kube, name: str, router: str, vrf_id: int, rt: str) -> dict[str, Any]:
+    return kube.create(VRF_INSTANCES.path(BGP_NS), {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "BGPVRFInstance", "metadata": {"name": name},
         "spec": {"routerRef": {"name": router}, "vrfID": vrf_id, "nptv6": NPTV6,
                  "importRouteTargets": [{"value": rt}], "exportRouteTargets": [{"value": rt}]}})
@@ -55,8 +56,12 @@ def test_field_selectors_narrow_lists_to_this_node(kube: Kube, node: Node) -> No
 
 def test_a_colliding_vrf_id_is_moved_by_the_later_instance(kube: Kube, node: Node, netns: str,
                                                            vpc: str, tmp_path: Path) -> None:
-    _instance(kube, f"older-{node.name}", node.router, 5, "65000:1")
-    time.sleep(1.1)  # creationTimestamp has one-second resolution
+    created = _instance(kube, f"older-{node.name}", node.router, 5, "65000:1")
+    # creationTimestamp has one-second resolution: ours must carry a later one.
+    later = datetime.datetime.fromisoformat(created["metadata"]["creationTimestamp"]) + \
+        datetime.timedelta(seconds=1)
+    wait_until("the next creationTimestamp second",
+               lambda: datetime.datetime.now(datetime.UTC) >= later, 5, interval=0.02)
     ours = naming.vrf_instance_name(vpc, node.name)
     _instance(kube, ours, node.router, 5, "65000:999")
     uid = create_pod(kube, "collide", node.name)

@@ -1,9 +1,10 @@
 """Admin access to a test control plane through the official `kubernetes` client.
 
 Independent of the code under test (the plugin's own API client is never used to check what
-the plugin did): raw REST paths over `kubernetes.client.ApiClient`, JSON in and out as dicts,
-every request with a timeout. The harness bootstraps clusters with it (manifests, conditions,
-tokens) and the tests arrange and inspect the cluster with it (the `kube` fixture).
+the plugin did): raw REST paths over a `kubernetes.client.ApiClient` (its configuration, TLS
+and connection pool), JSON in and out as dicts, every request with a timeout. The harness
+bootstraps clusters with it (manifests, conditions, tokens) and the tests arrange and inspect
+the cluster with it (the `kube` fixture).
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ class ApiError(RuntimeError):
 class Kube:
     """One API server, one identity (client certificate, bearer token, or none)."""
 
-    def __init__(self, configuration: Configuration, timeout: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(self, configuration: Configuration, token: str | None = None,
+                 timeout: float = REQUEST_TIMEOUT_S) -> None:
         self._api = ApiClient(configuration)
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         self.timeout = timeout
         self._resources: dict[str, dict[str, tuple[str, bool]]] = {}
 
@@ -60,10 +63,7 @@ class Kube:
     @classmethod
     def with_token(cls, server: str, ca_file: Path, token: str) -> Kube:
         """Authenticated by a bearer token only (a ServiceAccount's)."""
-        configuration = _configuration(server, ca_file)
-        configuration.api_key = {"BearerToken": token}
-        configuration.api_key_prefix = {"BearerToken": "Bearer"}
-        return cls(configuration)
+        return cls(_configuration(server, ca_file), token=token)
 
     @classmethod
     def anonymous(cls, server: str, ca_file: Path) -> Kube:
@@ -71,8 +71,8 @@ class Kube:
         return cls(_configuration(server, ca_file))
 
     def close(self) -> None:
-        """Close the connections."""
-        self._api.rest_client.close()
+        """Close the pooled connections."""
+        self._api.rest_client.pool_manager.clear()
 
     def __enter__(self) -> Kube:
         return self
@@ -172,16 +172,25 @@ class Kube:
 
     def _send(self, method: str, path: str, body: JsonObject | None, query: Query | None,
               content_type: str | None) -> tuple[int, str]:
-        headers = {"Accept": JSON, "Content-Type": content_type} if content_type else {}
-        request = self._api.param_serialize(
-            method, path, query_params=list((query or {}).items()), header_params=headers,
-            body=body, auth_settings=["BearerToken"])
+        url = self._api.configuration.host + path
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        headers = {**self._api.default_headers, **self._auth}
+        if content_type:
+            headers.update({"Accept": JSON, "Content-Type": content_type})
         try:
-            response = self._api.call_api(*request, _request_timeout=self.timeout)
-            # The raw urllib3 answer: read whatever the status (call_api does not raise).
-            raw: bytes = response.response.data
-        except (urllib3.exceptions.HTTPError, ApiException) as exc:  # ApiException: TLS
+            # ApiClient's REST layer: the same call in every client generation (ApiClient.call_api
+            # changed shape in 37), unlike the generated per-resource methods.
+            response = self._api.rest_client.request(  # type: ignore[no-untyped-call]  # unannotated
+                method, url, headers=headers, body=body, _request_timeout=self.timeout)
+        except ApiException as exc:  # clients before 37 raise on a non-2xx status; all on TLS (0)
+            if not exc.status:
+                raise ConnectionError(f"{method} {path}: {exc}") from exc
+            return int(exc.status), str(exc.body or "")
+        except urllib3.exceptions.HTTPError as exc:
             raise ConnectionError(f"{method} {path}: {exc}") from exc
+        # 37 reads the body on demand; earlier clients have read it already.
+        raw: bytes = response.data if response.data is not None else response.response.data
         status: int = response.status
         return status, raw.decode(errors="replace")
 

@@ -151,10 +151,15 @@ def _wait_gone(
 ) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        _reap(pid, popen)
-        if not is_ours(pid, state_dir):
-            _reap(pid, popen)  # it may have turned zombie since the first look: collect it
-            return True
+        if popen is not None:
+            # Our child is gone once reaped: an exiting process loses its cmdline (so is_ours
+            # turns False) a moment before it can be waited for.
+            if popen.poll() is not None:
+                return True
+        else:
+            _reap(pid, popen)
+            if not is_ours(pid, state_dir):
+                return True
         time.sleep(0.1)
     return False
 
