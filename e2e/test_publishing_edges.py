@@ -14,7 +14,7 @@ from cni_plugin.publish.endpointslice import slice_name
 from cni_plugin.publish.resources import GROUP, ROUTERS, VERSION, VRF_INSTANCES
 from e2e.harness.kernel import links_in
 from e2e.harness.kube import Kube
-from e2e.harness.plugin import Plugin, base_conf, host_local
+from e2e.harness.plugin import Plugin, base_conf, host_local, host_local_reservations
 from e2e.harness.publishing import (
     BGP_NS,
     Node,
@@ -161,3 +161,42 @@ def test_status_is_50_when_no_router_targets_this_node(plugin: Plugin, vpc: str,
                            "VPC_ATTACH_KUBECONFIG": str(cluster.plugin_kubeconfig)})
     answer = plugin.call("STATUS", _conf(vpc, "6", tmp_path))
     assert answer.code == 50 and "BGPRouter" in answer.body["msg"], answer.stdout
+
+
+def _fill_advertisement(kube: Kube, node: Node, vpc: str, att: str, prefixes: int,
+                        padding: int = 0) -> dict[str, Any]:
+    """An advertisement of (vpc, att) holding `prefixes` containers of another node (never
+    pruned here), each annotation value padded by `padding` bytes."""
+    annotations: dict[str, str] = {}
+    for n in range(prefixes):
+        cid = naming.annotation_cid(f"other-{n:04d}")
+        annotations[f"galactic.datum.net/allocated-subnet-ipv6.{cid}"] = f"fd00:77:{n:x}::/96"
+        annotations[f"galactic.datum.net/netns.{cid}"] = "/var/run/netns/x" + "p" * padding
+        annotations[f"galactic.datum.net/node.{cid}"] = "some-other-node"
+    spec_prefixes = sorted(v for k, v in annotations.items() if "allocated-subnet" in k)
+    return kube.create(f"/apis/{GROUP}/{VERSION}/namespaces/{BGP_NS}/bgpadvertisements", {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "BGPAdvertisement",
+        "metadata": {"name": naming.advertisement_name(vpc, att), "annotations": annotations},
+        "spec": {"routerRef": {"name": node.router}, "prefixes": spec_prefixes or ["::/128"],
+                 "addressFamily": {"afi": "l2vpn", "safi": "evpn"}, "communities": [],
+                 "vrfID": 1, "function": "End.DT46"}})
+
+
+@pytest.mark.parametrize(("prefixes", "padding", "limit"), [
+    (256, 0, "maxItems"), (40, 6000, "262144")])
+def test_an_advertisement_at_its_limit_refuses_one_more_and_nothing_is_left(
+        kube: Kube, node: Node, netns: str, vpc: str, tmp_path: Path,
+        prefixes: int, padding: int, limit: str) -> None:
+    before = _fill_advertisement(kube, node, vpc, "7", prefixes, padding)
+    uid = create_pod(kube, "full", node.name)
+    answer = node.plugin.call("ADD", _conf(vpc, "7", tmp_path), container_id="ctr-full",
+                              netns=netns, CNI_ARGS=node.cni_args("full", uid))
+    assert answer.code == 11 and "is full" in answer.body["msg"], answer.stdout
+    assert limit in answer.body["msg"]
+    after = advertisement(kube, naming.advertisement_name(vpc, "7"))
+    assert after is not None
+    assert after["metadata"]["annotations"] == before["metadata"]["annotations"]
+    assert after["spec"] == before["spec"]
+    assert endpoint_slice(kube, slice_name("full", vpc, "7", "IPv6")) is None
+    assert links_in(netns) == {"lo"} and naming.host_link_name(vpc, "7") not in links_in()
+    assert host_local_reservations(tmp_path / "ipam", base_conf(vpc, "7")["name"]) == []

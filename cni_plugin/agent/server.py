@@ -184,8 +184,10 @@ def main(argv: list[str]) -> int:
     oplog.configure(Request(environ=dict(os.environ), stdin=b""))
     _warm_up()
     reaper = Reaper()
-    agent = Agent(path, WarmCluster(), reaper)  # binds first: refuses to start next to a
-    reaper.sweep()                              # running agent
+    # Before the socket exists: once it answers, a killed agent's retired links are gone (a
+    # second agent's pending ones would be deleted early, which is all they wait for).
+    reaper.sweep()
+    agent = Agent(path, WarmCluster(), reaper)  # refuses to start next to a running agent
     reaper.start()  # from this thread: it is in the host netns
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -35,6 +35,8 @@ VRF_ID_MIN, VRF_ID_MAX = 1, 4095
 # Spec fields an ADD sets on an advertisement it shares with other containers.
 SHARED_SPEC_KEYS = ("routerRef", "addressFamily", "communities", "vrfID", "function")
 MAX_ATTEMPTS = 10
+MAX_PREFIXES = 256  # spec.prefixes maxItems of the CRD we ship
+MAX_ANNOTATION_BYTES = 256 * 1024  # the API server's limit on all annotations of an object
 
 
 def _list_selected(ctx: PublishContext, resource: Resource, field: str, value: str,
@@ -280,8 +282,10 @@ def ensure_advertisement(ctx: PublishContext, router: Router, vrf_id: int, plan:
         annotations = dict(meta.get("annotations") or {})
         _drop_containers(annotations, _stale_containers(annotations, ctx.node, cid))
         annotations.update(ours)
+        prefixes = prefixes_of(annotations)
+        _within_limits(name, prefixes, annotations)
         spec = {**(obj.get("spec") or {}),
-                **_advertisement_spec(router, vrf_id, target, prefixes_of(annotations))}
+                **_advertisement_spec(router, vrf_id, target, prefixes)}
         if annotations == meta.get("annotations") and spec == obj.get("spec"):
             return False
         meta["annotations"] = annotations
@@ -311,6 +315,22 @@ def ensure_advertisement(ctx: PublishContext, router: Router, vrf_id: int, plan:
             return
         # created concurrently: merge into it
     raise CniError(TRY_AGAIN_LATER, f"BGPAdvertisement {name!r} keeps changing")
+
+
+def _within_limits(name: str, prefixes: list[str], annotations: dict[str, str]) -> None:
+    """Code 11 naming the limit when the write would be refused for its size: the CRD's
+    maxItems on prefixes, or the API server's total size of annotations."""
+    if len(prefixes) > MAX_PREFIXES:
+        raise CniError(TRY_AGAIN_LATER, f"BGPAdvertisement {name!r} is full: it would advertise "
+                       f"{len(prefixes)} prefixes, its CRD allows at most {MAX_PREFIXES} "
+                       "(spec.prefixes maxItems)", "retry once other workloads of this "
+                       "attachment are gone, or spread them over more vpcattachments")
+    size = sum(len(key) + len(value) for key, value in annotations.items())
+    if size > MAX_ANNOTATION_BYTES:
+        raise CniError(TRY_AGAIN_LATER, f"BGPAdvertisement {name!r} is full: its annotations "
+                       f"would take {size} bytes, the API server allows at most "
+                       f"{MAX_ANNOTATION_BYTES} (256 KiB)", "retry once other workloads of "
+                       "this attachment are gone, or spread them over more vpcattachments")
 
 
 def _restoring_withdrawal(ctx: PublishContext, written: dict[str, Any],
