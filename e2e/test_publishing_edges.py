@@ -152,7 +152,8 @@ def test_only_this_nodes_stale_annotations_are_pruned(kube: Kube, node: Node, cl
     notes = adv["metadata"]["annotations"]
     assert not any(naming.annotation_cid("ctr-dead-here") in key for key in notes)
     assert f"galactic.datum.net/netns.{naming.annotation_cid('ctr-dead-there')}" in notes
-    assert sorted(adv["spec"]["prefixes"]) == ["fd00:52::/96", "fd00:53::/96"]
+    # publish-only: each address is advertised as a host prefix, whatever its pool
+    assert sorted(adv["spec"]["prefixes"]) == ["fd00:52::/128", "fd00:53::/128"]
 
 
 def test_status_is_50_when_no_router_targets_this_node(plugin: Plugin, vpc: str, tmp_path: Path,

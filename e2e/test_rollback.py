@@ -165,7 +165,7 @@ def test_denied_slice_create_withdraws_only_this_containers_state(
     notes = after["metadata"]["annotations"]
     assert f"galactic.datum.net/netns.{remote_cid}" in notes
     assert not any(naming.annotation_cid("ctr-f") in key for key in notes)
-    assert after["spec"]["prefixes"] == ["fd00:98::/96"]
+    assert after["spec"]["prefixes"] == ["fd00:98::/128"]  # published by address alone
     assert after["spec"]["routerRef"] == {"name": other_node.router}, "shared spec restored"
     # This ADD created the instance (a new VPC on this node): with no user left, it is gone.
     assert vrf_instance(kube, naming.vrf_instance_name(vpc, node.name)) is None

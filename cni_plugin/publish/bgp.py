@@ -212,10 +212,13 @@ def _undo_instance(ctx: PublishContext, router: Router, name: str, uid: str,
 def container_annotations(ctx: PublishContext, plan: Addressing) -> dict[str, str]:
     """This container's annotations on the advertisement (empty when nothing to advertise)."""
     cid = naming.annotation_cid(ctx.inv.env.container_id)
+    # An earlier plugin's address carries its pool's prefix, shared with other nodes: advertise
+    # the host alone (SPEC §6).
+    host_only = ctx.inv.conf.attachment == "existing"
     values: dict[str, str] = {}
     for addr in plan.workload:
         if addr.version == 6 and SUBNET_V6_KEY + cid not in values:
-            values[SUBNET_V6_KEY + cid] = str(addr.network)
+            values[SUBNET_V6_KEY + cid] = f"{addr.ip}/128" if host_only else str(addr.network)
         elif addr.version == 4 and SUBNET_V4_KEY + cid not in values:
             values[SUBNET_V4_KEY + cid] = str(addr.ip)
     if not values:

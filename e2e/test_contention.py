@@ -1,0 +1,84 @@
+"""64 simulated nodes publishing the same attachment at once into one BGPAdvertisement: every
+ADD succeeds within its deadline, the API server's conflicts are resolved, nothing is lost."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cni_plugin.core import naming
+from e2e.harness.kube import Kube
+from e2e.harness.plugin import Answer, Plugin
+from e2e.harness.publishing import advertisement, make_node
+
+pytestmark = [pytest.mark.root, pytest.mark.cluster]
+NODES = 64
+TIMEOUT_SECONDS = 30
+
+
+def conflicts(kube: Kube) -> int:
+    """409 answers the API server has given for BGPAdvertisements (its own metrics)."""
+    status, text = kube.get_text("/metrics")
+    assert status == 200, text[:200]
+    total = 0
+    for line in text.splitlines():
+        if line.startswith("apiserver_request_total{") and 'code="409"' in line \
+                and 'resource="bgpadvertisements"' in line:
+            total += int(float(line.rsplit(" ", 1)[1]))
+    return total
+
+
+def test_64_nodes_add_the_same_attachment_at_once(kube: Kube, cluster: Any, plugin: Plugin,
+                                                  vpc: str, tmp_path: Path) -> None:
+    nodes = []
+    for index in range(NODES):
+        locks = tmp_path / f"locks-{index}"
+        locks.mkdir()
+        node_plugin = Plugin(plugin.cni_bin, locks)
+        node_plugin.environ.update({k: v for k, v in plugin.environ.items()
+                                    if k == "VPC_ATTACH_AGENT_SOCKET"})
+        nodes.append(make_node(kube, cluster, node_plugin))
+    before = conflicts(kube)
+
+    def publish(index: int) -> tuple[Answer, float]:
+        node = nodes[index]
+        prev = {"cniVersion": "1.1.0", "ips": [{"address": f"fd00:64::{index + 1:x}/64"}],
+                "interfaces": [{"name": "eth0", "sandbox": "/proc/1/ns/net"}]}
+        conf = {"cniVersion": "1.1.0", "name": "contention", "type": "vpc-attach", "vpc": vpc,
+                "vpcattachment": "1", "attachment": "existing", "prevResult": prev,
+                "timeoutSeconds": TIMEOUT_SECONDS,
+                "publish": {"bgp": True, "endpointSlice": False}}
+        began = time.monotonic()
+        answer = node.plugin.call("ADD", conf, container_id=f"ctr-node-{index}",
+                                  netns="/proc/1/ns/net", CNI_ARGS=node.cni_args(f"p{index}"))
+        return answer, time.monotonic() - began
+
+    with ThreadPoolExecutor(max_workers=NODES) as pool:
+        results = list(pool.map(publish, range(NODES)))
+    failures = [answer.stdout for answer, _ in results if answer.status != 0]
+    assert not failures, failures[:3]
+    seconds = sorted(elapsed for _, elapsed in results)
+    assert seconds[-1] < TIMEOUT_SECONDS, "an ADD outlived its deadline"
+
+    adv = advertisement(kube, naming.advertisement_name(vpc, "1"))
+    assert adv is not None
+    expected = sorted(f"fd00:64::{index + 1:x}/128" for index in range(NODES))
+    assert sorted(adv["spec"]["prefixes"]) == expected, "one host prefix per node, none lost"
+    cids = {naming.annotation_cid(f"ctr-node-{index}") for index in range(NODES)}
+    recorded = {key.rsplit(".", 1)[1] for key in adv["metadata"]["annotations"]
+                if re.match(r"galactic\.datum\.net/node\.", key)}
+    assert recorded == cids
+
+    figures = {"nodes": NODES, "failed": len(failures),
+               "median_s": round(statistics.median(seconds), 3),
+               "p95_s": round(seconds[int(0.95 * (len(seconds) - 1))], 3),
+               "max_s": round(seconds[-1], 3), "deadline_s": TIMEOUT_SECONDS,
+               "conflicts_resolved": conflicts(kube) - before}
+    print("64-node contention:", json.dumps(figures))
