@@ -17,16 +17,9 @@ from cni_plugin.kube.client import ApiError, KubeClient, api_failure
 from cni_plugin.kube.config import load_kubeconfig
 from cni_plugin.publish import published_differences
 from cni_plugin.publish.resources import ADVERTISEMENTS, ENDPOINT_SLICES, PODS
+from cni_plugin.publish.source import ColdCluster
 from netconf.errors import PUBLISH_FAILURE, TRY_AGAIN_LATER, CniError
 from netconf.result import Result
-
-KUBECONFIG = """apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "http://127.0.0.1:9"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: x, context: {cluster: c, user: u}}]
-current-context: x
-"""
 
 
 def refusal(status: int, method: str, path: str) -> ApiError:
@@ -60,31 +53,21 @@ class RefusingClient(KubeClient):
         raise refusal(403, method, path)
 
 
-class RefusingCluster:
+class RefusingCluster(ColdCluster):
     """A ClusterSource lending RefusingClients."""
 
     def client(self, kubeconfig: str) -> KubeClient:
         return RefusingClient(load_kubeconfig(kubeconfig))
 
-    def release(self, kubeconfig: str, client: KubeClient) -> None:
-        client.close()
 
-    def routers(self, kubeconfig: str, namespace: str, node: str) -> list[dict[str, Any]] | None:
-        return None
-
-    def pod(self, kubeconfig: str, node: str, namespace: str, name: str) -> dict[str, Any] | None:
-        return None
-
-
-def test_check_answers_a_refused_read_as_code_104_not_an_internal_error(tmp_path: Path) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(KUBECONFIG)
+def test_check_answers_a_refused_read_as_code_104_not_an_internal_error(
+        tmp_path: Path, kubeconfig: str) -> None:
     environ = {"CNI_COMMAND": "CHECK", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/run/netns/p",
                "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin",
                "CNI_ARGS": "K8S_POD_NAMESPACE=team-a;K8S_POD_NAME=web",
                "VPC_ATTACH_HOST_CONFIG": str(tmp_path / "absent.json")}
     conf = {"cniVersion": "1.1.0", "name": "n", "type": "vpc-attach", "vpc": "10",
-            "vpcattachment": "10", "nodeName": "node-1", "kubeconfig": str(kubeconfig),
+            "vpcattachment": "10", "nodeName": "node-1", "kubeconfig": kubeconfig,
             "ipam": {"type": "host-local"}}
     inv = Invocation.parse(Request(environ=environ, stdin=json.dumps(conf).encode()))
     prev = Result.from_wire({"cniVersion": "1.1.0", "ips": [{"address": "fd00::5/64"}]})
@@ -97,8 +80,8 @@ def test_check_answers_a_refused_read_as_code_104_not_an_internal_error(tmp_path
 class ScriptedWatch(KubeClient):
     """A client whose watch plays back the given events and records the query it was asked."""
 
-    def __init__(self, events: list[dict[str, Any]]) -> None:
-        super().__init__(load_kubeconfig_text())
+    def __init__(self, kubeconfig: str, events: list[dict[str, Any]]) -> None:
+        super().__init__(load_kubeconfig(kubeconfig))
         self.events = events
         self.queries: list[dict[str, str]] = []
 
@@ -108,17 +91,9 @@ class ScriptedWatch(KubeClient):
         yield from self.events
 
 
-def load_kubeconfig_text() -> Any:
-    import tempfile
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as handle:
-        handle.write(KUBECONFIG)
-        handle.flush()
-        return load_kubeconfig(handle.name)
-
-
-def test_a_watch_resumes_from_the_last_version_it_saw_bookmarks_included() -> None:
+def test_a_watch_resumes_from_the_last_version_it_saw_bookmarks_included(kubeconfig: str) -> None:
     pod = {"metadata": {"namespace": "team-a", "name": "web", "resourceVersion": "5"}}
-    client = ScriptedWatch([{"type": "ADDED", "object": pod},
+    client = ScriptedWatch(kubeconfig, [{"type": "ADDED", "object": pod},
                             {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}}])
     cache = WatchCache(client.creds, PODS.path(), "spec.nodeName=node-1")  # not started
     assert cache._watch(client, "1") == "9"
@@ -127,8 +102,9 @@ def test_a_watch_resumes_from_the_last_version_it_saw_bookmarks_included() -> No
     assert cache._objects["team-a/web"] == pod
 
 
-def test_a_watch_error_event_makes_the_cache_list_again() -> None:
-    client = ScriptedWatch([{"type": "ERROR", "object": {"message": "too old resource version"}}])
+def test_a_watch_error_event_makes_the_cache_list_again(kubeconfig: str) -> None:
+    client = ScriptedWatch(kubeconfig, [{"type": "ERROR",
+                                         "object": {"message": "too old resource version"}}])
     cache = WatchCache(client.creds, PODS.path(), "spec.nodeName=node-1")
     with pytest.raises(ConnectionError, match="too old"):
         cache._watch(client, "1")

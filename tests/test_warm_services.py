@@ -4,28 +4,12 @@ from __future__ import annotations
 
 import os
 import threading
-from pathlib import Path
 
 import pytest
 
 from cni_plugin.agent import warm
 from cni_plugin.agent.warm import WarmCluster
 from cni_plugin.kube.client import KubeClient
-
-KUBECONFIG = """apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "http://127.0.0.1:9"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: x, context: {cluster: c, user: u}}]
-current-context: x
-"""
-
-
-@pytest.fixture
-def kubeconfig(tmp_path: Path) -> str:
-    path = tmp_path / "kubeconfig"
-    path.write_text(KUBECONFIG)
-    return str(path)
 
 
 def on_another_thread(cluster: WarmCluster, kubeconfig: str) -> KubeClient:
