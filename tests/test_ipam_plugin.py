@@ -686,6 +686,38 @@ def test_index_pointing_at_another_attachments_record_is_not_trusted(tmp_path: P
     assert allocator.held(conf, conf.pools[0], att("c1")) is not None
 
 
+def test_add_after_its_index_entry_is_lost_keeps_the_block(tmp_path: Path) -> None:
+    conf = ipam_conf(tmp_path, ipv4_subnet="10.0.0.0/24")
+    allocator.allocate_all(conf, att("c1"))
+    index = pool_dir(conf) / INDEX_DIR / "c1@eth0"
+    for damage in (index.unlink, lambda: index.write_bytes(b"\x00garbage" * 40)):
+        damage()
+        (again,) = allocator.allocate_all(conf, att("c1"))
+        assert (again.address, again.created) == ("10.0.0.2/32", False)
+        assert index.read_text() == "10.0.0.2"  # the entry is written again
+    assert records_in(pool_dir(conf)) == ["10.0.0.2"]
+
+
+def test_retried_add_after_a_crash_between_record_and_index_takes_that_record(
+        tmp_path: Path) -> None:
+    conf = ipam_conf(tmp_path, ipv4_subnet="10.0.0.0/24")
+    pool_dir(conf).mkdir(parents=True)
+    (pool_dir(conf) / "10.0.0.7").write_text(json.dumps({"containerID": "c1", "ifname": ETH0}))
+    (retried,) = allocator.allocate_all(conf, att("c1"))
+    assert retried.address == "10.0.0.7/32"
+    assert allocator.release(conf, att("c1")) == ["10.0.0.7"]
+    assert records_in(pool_dir(conf)) == []
+
+
+def test_gc_keeps_a_listed_attachments_record_without_index_entry(tmp_path: Path) -> None:
+    conf = ipam_conf(tmp_path, ipv4_subnet="10.0.0.0/24")
+    allocator.allocate_all(conf, att("c1"))
+    (pool_dir(conf) / INDEX_DIR / "c1@eth0").unlink()
+    assert allocator.collect_garbage(conf, {att("c1")}) == []
+    (other,) = allocator.allocate_all(conf, att("c2"))
+    assert other.address != "10.0.0.2/32"  # still c1's: never handed out twice
+
+
 def test_long_container_ids_get_a_hashed_index_name(tmp_path: Path) -> None:
     conf = ipam_conf(tmp_path, ipv6_subnet="fd00::/64")
     long_id = "c" * 300

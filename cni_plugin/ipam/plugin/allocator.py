@@ -42,6 +42,8 @@ def allocate(conf: IpamConfig, pool: Pool, attachment: Attachment) -> Allocation
     """The block `attachment` holds in `pool`, reserving the next free one if none (code 102)."""
     with pool_state(conf, pool).locked() as state:
         held = state.lookup(attachment)
+        if held is None and (held := state.find(attachment)) is not None:
+            state.reindex(attachment, held)  # its entry was lost: a crash or damage
         index = pool.index_of_name(held) if held is not None else None
         if index is not None:
             return Allocation(pool, index, created=False)
@@ -73,7 +75,7 @@ def allocate_all(conf: IpamConfig, attachment: Attachment) -> list[Allocation]:
 
 def held(conf: IpamConfig, pool: Pool, attachment: Attachment) -> Allocation | None:
     """The block `attachment` holds in `pool`, if any (lock-free: records change atomically)."""
-    name = pool_state(conf, pool).lookup(attachment)
+    name = pool_state(conf, pool).find(attachment)
     index = pool.index_of_name(name) if name is not None else None
     return Allocation(pool, index, created=False) if index is not None else None
 

@@ -4,8 +4,8 @@ Layout (all writes happen under the pool's `lock`):
 - `<address>`: one record per allocation, named by the block's first address and holding
   `{"containerID", "ifname"}`; created with link(2), so it appears complete and a name that is
   already taken fails with EEXIST, like O_EXCL;
-- `attachments/<containerID>@<ifname>`: the record name an attachment holds, so ADD and DEL find
-  it without scanning the pool;
+- `attachments/<containerID>@<ifname>`: the record name an attachment holds, so a repeated ADD
+  and DEL find it without scanning the pool (they scan when it is missing or damaged);
 - `last_reserved`: the record name handed out last; the next search starts after it (a hint:
   an allocation whose cursor could not be written is still complete);
 - `.tmp-*`: files being written (temp + rename); leftovers of a crash are removed by GC.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import ipaddress
 import json
 import os
 import tempfile
@@ -28,7 +29,6 @@ LOCK_FILE = "lock"
 CURSOR_FILE = "last_reserved"
 INDEX_DIR = "attachments"
 TMP_PREFIX = ".tmp-"
-_NOT_RECORDS = frozenset({LOCK_FILE, CURSOR_FILE, INDEX_DIR})
 _MAX_INDEX_NAME = 200  # longer keys are hashed to stay below NAME_MAX
 
 
@@ -102,15 +102,24 @@ class PoolState:
         return Record(name, _parse_record(body))
 
     def lookup(self, attachment: Attachment) -> str | None:
-        """Name of the record `attachment` holds, checked against the record itself."""
+        """Name of the record `attachment`'s index entry names, checked against the record."""
         name = self._read_text(self._path(INDEX_DIR, attachment.index_name))
         if name is None:
             return None
         record = self.read_record(name)
         return name if record is not None and record.attachment == attachment else None
 
+    def find(self, attachment: Attachment) -> str | None:
+        """Name of the record `attachment` holds: through its index entry, or by scanning the
+        pool when the entry is missing or damaged (a crash between a reserve's writes)."""
+        name = self.lookup(attachment)
+        if name is None:
+            name = next((r.name for r in self.records() if r.attachment == attachment), None)
+        return name
+
     def records(self) -> list[Record]:
-        """Every allocation record of the pool (O(n): for GC, not for ADD/DEL)."""
+        """Every allocation record of the pool (O(n): for GC, and for ADD/DEL of an attachment
+        without a usable index entry, as host-local's ADD reads every record)."""
         found: list[Record] = []
         for entry in self._scan(self.directory):
             if entry.is_file(follow_symlinks=False) and _is_record_name(entry.name):
@@ -150,24 +159,27 @@ class PoolState:
         finally:
             _unlink(body)
 
+    def reindex(self, attachment: Attachment, name: str) -> None:
+        """Point `attachment`'s index entry at `name` again; best effort, as `find` scans."""
+        with contextlib.suppress(CniError):
+            self._replace(self._path(INDEX_DIR, attachment.index_name), name.encode())
+
     def release(self, attachment: Attachment) -> str | None:
         """Remove the record `attachment` holds and its index entry; the released name.
 
         Without a usable index entry the pool is scanned, so no record outlives its DEL."""
-        name = self.lookup(attachment)
-        if name is None:
-            name = next((r.name for r in self.records() if r.attachment == attachment), None)
+        name = self.find(attachment)
         if name is not None:
             _unlink(self._path(name))
         _unlink(self._path(INDEX_DIR, attachment.index_name))
         return name
 
     def collect_garbage(self, valid: set[Attachment]) -> list[Record]:
-        """Remove records of attachments not in `valid`, orphans and crash leftovers."""
+        """Remove records of attachments not in `valid`, unreadable ones, a second record of an
+        attachment whose index entry names another, and crash leftovers."""
         released: list[Record] = []
         for record in self.records():
-            owner = record.attachment
-            if owner is None or owner not in valid or self.lookup(owner) != record.name:
+            if self._stale(record, valid):
                 _unlink(self._path(record.name))
                 released.append(record)
         for entry in self._scan(self._path(INDEX_DIR)):
@@ -183,6 +195,15 @@ class PoolState:
         return released
 
     # Helpers.
+
+    def _stale(self, record: Record, valid: set[Attachment]) -> bool:
+        owner = record.attachment
+        if owner is None or owner not in valid:
+            return True
+        # In use even without an index entry (ADD and DEL find it), unless the entry names
+        # another record of the same attachment.
+        indexed = self.lookup(owner)
+        return indexed is not None and indexed != record.name
 
     def _scan(self, directory: str) -> list[os.DirEntry[str]]:
         try:
@@ -228,7 +249,12 @@ class PoolState:
 
 
 def _is_record_name(name: str) -> bool:
-    return bool(name) and name not in _NOT_RECORDS and "/" not in name and name[0] != "."
+    """Records are named by addresses: a damaged index entry or cursor names no file."""
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return "/" not in name
 
 
 def _parse_record(body: bytes) -> Attachment | None:
