@@ -165,16 +165,20 @@ def test_status_is_50_when_no_router_targets_this_node(plugin: Plugin, vpc: str,
 
 
 def _fill_advertisement(kube: Kube, node: Node, vpc: str, att: str, prefixes: int,
-                        padding: int = 0) -> dict[str, Any]:
+                        annotation_bytes: int = 0) -> dict[str, Any]:
     """An advertisement of (vpc, att) holding `prefixes` containers of another node (never
-    pruned here), each annotation value padded by `padding` bytes."""
+    pruned here), its annotations padded up to `annotation_bytes` (keys and values)."""
     annotations: dict[str, str] = {}
     for n in range(prefixes):
         cid = naming.annotation_cid(f"other-{n:04d}")
         annotations[f"galactic.datum.net/allocated-subnet-ipv6.{cid}"] = f"fd00:77:{n:x}::/96"
-        annotations[f"galactic.datum.net/netns.{cid}"] = "/var/run/netns/x" + "p" * padding
+        annotations[f"galactic.datum.net/netns.{cid}"] = "/var/run/netns/x"
         annotations[f"galactic.datum.net/node.{cid}"] = "some-other-node"
     spec_prefixes = sorted(v for k, v in annotations.items() if "allocated-subnet" in k)
+    size = sum(len(k) + len(v) for k, v in annotations.items())
+    if annotation_bytes > size:
+        key = "example.com/padding"
+        annotations[key] = "p" * (annotation_bytes - size - len(key))
     return kube.create(f"/apis/{GROUP}/{VERSION}/namespaces/{BGP_NS}/bgpadvertisements", {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "BGPAdvertisement",
         "metadata": {"name": naming.advertisement_name(vpc, att), "annotations": annotations},
@@ -183,21 +187,23 @@ def _fill_advertisement(kube: Kube, node: Node, vpc: str, att: str, prefixes: in
                  "vrfID": 1, "function": "End.DT46"}})
 
 
-@pytest.mark.parametrize(("prefixes", "padding", "limit"), [
-    (256, 0, "maxItems"), (40, 6000, "262144")])
+@pytest.mark.parametrize(("prefixes", "annotation_bytes", "limit"), [
+    (256, 0, "maxItems"), (40, 256 * 1024 - 64, "262144")])
 def test_an_advertisement_at_its_limit_refuses_one_more_and_nothing_is_left(
         kube: Kube, node: Node, netns: str, vpc: str, tmp_path: Path,
-        prefixes: int, padding: int, limit: str) -> None:
-    before = _fill_advertisement(kube, node, vpc, "7", prefixes, padding)
-    uid = create_pod(kube, "full", node.name)
+        prefixes: int, annotation_bytes: int, limit: str) -> None:
+    # The API server's own limit on annotations is 256 KiB of keys and values together.
+    before = _fill_advertisement(kube, node, vpc, "7", prefixes, annotation_bytes)
+    pod = f"full-{prefixes}"
+    uid = create_pod(kube, pod, node.name)
     answer = node.plugin.call("ADD", _conf(vpc, "7", tmp_path), container_id="ctr-full",
-                              netns=netns, CNI_ARGS=node.cni_args("full", uid))
+                              netns=netns, CNI_ARGS=node.cni_args(pod, uid))
     assert answer.code == 11 and "is full" in answer.body["msg"], answer.stdout
     assert limit in answer.body["msg"]
     after = advertisement(kube, naming.advertisement_name(vpc, "7"))
     assert after is not None
     assert after["metadata"]["annotations"] == before["metadata"]["annotations"]
     assert after["spec"] == before["spec"]
-    assert endpoint_slice(kube, slice_name("full", vpc, "7", "IPv6")) is None
+    assert endpoint_slice(kube, slice_name(pod, vpc, "7", "IPv6")) is None
     assert links_in(netns) == {"lo"} and naming.host_link_name(vpc, "7") not in links_in()
     assert host_local_reservations(tmp_path / "ipam", base_conf(vpc, "7")["name"]) == []

@@ -26,6 +26,7 @@ from netconf.errors import PUBLISH_FAILURE, TRY_AGAIN_LATER, CniError
 REQUEST_TIMEOUT_CAP = 10.0
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 NOT_PROCESSED_STATUS = frozenset({429, 503})  # the server says it did not act on the request
+CONFLICT_PAUSE_CAP = 0.5  # seconds: longest pause between two conflicting writes
 # Every object vpc-attach creates records which invocation created it (SPEC §7), so a create
 # whose answer was lost can be repeated: its 409 is recognised as our own.
 CREATED_BY_ANNOTATION = "vpc-attach.datum.net/created-by"
@@ -34,6 +35,10 @@ UNSTORED_KINDS = frozenset({"SelfSubjectAccessReview"})
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 
+
+# Told about every exchange with the API server: (method, HTTP status or "error", seconds).
+# The agent counts them; a watch is reported as method "WATCH" once its answer starts.
+ApiObserver = Callable[[str, str, float], None]
 
 # Kind of each plural this client has been told about (for error messages naming the object).
 _KINDS: dict[str, str] = {}
@@ -103,8 +108,9 @@ class Resource:
 class KubeClient:
     """A connection to one API server (reused across requests)."""
 
-    def __init__(self, creds: KubeCredentials) -> None:
+    def __init__(self, creds: KubeCredentials, observe: ApiObserver | None = None) -> None:
         self.creds = creds
+        self.observe = observe
         parsed = urllib.parse.urlsplit(creds.server)
         self._scheme = parsed.scheme
         self._host = parsed.hostname or "localhost"
@@ -148,13 +154,21 @@ class KubeClient:
         """(status, body, Retry-After seconds if given) of one exchange."""
         headers = self._headers(content_type if body is not None else None)
         conn = self._connection(timeout)
+        began = time.monotonic()
         try:
             conn.request(method, self._prefix + path, body=body, headers=headers)
             response = conn.getresponse()
-            return response.status, response.read(), _seconds(response.getheader("Retry-After"))
+            answer = response.status, response.read(), _seconds(response.getheader("Retry-After"))
         except BaseException:
             self.close()  # never reuse a connection in an unknown state
+            self._observed(method, "error", began)
             raise
+        self._observed(method, str(answer[0]), began)
+        return answer
+
+    def _observed(self, method: str, code: str, began: float) -> None:
+        if self.observe is not None:
+            self.observe(method, code, time.monotonic() - began)
 
     def request(self, method: str, path: str, deadline: Deadline, *,
                 body: Any = None, query: Mapping[str, str] | None = None,
@@ -202,9 +216,15 @@ class KubeClient:
         ends it; any read waits at most timeout. Raises ConnectionError on a non-200 answer."""
         full = f"{self._prefix}{path}?{urllib.parse.urlencode({**query, 'watch': '1'})}"
         conn = self._new_connection(timeout)
+        began = time.monotonic()
         try:
-            conn.request("GET", full, headers=self._headers())
-            response = conn.getresponse()
+            try:
+                conn.request("GET", full, headers=self._headers())
+                response = conn.getresponse()
+            except BaseException:
+                self._observed("WATCH", "error", began)
+                raise
+            self._observed("WATCH", str(response.status), began)
             if response.status != 200:
                 raise ConnectionError(f"watch {path} answered HTTP {response.status}")
             while line := response.readline():
@@ -300,13 +320,15 @@ def _api_error(status: int, data: bytes, method: str, path: str) -> ApiError:
 
 
 def update_with_retry(client: KubeClient, path: str, deadline: Deadline,
-                      mutate: Callable[[dict[str, Any]], bool], attempts: int = 10
-                      ) -> dict[str, Any] | None:
-    """Read-modify-write with re-read on 409; None if the object does not exist.
+                      mutate: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+    """Read-modify-write with re-read on 409 until the deadline; None if the object does not
+    exist.
 
-    `mutate` edits the object in place and returns False when nothing needs writing.
-    """
-    for _ in range(attempts):
+    `mutate` edits the object in place and returns False when nothing needs writing. Between
+    conflicts a short random pause spreads writers that keep colliding (many nodes merging
+    into one shared object at once)."""
+    conflicts = 0
+    while True:
         current = client.get(path, deadline)
         if current is None:
             return None
@@ -318,5 +340,9 @@ def update_with_retry(client: KubeClient, path: str, deadline: Deadline,
         except ApiError as exc:
             if exc.status != 409:
                 raise
-    raise CniError(TRY_AGAIN_LATER, f"too many update conflicts on {path}",
-                   f"{attempts} attempts")
+        conflicts += 1
+        pause = random.uniform(0, min(CONFLICT_PAUSE_CAP, 0.01 * 2 ** conflicts))
+        if deadline.remaining(floor=0) <= pause:
+            raise CniError(TRY_AGAIN_LATER, f"too many update conflicts on {path}",
+                           f"{conflicts} conflicting writes within the deadline")
+        time.sleep(pause)
