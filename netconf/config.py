@@ -106,6 +106,8 @@ class NetConf(_Strict):
     kubeconfig: str | None = None
     log_file: str | None = Field(default=None, alias="logFile")
     log_level: str | None = Field(default=None, alias="logLevel")
+    log_max_bytes: int | None = Field(default=None, ge=0, alias="logMaxBytes")
+    log_backups: int | None = Field(default=None, ge=0, alias="logBackups")
     agent_socket: str | None = Field(default=None, alias="agentSocket")
     timeout_seconds: float | None = Field(default=None, gt=0, le=600, alias="timeoutSeconds")
     # Standard CNI keys.

@@ -20,6 +20,9 @@ DEFAULT_AGENT_SOCKET = "/run/vpc-attach/agent.sock"
 DEFAULT_TIMEOUT_SECONDS = 30.0
 DEFAULT_LOCK_DIR = "/run/vpc-attach/locks"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+DEFAULT_LOG_MAX_BYTES = 10 * 1024 * 1024
+DEFAULT_LOG_BACKUPS = 3
+MAX_LOG_BACKUPS = 100
 
 # setting -> (host-file / stanza key, environment variable)
 _SOURCES: dict[str, tuple[str, str | None]] = {
@@ -31,6 +34,8 @@ _SOURCES: dict[str, tuple[str, str | None]] = {
     "agent_socket": ("agentSocket", "VPC_ATTACH_AGENT_SOCKET"),
     "timeout_seconds": ("timeoutSeconds", "VPC_ATTACH_TIMEOUT_SECONDS"),
     "lock_dir": ("lockDir", "VPC_ATTACH_LOCK_DIR"),
+    "log_max_bytes": ("logMaxBytes", "VPC_ATTACH_LOG_MAX_BYTES"),
+    "log_backups": ("logBackups", "VPC_ATTACH_LOG_BACKUPS"),
 }
 
 
@@ -46,6 +51,8 @@ class HostSettings:
     agent_socket: str = DEFAULT_AGENT_SOCKET
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
     lock_dir: str = DEFAULT_LOCK_DIR
+    log_max_bytes: int = DEFAULT_LOG_MAX_BYTES  # 0: never rotated
+    log_backups: int = DEFAULT_LOG_BACKUPS
 
 
 def read_host_file(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -69,17 +76,28 @@ def resolve_host_settings(stanza: Mapping[str, Any], environ: Mapping[str, str])
 
     `stanza` maps host-file keys (nodeName, kubeconfig, ...) to values set in the plugin stanza.
     """
-    host_file = read_host_file(environ)
+    return resolve_with_sources(stanza, environ, read_host_file(environ))[0]
+
+
+def resolve_with_sources(stanza: Mapping[str, Any], environ: Mapping[str, str],
+                         host_file: Mapping[str, Any]) -> tuple[HostSettings, dict[str, str]]:
+    """The settings, and where each came from: its stanza key, environment variable, host
+    file key, or "default" (for `vpc-attach doctor`)."""
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     for setting, (key, env_name) in _SOURCES.items():
-        candidates = (stanza.get(key), environ.get(env_name) if env_name else None,
-                      host_file.get(key))
-        chosen = next((c for c in candidates if c not in (None, "")), None)
+        candidates = ((stanza.get(key), f"stanza {key}"),
+                      (environ.get(env_name) if env_name else None, f"environment {env_name}"),
+                      (host_file.get(key), f"host file {key}"))
+        chosen = next(((value, source) for value, source in candidates
+                       if value not in (None, "")), None)
         if chosen is not None:
-            values[setting] = chosen
+            values[setting], sources[setting] = chosen
+        else:
+            sources[setting] = "default"
     settings = HostSettings(**values)
     _check(settings)
-    return settings
+    return settings, sources
 
 
 def _check(settings: HostSettings) -> None:
@@ -94,7 +112,24 @@ def _check(settings: HostSettings) -> None:
         raise CniError(INVALID_CONFIG, f"invalid timeoutSeconds {settings.timeout_seconds!r}",
                        "expected a number of seconds in (0, 600]")
     object.__setattr__(settings, "timeout_seconds", timeout)
+    object.__setattr__(settings, "log_max_bytes",
+                       _count(settings.log_max_bytes, "logMaxBytes", 0, 2**40))
+    object.__setattr__(settings, "log_backups",
+                       _count(settings.log_backups, "logBackups", 0, MAX_LOG_BACKUPS))
     for name in ("node_name", "kubeconfig", "namespace", "log_file", "agent_socket", "lock_dir"):
         value = getattr(settings, name)
         if value is not None and not isinstance(value, str):
             raise CniError(INVALID_CONFIG, f"host setting {name!r} must be a string")
+
+
+def _count(value: Any, key: str, low: int, high: int) -> int:
+    """An integer setting (a JSON number or, from the environment, its digits) in [low, high]."""
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        number = int(value.strip())
+    if number is None or not low <= number <= high:
+        raise CniError(INVALID_CONFIG, f"invalid {key} {value!r}",
+                       f"expected a whole number in [{low}, {high}]")
+    return number

@@ -222,3 +222,67 @@ def test_non_string_log_level_in_host_file_is_code_7(host_file: Path) -> None:
     with pytest.raises(CniError) as info:
         resolve({}, {}, host_file)
     assert info.value.code == INVALID_CONFIG
+
+
+# --- log rotation settings (SPEC §12) ------------------------------------------------------------
+
+
+def test_log_rotation_defaults_are_10_mib_and_3_backups(host_file: Path) -> None:
+    settings = resolve({}, {}, host_file)
+    assert (settings.log_max_bytes, settings.log_backups) == (10 * 1024 * 1024, 3)
+
+
+@pytest.mark.parametrize(("setting", "key", "env_name"), [
+    ("log_max_bytes", "logMaxBytes", "VPC_ATTACH_LOG_MAX_BYTES"),
+    ("log_backups", "logBackups", "VPC_ATTACH_LOG_BACKUPS"),
+])
+def test_log_rotation_settings_follow_the_usual_precedence(
+        host_file: Path, setting: str, key: str, env_name: str) -> None:
+    write(host_file, {key: 7})
+    env = {env_name: "5"}
+    assert getattr(resolve({key: 3}, env, host_file), setting) == 3
+    assert getattr(resolve({key: 0}, env, host_file), setting) == 0  # 0 is a value, not unset
+    assert getattr(resolve({}, env, host_file), setting) == 5
+    assert getattr(resolve({}, {}, host_file), setting) == 7
+
+
+@pytest.mark.parametrize(("source", "value"), [
+    ("env", "ten"), ("env", "-1"), ("env", "1.5"), ("env", "²"), ("file", -1), ("file", 2.5),
+    ("file", True), ("file", "3"), ("file", 101),
+])
+def test_invalid_log_backups_is_code_7_naming_it(host_file: Path, source: str,
+                                                 value: object) -> None:
+    write(host_file, {"logBackups": value} if source == "file" else {})
+    env = {"VPC_ATTACH_LOG_BACKUPS": str(value)} if source == "env" else {}
+    if source == "file" and value == "3":  # digits in a string are fine, as from the env
+        assert resolve({}, env, host_file).log_backups == 3
+        return
+    with pytest.raises(CniError) as info:
+        resolve({}, env, host_file)
+    assert info.value.code == INVALID_CONFIG and "logBackups" in info.value.msg
+
+
+@given(st.integers(min_value=0, max_value=2**40))
+def test_any_whole_number_of_bytes_from_the_environment_is_taken(number: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = resolve({}, {"VPC_ATTACH_LOG_MAX_BYTES": str(number)}, Path(tmp) / "h.json")
+    assert settings.log_max_bytes == number
+
+
+def test_stanza_log_rotation_keys_are_accepted_through_a_real_invocation(
+        host_file: Path) -> None:
+    environ = {**CNI_ENV, HOST_CONFIG_ENV: str(host_file)}
+    stanza = {**STANZA, "logMaxBytes": 4096, "logBackups": 1}
+    inv = Invocation.parse(Request(environ, json.dumps(stanza).encode()))
+    assert (inv.host.log_max_bytes, inv.host.log_backups) == (4096, 1)
+
+
+def test_sources_name_where_each_setting_came_from(host_file: Path) -> None:
+    from netconf.host import read_host_file, resolve_with_sources
+    write(host_file, {"nodeName": "file-node", "logBackups": 2})
+    environ = {HOST_CONFIG_ENV: str(host_file), "VPC_ATTACH_KUBECONFIG": "/e/kube"}
+    settings, sources = resolve_with_sources({}, environ, read_host_file(environ))
+    assert settings.node_name == "file-node" and settings.log_backups == 2
+    assert sources["node_name"] == "host file nodeName"
+    assert sources["kubeconfig"] == "environment VPC_ATTACH_KUBECONFIG"
+    assert sources["log_max_bytes"] == "default"

@@ -3,29 +3,52 @@
 Every verb writes exactly one summary line (ts, verb, containerID, ifname, pod, outcome, code,
 error, durationMs); warnings and details of the same invocation are JSON lines too, so one
 `jq` reads the whole file. Without a log file, only warnings go to stderr (which runtimes
-show next to a failed sandbox).
+show next to a failed sandbox). The file rotates by size (`logfile.py`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
+from cni_plugin.core.logfile import LogFile, log_file
 from cni_plugin.core.request import Request
-from netconf.host import DEFAULT_HOST_CONFIG, HOST_CONFIG_ENV, LOG_LEVELS
+from netconf.host import (
+    DEFAULT_HOST_CONFIG,
+    DEFAULT_LOG_BACKUPS,
+    DEFAULT_LOG_MAX_BYTES,
+    HOST_CONFIG_ENV,
+    LOG_LEVELS,
+    MAX_LOG_BACKUPS,
+)
 
 _configured: dict[str, Any] = {}
 _configure_lock = threading.Lock()  # the agent's verb threads share the root logger
 
 
-def settings(request: Request) -> tuple[str | None, str]:
-    """(log file or None, level): stanza > environment > host file, cheaply and leniently (the
-    stanza may not even parse; netconf.host validates the same settings for the verbs)."""
+@dataclass(frozen=True)
+class LogSettings:
+    """Where the operator log goes and how much of it is kept."""
+
+    path: str | None
+    level: str
+    max_bytes: int = DEFAULT_LOG_MAX_BYTES
+    backups: int = DEFAULT_LOG_BACKUPS
+
+    def file(self) -> LogFile | None:
+        """The shared writer of the log file, if there is one."""
+        return log_file(self.path, self.max_bytes, self.backups) if self.path else None
+
+
+def settings(request: Request) -> LogSettings:
+    """The log settings: stanza > environment > host file, cheaply and leniently (the stanza
+    may not even parse; netconf.host validates the same settings for the verbs, and an invalid
+    size or count here means its default)."""
     stanza: dict[str, Any] = {}
     try:
         parsed = json.loads(request.stdin) if request.stdin else {}
@@ -47,8 +70,27 @@ def settings(request: Request) -> tuple[str | None, str]:
         value = host.get(stanza_key)
         return value if isinstance(value, str) and value else None
 
-    path = setting("logFile", "VPC_ATTACH_LOG_FILE")
-    return path, (setting("logLevel", "VPC_ATTACH_LOG_LEVEL") or "info").lower()
+    def count(stanza_key: str, env_key: str, default: int, high: int) -> int:
+        nonlocal host
+        if host is None:
+            host = _host_file(request)
+        for value in (stanza.get(stanza_key.lower()), request.environ.get(env_key),
+                      host.get(stanza_key)):
+            if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+                value = int(value)
+            if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= high:
+                return value
+            if value not in (None, ""):
+                return default
+        return default
+
+    return LogSettings(
+        path=setting("logFile", "VPC_ATTACH_LOG_FILE"),
+        level=(setting("logLevel", "VPC_ATTACH_LOG_LEVEL") or "info").lower(),
+        max_bytes=count("logMaxBytes", "VPC_ATTACH_LOG_MAX_BYTES", DEFAULT_LOG_MAX_BYTES,
+                        2**40),
+        backups=count("logBackups", "VPC_ATTACH_LOG_BACKUPS", DEFAULT_LOG_BACKUPS,
+                      MAX_LOG_BACKUPS))
 
 
 def _host_file(request: Request) -> dict[str, Any]:
@@ -72,32 +114,44 @@ class JsonLines(logging.Formatter):
         return json.dumps(line)
 
 
+class LogFileHandler(logging.Handler):
+    """Log records as lines of the rotating operator log."""
+
+    def __init__(self, file: LogFile) -> None:
+        super().__init__()
+        self.file = file
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Append the formatted record (never raises: logging must not change an answer)."""
+        try:
+            self.file.write(self.format(record).encode("utf-8", "replace"))
+        except Exception:  # a record that cannot be formatted is dropped, not raised
+            self.handleError(record)
+
+
 def configure(request: Request) -> None:
     """Send Python logging to the log file as JSON lines (or warnings to stderr)."""
-    path, level = settings(request)
+    chosen = settings(request)
     with _configure_lock:
-        if _configured.get("key") == (path, level):
+        if _configured.get("key") == chosen:
             return
         root = logging.getLogger()
         for old in list(root.handlers):
             root.removeHandler(old)
             old.close()
-        handler: logging.Handler
-        try:
-            handler = logging.FileHandler(path) if path else logging.StreamHandler(sys.stderr)
-        except OSError:
-            handler = logging.StreamHandler(sys.stderr)
-            path = None
+        file = chosen.file()
+        handler = LogFileHandler(file) if file else logging.StreamHandler(sys.stderr)
         handler.setFormatter(JsonLines())
         root.addHandler(handler)
-        root.setLevel(level.upper() if path and level in LOG_LEVELS else "WARNING")
-        _configured["key"] = (path, level)
+        level = chosen.level
+        root.setLevel(level.upper() if file and level in LOG_LEVELS else "WARNING")
+        _configured["key"] = chosen
 
 
 def verb_line(request: Request, code: int, message: str, seconds: float) -> None:
     """Append the one-line summary of a verb to the log file, if one is configured."""
-    path, _ = settings(request)
-    if not path:
+    file = settings(request).file()
+    if file is None:
         return
     env = request.environ
     args = dict(kv.split("=", 1) for kv in env.get("CNI_ARGS", "").split(";") if "=" in kv)
@@ -112,14 +166,7 @@ def verb_line(request: Request, code: int, message: str, seconds: float) -> None
         "error": message,
         "durationMs": round(seconds * 1000, 1),
     }
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
-        try:
-            os.write(fd, (json.dumps(line) + "\n").encode())
-        finally:
-            os.close(fd)
-    except OSError:
-        pass  # logging must never change the answer
+    file.write((json.dumps(line) + "\n").encode())  # never raises
 
 
 def _timestamp(seconds: float) -> str:

@@ -134,5 +134,6 @@ def _stanza_host_keys(conf: NetConf) -> dict[str, Any]:
     return {
         "nodeName": conf.node_name, "kubeconfig": conf.kubeconfig, "namespace": conf.namespace,
         "logFile": conf.log_file, "logLevel": conf.log_level, "agentSocket": conf.agent_socket,
-        "timeoutSeconds": conf.timeout_seconds,
+        "timeoutSeconds": conf.timeout_seconds, "logMaxBytes": conf.log_max_bytes,
+        "logBackups": conf.log_backups,
     }
