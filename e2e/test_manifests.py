@@ -214,7 +214,23 @@ def test_agent_sees_host_paths_where_the_host_does() -> None:
     assert mounts["/var/run/netns"]["mountPropagation"] in ("HostToContainer", "Bidirectional")
     assert pod["hostNetwork"] is True
     assert agent["securityContext"]["privileged"] is True
-    assert DEFAULT_AGENT_SOCKET in " ".join(agent["readinessProbe"]["exec"]["command"])
+
+
+def test_agent_probes_and_metrics_use_the_declared_port() -> None:
+    """The kubelet probes /healthz and /readyz where the agent serves them (SPEC §12): the port
+    the container declares, on the Pod's IP (the node's: hostNetwork)."""
+    from cni_plugin.agent.health import METRICS_ADDRESS_ENV, parse_address
+
+    pod = _one("DaemonSet", "vpc-attach")["spec"]["template"]
+    agent = _container(pod["spec"], "containers", "agent")
+    ports = {p["name"]: p["containerPort"] for p in agent["ports"]}
+    env = {e["name"]: e for e in agent["env"]}
+    host, port = parse_address(env[METRICS_ADDRESS_ENV]["value"])
+    assert host == "$(HOST_IP)" and port == ports["metrics"]
+    assert env["HOST_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    assert agent["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert agent["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(ports["metrics"])
 
 
 def test_daemonset_runs_on_every_node_one_at_a_time() -> None:

@@ -43,6 +43,11 @@ class Reaper:
         with netns.open_netlink(None, NETLINK_TIMEOUT) as rtnl:
             _delete(rtnl, name)
 
+    def pending(self) -> int:
+        """Retired links waiting for deletion or being deleted now."""
+        with self._cond:
+            return len(self._pending) + self._busy
+
     def sweep(self) -> int:
         """Delete every retired link of the host netns now (a killed agent's); how many."""
         with netns.open_netlink(None, NETLINK_TIMEOUT) as rtnl:

@@ -1,6 +1,8 @@
 """`vpc-attach agent`: serve the verbs on a Unix socket with warm clients and caches.
 
 One thread per connection runs `dispatch.run` — the same code the executable runs in-process.
+Once a verb is answered, its metrics are counted and an ADD's Event is queued (`metrics.py`,
+`events.py`); `/metrics`, `/healthz` and `/readyz` are served over HTTP (`health.py`).
 On SIGTERM/SIGINT the agent stops accepting (and removes its socket, so new invocations run
 in-process meanwhile), lets in-flight verbs finish, then exits.
 """
@@ -17,9 +19,11 @@ import stat
 import threading
 import time
 from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from cni_plugin import dispatch
 from cni_plugin.agent.client import socket_path
+from cni_plugin.agent.events import EventRecorder
 from cni_plugin.agent.protocol import (
     REFUSAL,
     ProtocolError,
@@ -32,33 +36,58 @@ from cni_plugin.agent.warm import WarmCluster
 from cni_plugin.core import oplog
 from cni_plugin.core.request import Request
 from cni_plugin.verbs.environment import Environment
+from netconf.errors import INTERNAL_ERROR, CniError
+from netconf.host import resolve_host_settings
+
+if TYPE_CHECKING:
+    from cni_plugin.agent.health import HealthServer
+    from cni_plugin.agent.metrics import AgentMetrics
 
 log = logging.getLogger(__name__)
 DRAIN_SECONDS = 120.0
 REAPER_DRAIN_SECONDS = 30.0
+EVENTS_DRAIN_SECONDS = 10.0
 IDLE_READ_SECONDS = 10.0
+SEND_SECONDS = 10.0
+ACCEPT_POLL_SECONDS = 0.5
+# The accept loop has gone round within this long, or the agent is not alive (/healthz).
+ACCEPT_STALL_SECONDS = 10.0
+Answered = tuple[Request, int, "dict[str, Any] | None", float]
 
 
 class Agent:
-    """The listening socket, the in-flight count, the warm cluster source and the reaper."""
+    """The listening socket, the in-flight count, the warm cluster source, the reaper, and
+    what hears about answered verbs (metrics, Events)."""
 
-    def __init__(self, path: str, cluster: WarmCluster, reaper: Reaper) -> None:
+    def __init__(self, path: str, cluster: WarmCluster, reaper: Reaper,
+                 metrics: AgentMetrics | None = None,
+                 events: EventRecorder | None = None) -> None:
         self.path = path
         self.cluster = cluster
         self.reaper = reaper
-        self.verbs = dispatch.plugin_verbs(Environment(cluster=cluster,
-                                                       delete_retired_later=reaper.submit))
+        self.metrics = metrics
+        self.events = events
+        self.verbs = dispatch.plugin_verbs(Environment(
+            cluster=cluster, delete_retired_later=reaper.submit,
+            rollback_finished=metrics.rollback_finished if metrics is not None else None))
         self.stopping = threading.Event()
         self._inflight = 0
         self._cond = threading.Condition()
         self._listener = _bind(path)
         self._inode = os.stat(path).st_ino
+        self._beat = time.monotonic()
+
+    def accepting(self) -> bool:
+        """Whether the accept loop runs (for /healthz; the socket itself is probed too)."""
+        return not self.stopping.is_set() and \
+            time.monotonic() - self._beat < ACCEPT_STALL_SECONDS
 
     def serve(self) -> None:
         """Accept until stopped, then drain."""
-        self._listener.settimeout(0.5)
+        self._listener.settimeout(ACCEPT_POLL_SECONDS)
         log.info("agent listening on %s (pid %d)", self.path, os.getpid())
         while not self.stopping.is_set():
+            self._beat = time.monotonic()
             try:
                 conn, _ = self._listener.accept()
             except TimeoutError:
@@ -103,34 +132,66 @@ class Agent:
                 log.info("agent stopping: waiting for %d in-flight verb(s)", self._inflight)
                 self._cond.wait(timeout=1.0)
         self.reaper.drain(REAPER_DRAIN_SECONDS)  # pending link deletions, bounded
+        if self.events is not None:
+            self.events.drain(EVENTS_DRAIN_SECONDS)
         self.cluster.close()
         log.info("agent stopped")
 
     def _handle(self, conn: socket.socket) -> None:
+        answered: Answered | None = None
+        try:
+            answered = self._serve(conn)
+        finally:
+            conn.close()  # the runtime has its answer; what follows is off its path
+            if answered is not None:
+                self._after_answer(*answered)
+            with self._cond:
+                self._inflight -= 1
+                self._cond.notify_all()
+
+    def _serve(self, conn: socket.socket) -> Answered | None:
+        """Read one request, run its verb and answer; what was answered."""
         try:
             conn.settimeout(IDLE_READ_SECONDS)
             try:
+                if not conn.recv(1, socket.MSG_PEEK):
+                    return None  # connected and closed: the liveness probe
                 environ, stdin = read_request(conn)
             except VersionMismatch as exc:
                 log.info("refusing a client of another protocol version: %s", exc)
                 conn.sendall(REFUSAL)
-                return
+                return None
             except (OSError, ProtocolError) as exc:
                 log.info("dropping a connection: %s", exc)
-                return
+                return None
             request = _request(environ, stdin)
             oplog.configure(request)
+            started = time.monotonic()
             status, payload = dispatch.run(request, self.verbs)
+            answered = request, status, payload, time.monotonic() - started
             answer = json.dumps(payload).encode() if payload is not None else b""
-            conn.settimeout(None)
-            conn.sendall(encode_reply(status, answer))
+            conn.settimeout(SEND_SECONDS)
+            try:
+                conn.sendall(encode_reply(status, answer))
+            except OSError as exc:
+                log.warning("could not answer a client: %s", exc)
+            return answered
         except OSError as exc:
             log.warning("could not answer a client: %s", exc)
-        finally:
-            conn.close()
-            with self._cond:
-                self._inflight -= 1
-                self._cond.notify_all()
+            return None
+
+    def _after_answer(self, request: Request, status: int, payload: dict[str, Any] | None,
+                      seconds: float) -> None:
+        """Count the verb and queue an ADD's Event (never raises into the verb thread)."""
+        try:
+            if self.metrics is not None:
+                code = 0 if status == 0 else (payload or {}).get("code", INTERNAL_ERROR)
+                self.metrics.verb_answered(request.command, int(code), seconds)
+                self.metrics.pools.learn(request.stdin)
+            if self.events is not None:
+                self.events.answered(request, status, payload)
+        except Exception:
+            log.exception("agent: after answering %s", request.command)
 
 
 def _request(forwarded: dict[str, str], stdin: bytes) -> Request:
@@ -175,19 +236,43 @@ def _warm_up() -> None:
 
 def main(argv: list[str]) -> int:
     """`vpc-attach agent [--socket PATH]`."""
-    parser = argparse.ArgumentParser(prog="vpc-attach agent", description=__doc__)
+    from cni_plugin.agent.health import METRICS_ADDRESS_ENV, metrics_address
+
+    parser = argparse.ArgumentParser(
+        prog="vpc-attach agent", description=__doc__,
+        epilog=f"{METRICS_ADDRESS_ENV}: host:port of /metrics, /healthz and /readyz "
+        "(default 127.0.0.1:9471; empty: not served).")
     parser.add_argument("--socket", help="Unix socket to listen on (default: "
                         "VPC_ATTACH_AGENT_SOCKET, the host file's agentSocket, "
                         "/run/vpc-attach/agent.sock)")
     args = parser.parse_args(argv)
     path = args.socket or socket_path(os.environ, b"")
     oplog.configure(Request(environ=dict(os.environ), stdin=b""))
+    try:
+        address = metrics_address(os.environ)
+    except ValueError as exc:
+        raise SystemExit(f"vpc-attach agent: {exc}") from None
     _warm_up()
     reaper = Reaper()
     # Before the socket exists: once it answers, a killed agent's retired links are gone (a
     # second agent's pending ones would be deleted early, which is all they wait for).
     reaper.sweep()
-    agent = Agent(path, WarmCluster(), reaper)  # refuses to start next to a running agent
+    metrics = endpoint = None
+    if address is not None:
+        from cni_plugin.agent.metrics import AgentMetrics
+        metrics = AgentMetrics(reaper.pending)
+        endpoint = _bind_endpoint(address, metrics)
+    cluster = WarmCluster(metrics.api_exchange if metrics is not None else None)
+    try:  # refuses to start next to a running agent
+        agent = Agent(path, cluster, reaper, metrics, EventRecorder(cluster))
+    except BaseException:
+        if endpoint is not None:
+            endpoint.close()
+        raise
+    own_kubeconfig = _prime(cluster)
+    if endpoint is not None:
+        from cni_plugin.agent.health import Probes
+        endpoint.start(Probes(path, agent.accepting, cluster, own_kubeconfig))
     reaper.start()  # from this thread: it is in the host netns
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -196,5 +281,37 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    agent.serve()
+    try:
+        agent.serve()
+    finally:
+        if endpoint is not None:
+            endpoint.close()
     return 0
+
+
+def _bind_endpoint(address: tuple[str, int], metrics: AgentMetrics) -> HealthServer:
+    from cni_plugin.agent.health import METRICS_ADDRESS_ENV, HealthServer
+    try:
+        return HealthServer(address, metrics.registry)
+    except OSError as exc:
+        raise SystemExit(f"vpc-attach agent: cannot serve metrics on {address[0]}:{address[1]}"
+                         f": {exc.strerror or exc} (another agent running? "
+                         f"{METRICS_ADDRESS_ENV} sets the address, empty turns it off)") from None
+
+
+def _prime(cluster: WarmCluster) -> str | None:
+    """Start the watches of this node's routers and Pods when the agent's own settings name a
+    kubeconfig and node (the DaemonSet's host file does); that kubeconfig, if any."""
+    try:
+        host = resolve_host_settings({}, os.environ)
+    except CniError as exc:
+        log.warning("agent: host settings unusable, watches start with the first Pod: %s",
+                    exc.msg)
+        return None
+    if not host.kubeconfig or not host.node_name:
+        return host.kubeconfig
+    try:
+        cluster.prime(host.kubeconfig, host.namespace, host.node_name)
+    except (OSError, CniError) as exc:
+        log.warning("agent: cannot watch with kubeconfig %r yet: %s", host.kubeconfig, exc)
+    return host.kubeconfig

@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 from cni_plugin.core.deadline import Deadline
-from cni_plugin.kube.client import KubeClient
+from cni_plugin.kube.client import ApiObserver, KubeClient
 from cni_plugin.kube.config import KubeCredentials, load_kubeconfig
 from cni_plugin.publish.resources import PODS, ROUTERS
 
@@ -27,8 +27,10 @@ class WatchCache:
     callers fall back to asking the API server: a cache is never trusted when stale.
     """
 
-    def __init__(self, creds: KubeCredentials, path: str, field_selector: str) -> None:
+    def __init__(self, creds: KubeCredentials, path: str, field_selector: str,
+                 observe: ApiObserver | None = None) -> None:
         self._creds = creds
+        self._observe = observe
         self._path = path
         self._selector = field_selector
         self._objects: dict[str, dict[str, Any]] = {}
@@ -56,6 +58,10 @@ class WatchCache:
         """End the watch thread."""
         self._stop.set()
 
+    def describe(self) -> str:
+        """What is watched, for a readiness reason."""
+        return f"{self._path}?fieldSelector={self._selector}"
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
@@ -67,7 +73,7 @@ class WatchCache:
             self._stop.wait(RETRY_SECONDS)
 
     def _list_and_watch(self) -> None:
-        client = KubeClient(self._creds)
+        client = KubeClient(self._creds, self._observe)
         try:
             listing = client.request("GET", self._path, Deadline(30),
                                      query={"fieldSelector": self._selector})
@@ -112,7 +118,8 @@ def _key(obj: dict[str, Any]) -> str:
 class WarmCluster:
     """A `ClusterSource` that outlives one invocation (the agent's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, api_observer: ApiObserver | None = None) -> None:
+        self._observe = api_observer  # the agent's metrics, told about every API request
         self._lock = threading.Lock()
         self._creds: dict[str, tuple[float, KubeCredentials]] = {}
         self._idle: dict[str, list[KubeClient]] = {}  # released clients, per kubeconfig
@@ -145,7 +152,7 @@ class WarmCluster:
                     stale.append(client)
         for client in stale:
             client.close()
-        return found or KubeClient(creds)
+        return found or KubeClient(creds, self._observe)
 
     def release(self, kubeconfig: str, client: KubeClient) -> None:
         """Keep the client for the next verb (at most MAX_IDLE_CLIENTS per kubeconfig)."""
@@ -164,8 +171,25 @@ class WarmCluster:
         with self._lock:  # created under the lock: racing first uses start one watch, not two
             cache = self._watches.get(key)
             if cache is None:
-                cache = self._watches[key] = WatchCache(creds, path, selector).start()
+                cache = self._watches[key] = WatchCache(creds, path, selector,
+                                                        self._observe).start()
         return cache
+
+    def prime(self, kubeconfig: str, namespace: str, node: str) -> None:
+        """Start the watches of this node's routers and Pods now, not on the first Pod."""
+        self.routers(kubeconfig, namespace, node)
+        self.pod(kubeconfig, node, "", "")
+
+    def kubeconfigs(self) -> list[str]:
+        """The kubeconfigs verbs have used (readiness asks the API server with each)."""
+        with self._lock:
+            return sorted({*self._creds, *(key[0] for key in self._watches)})
+
+    def unsynced(self) -> list[str]:
+        """The watches whose cache is not in sync with the API server now."""
+        with self._lock:
+            caches = list(self._watches.values())
+        return [cache.describe() for cache in caches if cache.items() is None]
 
     def routers(self, kubeconfig: str, namespace: str, node: str) -> list[dict[str, Any]] | None:
         """This node's routers from the watch (started on first use)."""

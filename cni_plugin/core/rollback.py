@@ -20,6 +20,8 @@ from netconf.errors import CniError
 log = logging.getLogger(__name__)
 
 Undo = Callable[[Deadline], None]
+# Told whether a rollback that had something to undo finished it (the agent counts them).
+RollbackObserver = Callable[[bool], None]
 
 
 @dataclass
@@ -28,6 +30,7 @@ class Rollback:
 
     deadline: Deadline
     steps: list[tuple[str, Undo]] = field(default_factory=list)
+    on_finish: RollbackObserver | None = None
 
     def created(self, what: str, undo: Undo) -> None:
         """Record that `what` was just created and how to remove it."""
@@ -36,6 +39,7 @@ class Rollback:
     def run(self) -> list[str]:
         """Undo everything recorded, newest first; returns the steps that did not finish."""
         failed: list[str] = []
+        had_steps = bool(self.steps)
         while self.steps:
             what, undo = self.steps.pop()
             if self.deadline.expired():
@@ -49,6 +53,11 @@ class Rollback:
         if failed:
             log.warning("rollback incomplete (GC or a retried DEL removes the rest): %s",
                         "; ".join(failed))
+        if had_steps and self.on_finish is not None:
+            try:
+                self.on_finish(not failed)
+            except Exception:  # an observer never changes the answer
+                log.exception("rollback observer failed")
         return failed
 
     def forget(self) -> None:

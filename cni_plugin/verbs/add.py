@@ -22,7 +22,7 @@ def add(request: Request, env: Environment) -> Result:
     # One ADD or DEL of this container at a time; settings, API and router are checked before
     # any change (SPEC §4); the API client is held until the rollback, if any, is done.
     with inv.container_lock(), Publisher.open(inv, env.cluster) as publisher, \
-            Rollback(inv.whole) as rollback:
+            Rollback(inv.whole, on_finish=env.rollback_finished) as rollback:
         if inv.conf.attachment == "existing":  # publish what an earlier plugin created
             result = _previous(prev)
             addressing = Addressing.from_result(result)

@@ -1,10 +1,12 @@
-"""What a transport lends the verbs: where the cluster is reached, and how links are removed."""
+"""What a transport lends the verbs: where the cluster is reached, how links are removed, and
+who hears how a rollback ended."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from cni_plugin.attachment import RetiredLinks
+from cni_plugin.core.rollback import RollbackObserver
 from cni_plugin.publish.source import ClusterSource, ColdCluster
 
 
@@ -15,3 +17,5 @@ class Environment:
     cluster: ClusterSource = field(default_factory=ColdCluster)
     # The agent's reaper: DEL retires links and it deletes them after the answer.
     delete_retired_later: RetiredLinks | None = None
+    # The agent's metrics: told how each ADD's rollback ended (complete or not).
+    rollback_finished: RollbackObserver | None = None
