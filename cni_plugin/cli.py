@@ -1,7 +1,8 @@
 """The `vpc-attach` executable.
 
 Without arguments it is the CNI plugin: env + stdin in, one JSON document out, exit status.
-Subcommands: `vpc-attach agent` (the node agent), `vpc-attach install` / `uninstall`.
+Subcommands: `vpc-attach agent` (the node agent), `vpc-attach install` / `uninstall`,
+`vpc-attach doctor` (diagnose the node).
 
 Behind a standalone build's launcher (cni_plugin/install/launcher.py) `main` gets `full`, the
 build's own executable: this module then only answers VERSION and forwards to the agent, and
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-SUBCOMMANDS = ("agent", "install", "uninstall")
+SUBCOMMANDS = ("agent", "install", "uninstall", "doctor")
 # Set for the executable a launcher hands a verb to: that verb already asked the agent (not a
 # VPC_ATTACH_* name: it must not be forwarded, and it is removed before the verb runs).
 HANDED_OVER = "_VPC_ATTACH_HANDED_OVER"
@@ -107,6 +108,9 @@ def _subcommand(name: str, argv: list[str]) -> None:
     if name == "agent":
         from cni_plugin.agent.server import main as agent_main
         sys.exit(agent_main(argv))
+    if name == "doctor":
+        from cni_plugin.doctor import main as doctor_main
+        sys.exit(doctor_main(argv))
     from cni_plugin.install import main as install_main
     sys.exit(install_main([name, *argv]))
 

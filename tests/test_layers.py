@@ -1,7 +1,7 @@
 """The import graph of the product: layers point down only, and no module circle exists.
 
 netconf ← cni_plugin.core ← domain (kernel, kube, ipam, publish, attachment) ← verbs ← dispatch
-← transports (cli, ipam_cli, agent, install). Every import counts, including the ones inside
+← transports (cli, ipam_cli, agent, install, doctor). Every import counts, including the ones inside
 functions and under TYPE_CHECKING. `python tests/test_layers.py [ROOT]` prints the graph.
 """
 
@@ -24,7 +24,7 @@ LAYERS: dict[str, int] = {
     "cni_plugin.verbs": 3,
     "cni_plugin.dispatch": 4,
     "cni_plugin.cli": 5, "cni_plugin.ipam_cli": 5, "cni_plugin.agent": 5,
-    "cni_plugin.install": 5,
+    "cni_plugin.install": 5, "cni_plugin.doctor": 5,
 }
 LAYER_NAMES = ("netconf", "core", "domain", "verbs", "dispatch", "transports")
 # Inside the domain layer, which package may use which (none may use publish or attachment
