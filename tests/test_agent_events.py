@@ -18,10 +18,10 @@ STANZA: dict[str, Any] = {"cniVersion": "1.1.0", "name": "vpc21", "type": "vpc-a
 
 
 def request(tmp_path: Path, stanza: dict[str, Any] | bytes = STANZA, args: str = ARGS,
-            **environ: str) -> Request:
+            extra: dict[str, str] | None = None) -> Request:
     env = {"CNI_COMMAND": "ADD", "CNI_IFNAME": "net1", "CNI_ARGS": args,
            "VPC_ATTACH_HOST_CONFIG": str(tmp_path / "host.json"),
-           "VPC_ATTACH_NODE_NAME": "worker-1", "VPC_ATTACH_KUBECONFIG": "/k", **environ}
+           "VPC_ATTACH_NODE_NAME": "worker-1", "VPC_ATTACH_KUBECONFIG": "/k", **(extra or {})}
     body = stanza if isinstance(stanza, bytes) else json.dumps(stanza).encode()
     return Request(env, body)
 
@@ -62,12 +62,12 @@ def test_config_args_and_stanza_settings_win(tmp_path: Path) -> None:
 ])
 def test_no_event_without_a_pod_or_a_cluster_to_write_to(tmp_path: Path, args: str,
                                                          environ: dict[str, str]) -> None:
-    assert pod_event(request(tmp_path, args=args, **environ), 0, {"ips": []}) is None
+    assert pod_event(request(tmp_path, args=args, extra=environ), 0, {"ips": []}) is None
 
 
 def test_an_unreadable_host_file_means_no_event(tmp_path: Path) -> None:
     (tmp_path / "host.json").write_text("{broken")
-    assert pod_event(request(tmp_path, VPC_ATTACH_KUBECONFIG=""), 0, {}) is None
+    assert pod_event(request(tmp_path, extra={"VPC_ATTACH_KUBECONFIG": ""}), 0, {}) is None
 
 
 def test_a_long_message_is_cut_to_the_api_servers_limit(tmp_path: Path) -> None:

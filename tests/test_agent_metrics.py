@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cni_plugin.agent.health import HealthServer, Probes, metrics_address, parse_address
@@ -23,7 +24,6 @@ from cni_plugin.core.rollback import Rollback
 from cni_plugin.ipam.plugin import allocator
 from cni_plugin.ipam.plugin.config import DEFAULT_DATA_DIR, parse_network
 from cni_plugin.ipam.plugin.store import Attachment
-from prometheus_client import generate_latest
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -51,7 +52,7 @@ def test_a_broken_host_file_fails_and_the_rest_still_resolves(tmp_path: Path) ->
     assert found[0].check == "settings.hostFile" and found[0].status == FAIL and found[0].fix
 
 
-def _write_conflist(tmp_path: Path, name: str, stanza: dict[str, object]) -> None:
+def _write_conflist(tmp_path: Path, name: str, stanza: dict[str, Any]) -> None:
     conf_dir = tmp_path / "net.d"
     conf_dir.mkdir(exist_ok=True)
     (conf_dir / name).write_text(json.dumps(
@@ -69,7 +70,7 @@ def _binaries(tmp_path: Path, *names: str) -> None:
 
 def test_configs_referencing_vpc_attach_are_validated(tmp_path: Path) -> None:
     _binaries(tmp_path, "vpc-attach", "vpc-attach-ipam")
-    good = {"vpc": "10", "vpcattachment": "1", "isolation": "table",
+    good: dict[str, Any] = {"vpc": "10", "vpcattachment": "1", "isolation": "table",
             "ipam": {"type": "vpc-attach-ipam", "dataDir": str(tmp_path / "ipam"),
                      "ipv4_subnet": "10.9.0.0/24"}}
     _write_conflist(tmp_path, "10-good.conflist", good)

@@ -60,6 +60,7 @@ def render_table(findings: list[Finding]) -> str:
 def main(argv: list[str]) -> int:
     """`vpc-attach doctor [--json] [...]`; 0 when nothing is wrong, 1 otherwise."""
     from cni_plugin.agent.health import DEFAULT_METRICS_ADDRESS, METRICS_ADDRESS_ENV
+    from cni_plugin.ipam.plugin.config import DEFAULT_DATA_DIR
 
     parser = argparse.ArgumentParser(prog="vpc-attach doctor", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -73,13 +74,12 @@ def main(argv: list[str]) -> int:
                         help=f"the agent's {METRICS_ADDRESS_ENV} (default: this environment's,"
                         f" else {DEFAULT_METRICS_ADDRESS})")
     parser.add_argument("--ipam-data-dir", action="append", default=[],
-                        help="another vpc-attach-ipam dataDir to look for leftovers in "
-                        "(repeatable; the default one and those of the configs found are "
-                        "always looked at)")
+                        help=f"a vpc-attach-ipam dataDir to look for leftovers in (repeatable; "
+                        f"default {DEFAULT_DATA_DIR}); those of the configs found are added")
     args = parser.parse_args(argv)
     node = Node(environ=dict(os.environ), cni_conf_dir=args.cni_conf_dir,
                 cni_bin_dir=args.cni_bin_dir, metrics_address=args.metrics_address.strip(),
-                ipam_data_dirs=list(args.ipam_data_dir))
+                ipam_data_dirs=list(args.ipam_data_dir or [DEFAULT_DATA_DIR]))
     findings = diagnose(node)
     ok = not any(f.status == FAIL for f in findings)
     if args.json:

@@ -26,7 +26,7 @@ from cni_plugin.agent.protocol import (
 )
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.ipam.delegate import find_plugin
-from cni_plugin.ipam.plugin.config import DEFAULT_DATA_DIR, PLUGIN_TYPES, parse_network
+from cni_plugin.ipam.plugin.config import PLUGIN_TYPES, parse_network
 from cni_plugin.ipam.plugin.store import PoolState
 from cni_plugin.kernel import isolation, links, netns
 from cni_plugin.kube.client import ApiError, KubeClient
@@ -399,7 +399,7 @@ def leftovers(node: Node) -> list[Finding]:
         findings.append(Finding("leftovers.links", OK, "no retired links"))
     live = {(link.owner.container_id, link.owner.ifname) for link in host_links
             if link.owner is not None}
-    stale, total = _stale_allocations(_unique([DEFAULT_DATA_DIR, *node.ipam_data_dirs]), live)
+    stale, total = _stale_allocations(_unique(node.ipam_data_dirs), live)
     if stale:
         findings.append(Finding("leftovers.ipam", FAIL, f"{len(stale)} of {total} "
                                 "vpc-attach-ipam allocations belong to containers with no "
