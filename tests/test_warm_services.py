@@ -54,7 +54,8 @@ def test_racing_first_uses_start_one_watch(kubeconfig: str,
     started: list[str] = []
 
     class CountingWatch:
-        def __init__(self, _creds: object, path: str, _selector: str) -> None:
+        def __init__(self, _creds: object, path: str, _selector: str,
+                     _observe: object = None) -> None:
             self.path = path
 
         def start(self) -> CountingWatch:
