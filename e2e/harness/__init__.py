@@ -10,6 +10,8 @@
 - `publishing`: BGPRouters, Pods and admission policies for publishing tests;
 - `nodes`: simulated nodes (a namespace each, with the API server reachable inside);
 - `standalone`: the standalone build, built and staged as a node's installer stages it;
+- `tinyfs`: a tiny tmpfs filled to the last inode or page, for state that meets a full disk;
+- `ipam_files`: vpc-attach-ipam's state files read independently of its store;
 - `cluster/`: a local Kubernetes control plane (`python -m e2e.harness.cluster`);
 - `cri/`: containerd + runc with a CRI client (`python -m e2e.harness.cri`);
 - `tools/`: the Go reference plugins and cnitool, built and cached (`python -m e2e.harness.tools`).
