@@ -9,6 +9,7 @@ build takes about a minute.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -192,13 +193,35 @@ def test_staged_launcher_forwards_itself_and_hands_the_rest_to_the_build(
         assert gone.code == 5 and str(executable) in gone.body["msg"]
         assert naming.host_link_name(vpc, "8") not in links_in()
         (work / "agent").mkdir()
-        with AgentProcess(work / "agent", executable=str(standalone / "vpc-attach")) as agent:
+        with AgentProcess(work / "agent", executable=str(standalone / "vpc-attach"),
+                          metrics=True) as agent:
             add_check_del(plugin, conf, netns, vpc, "8",
                           VPC_ATTACH_AGENT_SOCKET=str(agent.socket))
             served = [(line["verb"], line["containerID"]) for line in agent.verb_lines()]
             assert served == [(verb, "standalone-pod") for verb in ("ADD", "CHECK", "DEL", "DEL")]
+            # The bundle carries prometheus-client: the agent counts what it served.
+            assert 'vpc_attach_verb_duration_seconds_count{outcome="ok",verb="DEL"} 2.0' in \
+                agent.scrape()
     finally:
         (bundle / "vpc-attach.away").rename(executable)
+
+
+def test_the_build_runs_doctor(standalone: Path, work: Path) -> None:
+    """`vpc-attach doctor` from the bundle: every check runs and a JSON report comes out
+    (this host is no configured node, so it may well find problems)."""
+    done = subprocess.run([str(standalone / "vpc-attach"), "doctor", "--json",
+                           "--cni-conf-dir", str(work / "no-net.d"),
+                           "--ipam-data-dir", str(work / "no-ipam")],
+                          env={"PATH": os.environ.get("PATH", ""),
+                               "VPC_ATTACH_HOST_CONFIG": str(work / "absent-host.json"),
+                               "VPC_ATTACH_AGENT_SOCKET": str(work / "no-agent.sock"),
+                               "VPC_ATTACH_METRICS_ADDRESS": ""},
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode in (0, 1), done.stderr
+    report = json.loads(done.stdout)
+    checks = {finding["check"] for finding in report["checks"]}
+    assert {"settings.nodeName", "kernel.vrf", "agent.socket", "api.server",
+            "leftovers.links"} <= checks
 
 
 def test_a_verb_handed_to_the_build_does_not_ask_the_agent_again(

@@ -22,6 +22,7 @@ from prometheus_client import (
     Histogram,
     PlatformCollector,
     ProcessCollector,
+    disable_created_metrics,
 )
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -44,6 +45,7 @@ class AgentMetrics:
     """Every metric the agent exports, and the callables that feed them."""
 
     def __init__(self, retired_links_pending: Callable[[], int]) -> None:
+        disable_created_metrics()  # no `_created` series beside every counter and histogram
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)

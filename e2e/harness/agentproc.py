@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -14,18 +16,56 @@ from typing import Any
 from e2e.harness.cnibin import installed
 
 
+HTTP_TIMEOUT_S = 10.0
+
+
+def free_port() -> int:
+    """A TCP port free on the host's loopback now (for an agent's metrics endpoint)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
 class AgentProcess:
-    """A node agent process listening on `<directory>/agent.sock`."""
+    """A node agent process listening on `<directory>/agent.sock`.
+
+    Its metrics endpoint is off unless `metrics` is set (test agents must not collide on the
+    default 127.0.0.1:9471): True serves it on a free loopback port, a string is the address.
+    """
 
     def __init__(self, directory: Path, prefix: list[str] | None = None,
-                 env: dict[str, str] | None = None, executable: str | None = None) -> None:
+                 env: dict[str, str] | None = None, executable: str | None = None,
+                 metrics: bool | str = False) -> None:
         self.directory = directory
         self.socket = directory / "agent.sock"
         self.log = directory / "agent.log"
         self._argv = [*(prefix or []), executable or installed("vpc-attach"), "agent",
                       "--socket", str(self.socket)]
-        self._env = {**os.environ, "VPC_ATTACH_LOG_FILE": str(self.log), **(env or {})}
+        if metrics is True:
+            metrics = f"127.0.0.1:{free_port()}"
+        self.metrics_address = metrics or None
+        self._env = {**os.environ, "VPC_ATTACH_LOG_FILE": str(self.log),
+                     "VPC_ATTACH_METRICS_ADDRESS": self.metrics_address or "", **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
+
+    def http_get(self, path: str) -> tuple[int, str]:
+        """GET path from the agent's metrics endpoint: (status, body)."""
+        assert self.metrics_address, "this agent serves no metrics"
+        host, _, port = self.metrics_address.rpartition(":")
+        conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=HTTP_TIMEOUT_S)
+        try:
+            conn.request("GET", path)
+            response = conn.getresponse()
+            return response.status, response.read().decode()
+        finally:
+            conn.close()
+
+    def scrape(self) -> str:
+        """The agent's /metrics text (exposition format 0.0.4)."""
+        status, body = self.http_get("/metrics")
+        assert status == 200, body
+        return body
 
     def start(self) -> AgentProcess:
         """Start and wait until the socket accepts."""
