@@ -15,7 +15,6 @@ from typing import Any
 
 from e2e.harness.cnibin import installed
 
-
 HTTP_TIMEOUT_S = 10.0
 
 
