@@ -195,6 +195,21 @@ def test_settings_come_from_flags_then_environment(host: Host, monkeypatch: pyte
     assert (written["logLevel"], written["agentSocket"]) == ("warning", "/run/flag.sock")
 
 
+def test_log_rotation_settings_reach_the_host_file_only_when_set(
+        host: Host, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("VPC_ATTACH_LOG_BACKUPS", "0")
+    status, _, _ = run(host.base_args("--log-max-bytes", "1048576"), capsys)
+    assert status == EXIT_OK
+    host_file = host.path("/etc/vpc-attach/host.json")
+    written = json.loads(host_file.read_text())
+    assert (written["logMaxBytes"], written["logBackups"]) == (1048576, 0)
+    settings = resolve_host_settings({}, {HOST_CONFIG_ENV: str(host_file)})
+    assert (settings.log_max_bytes, settings.log_backups) == (1048576, 0)
+    monkeypatch.delenv("VPC_ATTACH_LOG_BACKUPS")
+    status, _, err = run(host.base_args("--log-backups", "lots", "--force"), capsys)
+    assert status != EXIT_OK and "--log-backups 'lots' is not a whole number" in err
+
+
 def test_kubeconfig_references_the_refreshed_token_file(host: Host,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     status, _, _ = run(host.base_args(), capsys)

@@ -47,6 +47,8 @@ _ENVIRONMENT: dict[str, tuple[str, ...]] = {
     "log_file": ("VPC_ATTACH_LOG_FILE",),
     "log_level": ("VPC_ATTACH_LOG_LEVEL",),
     "agent_socket": ("VPC_ATTACH_AGENT_SOCKET",),
+    "log_max_bytes": ("VPC_ATTACH_LOG_MAX_BYTES",),
+    "log_backups": ("VPC_ATTACH_LOG_BACKUPS",),
 }
 
 
@@ -150,6 +152,10 @@ def _parser(command: str) -> argparse.ArgumentParser:
                           "VPC_ATTACH_LOG_LEVEL, default info)")
     settings.add_argument("--agent-socket", help=f"node agent socket (env "
                           f"VPC_ATTACH_AGENT_SOCKET, default {DEFAULT_AGENT_SOCKET})")
+    settings.add_argument("--log-max-bytes", help="size at which the log rotates, 0 never (env "
+                          "VPC_ATTACH_LOG_MAX_BYTES; default: unset, the plugin's 10 MiB)")
+    settings.add_argument("--log-backups", help="rotated log files kept (env "
+                          "VPC_ATTACH_LOG_BACKUPS; default: unset, the plugin's 3)")
 
     kube = parser.add_argument_group("Kubernetes credentials")
     kube.add_argument("--serviceaccount-dir", default=SERVICEACCOUNT_DIR,
@@ -175,6 +181,14 @@ def _setting(args: argparse.Namespace, name: str, environ: Mapping[str, str],
     if value:
         return value
     return next((environ[e] for e in _ENVIRONMENT[name] if environ.get(e)), default)
+
+
+def _whole(value: str | None, flag: str) -> int | None:
+    if value is None:
+        return None
+    if not (value.isascii() and value.isdigit()):
+        raise InstallError(f"{flag} {value!r} is not a whole number")
+    return int(value)
 
 
 def _root(args: argparse.Namespace) -> Root:
@@ -209,7 +223,9 @@ def install(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO,
         log_level=log_level.lower(),
         agent_socket=_setting(args, "agent_socket", environ, DEFAULT_AGENT_SOCKET)
         or DEFAULT_AGENT_SOCKET,
-        namespace=_setting(args, "namespace", environ, DEFAULT_NAMESPACE) or DEFAULT_NAMESPACE)
+        namespace=_setting(args, "namespace", environ, DEFAULT_NAMESPACE) or DEFAULT_NAMESPACE,
+        log_max_bytes=_whole(_setting(args, "log_max_bytes", environ, None), "--log-max-bytes"),
+        log_backups=_whole(_setting(args, "log_backups", environ, None), "--log-backups"))
     targets.append(settings.target(args.host_config))
     targets += credentials()
     if args.conflist:  # last: once it is there the runtime starts calling the plugin

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cni_plugin.install.errors import InstallError
 from cni_plugin.install.targets import FileTarget
-from netconf.host import LOG_LEVELS
+from netconf.host import LOG_LEVELS, MAX_LOG_BACKUPS
 
 CONFLIST_SUFFIXES = (".conflist", ".conf", ".json")  # what runtimes load from the conf dir
 
@@ -23,16 +23,27 @@ class HostSettingsFile:
     log_level: str
     agent_socket: str
     namespace: str
+    log_max_bytes: int | None = None  # unset: the plugin's default (10 MiB)
+    log_backups: int | None = None  # unset: the plugin's default (3)
 
     def target(self, path: str) -> FileTarget:
         """The file, as deterministic JSON (a second run writes the same bytes)."""
         if self.log_level not in LOG_LEVELS:
             raise InstallError(f"invalid log level {self.log_level!r}",
                                f"expected one of {', '.join(LOG_LEVELS)}")
+        if self.log_backups is not None and not 0 <= self.log_backups <= MAX_LOG_BACKUPS:
+            raise InstallError(f"invalid log backups {self.log_backups}",
+                               f"expected 0 to {MAX_LOG_BACKUPS}")
+        if self.log_max_bytes is not None and self.log_max_bytes < 0:
+            raise InstallError(f"invalid log max bytes {self.log_max_bytes}")
         values = {"nodeName": self.node_name, "kubeconfig": self.kubeconfig,
                   "logFile": self.log_file, "logLevel": self.log_level,
                   "agentSocket": self.agent_socket, "namespace": self.namespace}
-        data = {key: value for key, value in values.items() if value}
+        data: dict[str, str | int] = {key: value for key, value in values.items() if value}
+        for key, number in (("logMaxBytes", self.log_max_bytes),
+                            ("logBackups", self.log_backups)):
+            if number is not None:
+                data[key] = number
         return FileTarget(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode(),
                           0o644)
 
