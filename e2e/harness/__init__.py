@@ -9,6 +9,7 @@
 - `agentproc`: the node agent as a test process;
 - `publishing`: BGPRouters, Pods and admission policies for publishing tests;
 - `nodes`: simulated nodes (a namespace each, with the API server reachable inside);
+- `rbac`: a second plugin identity, the packaged ClusterRole less some rules;
 - `standalone`: the standalone build, built and staged as a node's installer stages it;
 - `tinyfs`: a tiny tmpfs filled to the last inode or page, for state that meets a full disk;
 - `ipam_files`: vpc-attach-ipam's state files read independently of its store;
