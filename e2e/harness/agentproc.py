@@ -67,16 +67,33 @@ class AgentProcess:
         return body
 
     def start(self) -> AgentProcess:
-        """Start and wait until the socket accepts."""
+        """Start and wait until the socket accepts (a killed agent's socket file may still be
+        there: it must be this agent that answers)."""
         self.proc = subprocess.Popen(self._argv, env=self._env, stdout=subprocess.DEVNULL,
                                      stderr=open(self.directory / "agent.stderr", "ab"))  # noqa: SIM115
         give_up = time.monotonic() + 30
-        while not self.socket.exists():
+        while not self._accepts():
             if self.proc.poll() is not None or time.monotonic() > give_up:
                 raise RuntimeError(f"agent did not start: "
                                    f"{(self.directory / 'agent.stderr').read_text()}")
             time.sleep(0.05)
         return self
+
+    def _accepts(self) -> bool:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(1.0)
+            try:
+                probe.connect(str(self.socket))
+            except OSError:
+                return False
+        return True
+
+    def kill(self) -> None:
+        """SIGKILL the agent (a crash: no drain, its socket file and retired links stay) and
+        reap it. Usable as a fault proxy rule's hook, to kill it at a chosen request."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
 
     def stop(self, signum: int = signal.SIGTERM, timeout: float = 60) -> int | None:
         """Signal the agent and wait for it to exit; its exit status."""

@@ -8,12 +8,14 @@ run side by side. ``Cluster.up`` leaves the processes running detached; ``Cluste
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import http.client
 import json
 import logging
 import shutil
+import signal
 import socket
 import time
 import urllib.parse
@@ -181,6 +183,59 @@ class Cluster:
             if pid is not None:
                 found[name] = pid
         return found
+
+    # Faults (e2e/harness/faults): a component paused, killed or restarted ------------------
+
+    def pause(self, name: str) -> None:
+        """SIGSTOP a component (`kube-apiserver`, `etcd`, `kube-controller-manager`): it holds
+        its connections but answers nothing until `resume`."""
+        processes.send(name, self.state_dir, signal.SIGSTOP)
+        log.info("paused %s", name)
+
+    def resume(self, name: str) -> None:
+        """SIGCONT a paused component."""
+        processes.send(name, self.state_dir, signal.SIGCONT)
+        log.info("resumed %s", name)
+
+    @contextlib.contextmanager
+    def paused(self, name: str) -> Iterator[None]:
+        """A component paused for the block, resumed after it whatever happened."""
+        self.pause(name)
+        try:
+            yield
+        finally:
+            self.resume(name)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a component (a crash); `restart` brings it back."""
+        component = self._components.get(name)
+        processes.kill(name, self.state_dir, component.popen if component else None)
+
+    def restart(self, name: str) -> None:
+        """Start a killed (or running: it is killed first) component again with its command
+        line, ports and data, and wait until it is ready. Only in the process that ran `up`."""
+        component = self._components.get(name)
+        if component is None or not component.argv:
+            raise ClusterError(f"{name}: not started by this process; cannot restart it")
+        self.kill(name)
+        restarted = processes.start(name, component.argv, self.state_dir)
+        self._components[name] = restarted
+        self._wait_component_ready(restarted)
+        self._write_state()
+        log.info("restarted %s (pid %d)", name, restarted.pid)
+
+    def _wait_component_ready(self, component: processes.Component) -> None:
+        flags = dict(arg.split("=", 1) for arg in component.argv if arg.startswith("--")
+                     and "=" in arg)
+        if component.name == "etcd":
+            url = flags["--listen-client-urls"]
+            wait_until("etcd /health", lambda: _etcd_healthy(url), ETCD_READY_S,
+                       alive=component.check_alive)
+        elif component.name == "kube-apiserver":
+            _wait_ready(component.name, self.admin(), "/readyz", APISERVER_READY_S, component)
+        else:
+            health = Kube.anonymous(f"https://127.0.0.1:{flags['--secure-port']}", self.ca_file)
+            _wait_ready(component.name, health, "/healthz", CONTROLLER_MANAGER_READY_S, component)
 
     def __enter__(self) -> Cluster:
         return self

@@ -146,6 +146,20 @@ def create_pki(directory: Path) -> Pki:
     return pki
 
 
+def issue_serving_cert(pki: Pki, name: str) -> tuple[Path, Path]:
+    """A serving certificate for 127.0.0.1 and localhost, signed by the cluster's CA (e.g. for
+    a test's own HTTPS endpoint that clients of the cluster must trust); (cert, key) paths."""
+    ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TypeError(f"{pki.ca_key}: expected the EC key create_pki writes")
+    names: list[x509.GeneralName] = [
+        x509.DNSName("localhost"), x509.IPAddress(ipaddress.IPv4Address("127.0.0.1"))]
+    cert_path, key_path = pki.serving_cert(name), pki.serving_key(name)
+    _issue(cert_path, key_path, name, [], ca_cert, ca_key, ExtendedKeyUsageOID.SERVER_AUTH, names)
+    return cert_path, key_path
+
+
 def _issue(
     cert_path: Path,
     key_path: Path,

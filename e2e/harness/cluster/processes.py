@@ -33,6 +33,7 @@ class Component:
     state_dir: Path
     pid: int
     popen: subprocess.Popen[bytes] | None = None  # set only in the process that started it
+    argv: list[str] = dataclasses.field(default_factory=list)  # how it was started (restart)
 
     @property
     def pid_file(self) -> Path:
@@ -90,7 +91,7 @@ def start(name: str, argv: list[str], state_dir: Path) -> Component:
         )
     pid_path.write_text(f"{popen.pid}\n")
     log.info("started %s (pid %d), log %s", name, popen.pid, log_path)
-    return Component(name=name, state_dir=state_dir, pid=popen.pid, popen=popen)
+    return Component(name=name, state_dir=state_dir, pid=popen.pid, popen=popen, argv=argv)
 
 
 def read_pid(state_dir: Path, name: str) -> int | None:
@@ -130,6 +131,7 @@ def stop(name: str, state_dir: Path, popen: subprocess.Popen[bytes] | None = Non
         return
     log.info("stopping %s (pid %d)", name, pid)
     _signal(pid, signal.SIGTERM)
+    _signal(pid, signal.SIGCONT)  # a paused process acts on SIGTERM only once it runs again
     if not _wait_gone(pid, state_dir, popen, STOP_GRACE_S):
         log.warning(
             "%s (pid %d) ignored SIGTERM for %.0f s; sending SIGKILL", name, pid, STOP_GRACE_S
@@ -138,6 +140,31 @@ def stop(name: str, state_dir: Path, popen: subprocess.Popen[bytes] | None = Non
             _signal(pid, signal.SIGKILL)
         if not _wait_gone(pid, state_dir, popen, KILL_WAIT_S):
             raise RuntimeError(f"{name} (pid {pid}) survived SIGKILL")
+    pid_file(state_dir, name).unlink(missing_ok=True)
+
+
+def send(name: str, state_dir: Path, signum: signal.Signals) -> int:
+    """Send signum to the recorded process (e.g. SIGSTOP/SIGCONT to pause and resume it);
+    its pid. Raises ProcessExited unless it is running from state_dir."""
+    pid = read_pid(state_dir, name)
+    if pid is None or not is_ours(pid, state_dir):
+        raise ProcessExited(f"{name} is not running from {state_dir}")
+    os.kill(pid, signum)
+    return pid
+
+
+def kill(name: str, state_dir: Path, popen: subprocess.Popen[bytes] | None = None) -> None:
+    """SIGKILL the recorded process at once (a crash, not a shutdown) and wait until it is
+    gone; its pid file goes too. No-op if it is not ours."""
+    pid = read_pid(state_dir, name)
+    if pid is None:
+        return
+    if is_ours(pid, state_dir):
+        log.info("killing %s (pid %d)", name, pid)
+        _signal(pid, signal.SIGKILL)  # ends a paused (SIGSTOPped) process too
+        if not _wait_gone(pid, state_dir, popen, KILL_WAIT_S):
+            raise RuntimeError(f"{name} (pid {pid}) survived SIGKILL")
+    _reap(pid, popen)
     pid_file(state_dir, name).unlink(missing_ok=True)
 
 
