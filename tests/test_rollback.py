@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from cni_plugin.core.deadline import Deadline
@@ -48,6 +50,30 @@ def test_steps_share_one_deadline_and_none_starts_after_it() -> None:
     rollback = Rollback(Deadline(0.0))
     rollback.created("link", seen.append)
     assert rollback.run() == ["link: no time left"] and seen == []
+
+
+def test_a_step_whose_answer_never_comes_leaves_time_for_the_later_steps() -> None:
+    given: dict[str, float] = {}
+
+    def step(name: str) -> Callable[[Deadline], None]:
+        return lambda deadline: given.__setitem__(name, deadline.remaining(0))
+
+    rollback = Rollback(Deadline(2.0))
+    for name in ("IPAM", "link", "BGPVRFInstance", "EndpointSlice"):
+        rollback.created(name, step(name))
+    assert rollback.run() == []
+    # The newest step may use all but 0.25 s for each of the three after it.
+    assert given["EndpointSlice"] == pytest.approx(1.25, abs=0.05)
+    assert given["IPAM"] == pytest.approx(2.0, abs=0.05)
+
+
+def test_a_step_never_takes_more_than_half_of_what_is_left_from_later_steps() -> None:
+    given: list[float] = []
+    rollback = Rollback(Deadline(1.0))
+    for _ in range(10):
+        rollback.created("step", lambda d: given.append(d.remaining(0)))
+    rollback.run()
+    assert given[0] == pytest.approx(0.5, abs=0.05)
 
 
 def test_success_keeps_everything() -> None:

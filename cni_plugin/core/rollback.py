@@ -20,6 +20,9 @@ from netconf.errors import CniError
 log = logging.getLogger(__name__)
 
 Undo = Callable[[Deadline], None]
+# Kept for each undo step still to come while an earlier one runs (each takes milliseconds
+# when its system answers).
+STEP_SECONDS = 0.25
 # Told whether a rollback that had something to undo finished it (the agent counts them).
 RollbackObserver = Callable[[bool], None]
 
@@ -46,7 +49,7 @@ class Rollback:
                 failed.append(f"{what}: no time left")
                 continue
             try:
-                undo(self.deadline)
+                undo(self._share(len(self.steps)))
                 log.info("rollback: removed %s", what)
             except Exception as exc:  # best effort: keep undoing the rest
                 failed.append(f"{what}: {exc}")
@@ -59,6 +62,13 @@ class Rollback:
             except Exception:  # an observer never changes the answer
                 log.exception("rollback observer failed")
         return failed
+
+    def _share(self, later: int) -> Deadline:
+        """What one step may use: all that is left but a little for each later step, so one
+        slow step (an answer that never comes) cannot starve the rest."""
+        left = self.deadline.remaining(floor=0)
+        kept = min(STEP_SECONDS * later, left / 2)
+        return Deadline(left - kept)
 
     def forget(self) -> None:
         """ADD succeeded: keep everything."""
