@@ -3,6 +3,7 @@ advertisement. Writes re-read on 409; created objects are recorded for rollback.
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import logging
 import os
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 VRF_ID_MIN, VRF_ID_MAX = 1, 4095
 # Spec fields an ADD sets on an advertisement it shares with other containers.
 SHARED_SPEC_KEYS = ("routerRef", "addressFamily", "communities", "vrfID", "function")
+# Spec fields an ADD completes on a VRF instance it found.
+INSTANCE_KEYS = ("routerRef", "importRouteTargets", "exportRouteTargets")
 MAX_ATTEMPTS = 10
 MAX_PREFIXES = 256  # spec.prefixes maxItems of the CRD we ship
 MAX_ANNOTATION_BYTES = 256 * 1024  # the API server's limit on all annotations of an object
@@ -124,9 +127,21 @@ def ensure_vrf_instance(ctx: PublishContext, router: Router, rollback: Rollback,
     name = naming.vrf_instance_name(conf.vpc, ctx.node)
     path = VRF_INSTANCES.path(ctx.namespace, name)
     target = naming.route_target(router.local_asn, conf.vpc)
+    recorded: list[bool] = []
+
+    def fill(obj: dict[str, Any]) -> bool:
+        before = {k: copy.deepcopy((obj.get("spec") or {}).get(k)) for k in INSTANCE_KEYS}
+        if not _fill_instance(obj, router, target):
+            return False
+        if not recorded:  # recorded before the write: its answer may be lost
+            written = {k: copy.deepcopy(obj["spec"].get(k)) for k in INSTANCE_KEYS}
+            rollback.created(f"route target {target} on BGPVRFInstance {name}",
+                             lambda d: _restore_instance(ctx, router, path, written, before, d))
+            recorded.append(True)
+        return True
+
     for _ in range(MAX_ATTEMPTS):
-        existing = update_with_retry(ctx.client, path, deadline,
-                                     lambda obj: _fill_instance(obj, router, target))
+        existing = update_with_retry(ctx.client, path, deadline, fill)
         if existing is None:
             existing = _create_instance(ctx, router, name, target, rollback, deadline)
             if existing is None:
@@ -190,21 +205,47 @@ def _resolve_collision(ctx: PublishContext, router: Router, ours: dict[str, Any]
     raise CniError(TRY_AGAIN_LATER, f"VRF ID of {name!r} keeps colliding")
 
 
+def _users(ctx: PublishContext, router: Router, instance: dict[str, Any],
+           deadline: Deadline) -> list[str]:
+    """Advertisements of this VPC on this router that rely on the instance (its VRF ID)."""
+    prefix = naming.hex_id(ctx.inv.conf.vpc) + "-"
+    return [a["metadata"]["name"] for a in
+            _list_selected(ctx, ADVERTISEMENTS, "spec.routerRef.name", router.name, deadline)
+            if a["metadata"]["name"].startswith(prefix) and _vrf_id(a) == _vrf_id(instance)]
+
+
 def _undo_instance(ctx: PublishContext, router: Router, name: str, uid: str,
                    deadline: Deadline) -> None:
     """Delete an instance this ADD created, unless an advertisement now relies on it."""
     current = ctx.client.get(VRF_INSTANCES.path(ctx.namespace, name), deadline)
     if current is None or current["metadata"]["uid"] != uid:
         return
-    prefix = naming.hex_id(ctx.inv.conf.vpc) + "-"
-    users = [a for a in _list_selected(ctx, ADVERTISEMENTS, "spec.routerRef.name", router.name,
-                                       deadline)
-             if a["metadata"]["name"].startswith(prefix) and _vrf_id(a) == _vrf_id(current)]
+    users = _users(ctx, router, current, deadline)
     if users:
-        log.info("rollback: keeping %s, used by %s", name, users[0]["metadata"]["name"])
+        log.info("rollback: keeping %s, used by %s", name, users[0])
         return
     ctx.client.delete(VRF_INSTANCES.path(ctx.namespace, name), deadline, uid=uid,
                       resource_version=current["metadata"]["resourceVersion"])
+
+
+def _restore_instance(ctx: PublishContext, router: Router, path: str,
+                      written: dict[str, Any], before: dict[str, Any],
+                      deadline: Deadline) -> None:
+    """Put back the route targets and router ref an ADD added to an instance it found, unless
+    someone changed them since or an advertisement now relies on the instance."""
+    def put_back(obj: dict[str, Any]) -> bool:
+        spec = obj.get("spec") or {}
+        if any(spec.get(k) != v for k, v in written.items()) or \
+                _users(ctx, router, obj, deadline):
+            return False
+        for key, value in before.items():
+            if value is None:
+                spec.pop(key, None)
+            else:
+                spec[key] = value
+        return True
+
+    update_with_retry(ctx.client, path, deadline, put_back)
 
 
 # Advertisements ---------------------------------------------------------------------------
@@ -295,19 +336,19 @@ def ensure_advertisement(ctx: PublishContext, router: Router, vrf_id: int, plan:
         obj["spec"] = spec
         return True
 
+    written = {k: v for k, v in _advertisement_spec(router, vrf_id, target, []).items()
+               if k in SHARED_SPEC_KEYS}
     for _ in range(MAX_ATTEMPTS):
         existing = ctx.client.get(path, deadline)
         if existing is not None:
             had_ours = all(existing["metadata"].get("annotations", {}).get(k) == v
                            for k, v in ours.items())
-            before = {k: (existing.get("spec") or {}).get(k) for k in SHARED_SPEC_KEYS}
-            updated = update_with_retry(ctx.client, path, deadline, merge)
-            if updated is None:
-                continue  # deleted meanwhile: create it
-            if not had_ours:
-                written = {k: updated["spec"].get(k) for k in SHARED_SPEC_KEYS}
+            if not had_ours:  # recorded before the write: its answer may be lost
+                before = {k: (existing.get("spec") or {}).get(k) for k in SHARED_SPEC_KEYS}
                 rollback.created(f"annotations of {cid} on BGPAdvertisement {name}",
                                  _restoring_withdrawal(ctx, written, before))
+            if update_with_retry(ctx.client, path, deadline, merge) is None:
+                continue  # deleted meanwhile: create it
             return
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "BGPAdvertisement",
                 "metadata": {"name": name, "namespace": ctx.namespace, "annotations": {}}}
