@@ -11,7 +11,8 @@ from cni_plugin.core import naming
 from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.rollback import Rollback
-from cni_plugin.publish.context import PublishContext, create
+from cni_plugin.kube.client import CREATED_BY_ANNOTATION
+from cni_plugin.publish.context import PublishContext, create, created_by
 from cni_plugin.publish.resources import (
     CONTAINER_ID_ANNOTATION,
     ENDPOINT_SLICES,
@@ -118,6 +119,9 @@ def _write_slice(ctx: PublishContext, namespace: str, name: str, body: dict[str,
                            f"managed by {MANAGED_BY}", f"its {MANAGED_BY_LABEL} label is "
                            f"{labels.get(MANAGED_BY_LABEL)!r}; it is left untouched")
         body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
+        mark = created_by(existing)
+        if mark is not None:  # who created it stays recorded (SPEC §7)
+            body["metadata"]["annotations"][CREATED_BY_ANNOTATION] = mark
         if ctx.client.put_unless_changed(path, deadline, body):
             return
     raise CniError(TRY_AGAIN_LATER, f"EndpointSlice {namespace}/{name} keeps changing",
