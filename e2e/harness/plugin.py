@@ -3,7 +3,6 @@ environment, config on stdin, one JSON answer; and the network configs the tests
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import secrets
@@ -106,19 +105,6 @@ def host_local(data_dir: Path, *subnets: str) -> dict[str, Any]:
 def with_prev(conf: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     """conf with prevResult, as a runtime sends CHECK and DEL."""
     return {**conf, "prevResult": result}
-
-
-def vpc_attach_ipam_records(data_dir: Path) -> list[str]:
-    """Addresses vpc-attach-ipam holds under data_dir (its records are named by address)."""
-    found = []
-    for path in data_dir.rglob("*") if data_dir.exists() else []:
-        try:
-            ipaddress.ip_address(path.name)
-        except ValueError:
-            continue
-        if path.is_file():
-            found.append(path.name)
-    return sorted(found)
 
 
 def host_local_reservations(data_dir: Path, network: str) -> list[str]:

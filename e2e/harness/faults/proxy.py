@@ -38,6 +38,8 @@ WATCH_IDLE_S = 90.0  # a watch with no event (nor bookmark) this long is ended
 MAX_HEAD = 64 * 1024
 MAX_BODY = 16 * 1024 * 1024
 JOIN_S = 10.0
+MAX_SEEN = 100_000  # requests remembered
+KEEP, CLOSE, RESET = "keep", "close", "reset"  # what becomes of a client connection
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "transfer-encoding",
                         "te", "trailer", "upgrade", "content-length"})
 
@@ -253,11 +255,12 @@ class FaultProxy:
             raw.settimeout(CLIENT_IDLE_S)
             tls = self._server_tls.wrap_socket(raw, server_side=True)
             self._track(tls)
-            reader = tls.makefile("rb")
-            while not self._stop.is_set():
-                request = _read_request(reader)
-                if not self._handle(tls, request):
-                    return
+            with tls.makefile("rb") as reader:
+                ending = KEEP
+                while ending == KEEP and not self._stop.is_set():
+                    ending = self._handle(tls, _read_request(reader))
+            if ending == RESET:  # the reader closed first: close() must not wait for it
+                _reset(tls)
         except (_ClientGone, OSError, http.client.HTTPException, ValueError):
             return
         finally:
@@ -267,8 +270,8 @@ class FaultProxy:
                 _shut(tls)
             _shut(raw)
 
-    def _handle(self, client: ssl.SSLSocket, request: _Request) -> bool:
-        """Serve one request; whether the connection stays open."""
+    def _handle(self, client: ssl.SSLSocket, request: _Request) -> str:
+        """Serve one request; what becomes of the connection (KEEP, CLOSE or RESET)."""
         resource, name = resource_of(request.target)
         rule = self._due_rule(request.method, resource, name)
         fault = rule.fault if rule is not None else None
@@ -280,21 +283,22 @@ class FaultProxy:
             if rule is not None and rule.hook is not None:
                 rule.hook()
             if fault is Fault.RESET_BEFORE_FORWARD:
-                _reset(client)
-                return False
+                return RESET
             if fault is Fault.RESPOND:
                 assert rule is not None
                 _respond_status(client, rule.status, rule.retry_after)
-                return True
+                return KEEP
             if fault is Fault.DELAY_FORWARD:
                 assert rule is not None
                 if self._stop.wait(rule.delay) or _client_left(client):
-                    return False  # as a proxy does when its client hung up: not forwarded
+                    return CLOSE  # as a proxy does when its client hung up: not forwarded
             self._forward(client, request, rule, answered)
-            return fault in (None, Fault.FORWARD, Fault.DELAY_FORWARD, Fault.DELAY_ANSWER)
+            return KEEP if fault in (None, Fault.FORWARD, Fault.DELAY_FORWARD,
+                                     Fault.DELAY_ANSWER) else CLOSE
         finally:
             with self._lock:
                 self._busy -= busy
+                del self._seen[:-MAX_SEEN]
                 self._seen.append(Seen(time.monotonic(), request.method, request.target,
                                        resource, name, fault if fault is not Fault.FORWARD
                                        else None, answered[0] if answered else None))
@@ -317,11 +321,7 @@ class FaultProxy:
             *self._upstream, timeout=WATCH_IDLE_S if watch else UPSTREAM_TIMEOUT_S,
             context=self._client_tls)
         try:
-            try:
-                upstream.connect()
-            except OSError:
-                _reset(client)  # as near as a proxy gets to "connection refused"
-                raise
+            upstream.connect()  # failing: the client's connection is closed unanswered
             assert upstream.sock is not None
             self._track(upstream.sock)
             upstream.putrequest(request.method, request.target, skip_host=True,
