@@ -28,7 +28,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from cni_plugin.ipam.plugin.config import DEFAULT_DATA_DIR, PLUGIN_TYPES
-from cni_plugin.ipam.plugin.store import PoolState
+from cni_plugin.ipam.plugin.store import PoolState, pool_directories
 from netconf.config import lookup_ci
 from netconf.errors import CniError
 
@@ -123,7 +123,7 @@ class IpamPools(Collector):
             data_dirs = sorted(self._data_dirs)
         counts: dict[str, int] = {}
         for data_dir in data_dirs:
-            for network, pool, path in _pool_dirs(data_dir):
+            for network, pool, path in pool_directories(data_dir):
                 try:
                     records = len(PoolState(path, POOL_READ_SECONDS).records())
                 except CniError as exc:  # unreadable now: left out of this scrape
@@ -134,21 +134,6 @@ class IpamPools(Collector):
         for label, count in sorted(counts.items()):
             family.add_metric([label], count)
         yield family
-
-
-def _pool_dirs(data_dir: str) -> Iterable[tuple[str, str, str]]:
-    """(network, pool directory name, path) of every pool under data_dir."""
-    for network in _subdirectories(data_dir):
-        for pool in _subdirectories(os.path.join(data_dir, network)):
-            yield network, pool, os.path.join(data_dir, network, pool)
-
-
-def _subdirectories(path: str) -> list[str]:
-    try:
-        with os.scandir(path) as entries:
-            return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
-    except OSError:
-        return []
 
 
 def ipam_data_dir(stdin: bytes) -> str | None:

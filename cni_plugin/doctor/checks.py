@@ -27,7 +27,7 @@ from cni_plugin.agent.protocol import (
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.ipam.delegate import find_plugin
 from cni_plugin.ipam.plugin.config import PLUGIN_TYPES, parse_network
-from cni_plugin.ipam.plugin.store import PoolState
+from cni_plugin.ipam.plugin.store import PoolState, pool_directories
 from cni_plugin.kernel import isolation, links, netns
 from cni_plugin.kube.client import ApiError, KubeClient
 from cni_plugin.kube.config import load_kubeconfig
@@ -418,30 +418,20 @@ def _stale_allocations(data_dirs: Iterable[str], live: set[tuple[str, str]]
     stale: list[str] = []
     total = 0
     for data_dir in data_dirs:
-        for network in _subdirectories(data_dir):
-            for pool in _subdirectories(os.path.join(data_dir, network)):
-                path = os.path.join(data_dir, network, pool)
-                try:
-                    records = PoolState(path, API_SECONDS).records()
-                except CniError:
-                    continue
-                for record in records:
-                    total += 1
-                    owner = record.attachment
-                    if owner is None:
-                        stale.append(f"{path}/{record.name} (unreadable record)")
-                    elif (owner.container_id, owner.ifname) not in live:
-                        stale.append(f"{path}/{record.name} ({owner.container_id[:12]}/"
-                                     f"{owner.ifname})")
+        for _, _, path in pool_directories(data_dir):
+            try:
+                records = PoolState(path, API_SECONDS).records()
+            except CniError:
+                continue
+            for record in records:
+                total += 1
+                owner = record.attachment
+                if owner is None:
+                    stale.append(f"{path}/{record.name} (unreadable record)")
+                elif (owner.container_id, owner.ifname) not in live:
+                    stale.append(f"{path}/{record.name} ({owner.container_id[:12]}/"
+                                 f"{owner.ifname})")
     return stale, total
-
-
-def _subdirectories(path: str) -> list[str]:
-    try:
-        with os.scandir(path) as entries:
-            return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
-    except OSError:
-        return []
 
 
 def _unique(items: list[str]) -> list[str]:

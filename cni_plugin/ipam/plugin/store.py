@@ -248,6 +248,22 @@ class PoolState:
             raise io_error("write", path, exc) from None
 
 
+def pool_directories(data_dir: str) -> Iterator[tuple[str, str, str]]:
+    """(network, pool directory name, path) of every pool under a dataDir, sorted; nothing
+    where it cannot be listed."""
+    for network in _subdirectories(data_dir):
+        for pool in _subdirectories(os.path.join(data_dir, network)):
+            yield network, pool, os.path.join(data_dir, network, pool)
+
+
+def _subdirectories(path: str) -> list[str]:
+    try:
+        with os.scandir(path) as entries:
+            return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
+    except OSError:
+        return []
+
+
 def _is_record_name(name: str) -> bool:
     """Records are named by addresses: a damaged index entry or cursor names no file."""
     try:
