@@ -1,5 +1,6 @@
 """A pause image built locally: a static binary that waits for SIGTERM/SIGINT, packed as an
-OCI image archive (tar of an OCI layout, plus docker's manifest.json) for `ctr images import`.
+OCI image archive (tar of an OCI layout, plus docker's manifest.json) for `ctr images import`,
+written by packaging/image/oci.py (the writer of the project's own image).
 
 Nothing is pulled from a registry; the archive is cached by the hash of the source.
 """
@@ -7,14 +8,13 @@ Nothing is pulled from a registry; the archive is cached by the hash of the sour
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
-import json
-import platform
 import shutil
-import tarfile
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
 
 from e2e.harness.cri.cache import BuildError, cached_entry, run
 
@@ -45,9 +45,21 @@ int main(void) {
 
 IMAGE_REPOSITORY = "localhost/vpc-attach-e2e/pause"
 ARCHIVE_NAME = "pause-image.tar"
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
-OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
+# The OCI archive writer shared with the project's image (packaging/ is not a Python package).
+OCI_WRITER = Path(__file__).resolve().parents[3] / "packaging/image/oci.py"
+
+
+def _load_oci() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("vpc_attach_image_oci", OCI_WRITER)
+    if spec is None or spec.loader is None:
+        raise BuildError(f"cannot load the OCI writer {OCI_WRITER}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
+    spec.loader.exec_module(module)
+    return module
+
+
+oci = _load_oci()
 
 
 @dataclass(frozen=True)
@@ -67,12 +79,6 @@ def image_ref() -> str:
     return f"{IMAGE_REPOSITORY}:{_source_key()}"
 
 
-def _goarch() -> str:
-    machine = platform.machine()
-    return {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64le": "ppc64le",
-            "s390x": "s390x"}.get(machine, machine)
-
-
 def _compile(workdir: Path) -> bytes:
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
@@ -84,57 +90,19 @@ def _compile(workdir: Path) -> bytes:
     return binary.read_bytes()
 
 
-def _tar_bytes(members: list[tuple[str, bytes, int]]) -> bytes:
-    """A reproducible tar (fixed owner and mtime) of (name, data, mode)."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
-        for name, data, mode in members:
-            entry = tarfile.TarInfo(name)
-            entry.size, entry.mode, entry.mtime = len(data), mode, 0
-            entry.uid = entry.gid = 0
-            entry.uname = entry.gname = "root"
-            archive.addfile(entry, io.BytesIO(data))
-    return buffer.getvalue()
-
-
-def _blob(data: bytes) -> tuple[str, bytes]:
-    return "sha256:" + hashlib.sha256(data).hexdigest(), data
-
-
-def _canonical(document: dict[str, Any]) -> bytes:
-    return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
-
-
 def image_archive(binary: bytes, ref: str) -> bytes:
     """The OCI image archive (OCI layout + docker manifest.json) of a one-file image."""
-    layer_digest, layer = _blob(_tar_bytes([("pause", binary, 0o755)]))
-    config_digest, config = _blob(_canonical({
-        "architecture": _goarch(), "os": "linux",
-        "config": {"Entrypoint": ["/pause"], "User": "65535:65535", "WorkingDir": "/"},
-        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-        "history": [{"created_by": "vpc-attach e2e: static pause binary"}]}))
-    manifest_digest, manifest = _blob(_canonical({
-        "schemaVersion": 2, "mediaType": OCI_MANIFEST,
-        "config": {"mediaType": OCI_CONFIG, "digest": config_digest, "size": len(config)},
-        "layers": [{"mediaType": OCI_LAYER, "digest": layer_digest, "size": len(layer)}]}))
-    index = _canonical({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [{"mediaType": OCI_MANIFEST, "digest": manifest_digest,
-                       "size": len(manifest),
-                       "platform": {"architecture": _goarch(), "os": "linux"},
-                       "annotations": {"io.containerd.image.name": ref,
-                                       "org.opencontainers.image.ref.name": ref.rsplit(":")[-1]}}]})
-    docker_manifest = json.dumps([{"Config": f"blobs/sha256/{config_digest[7:]}",
-                                   "RepoTags": [ref],
-                                   "Layers": [f"blobs/sha256/{layer_digest[7:]}"]}]).encode()
-    return _tar_bytes([
-        ("oci-layout", _canonical({"imageLayoutVersion": "1.0.0"}), 0o644),
-        ("index.json", index, 0o644),
-        ("manifest.json", docker_manifest, 0o644),
-        *[(f"blobs/sha256/{digest[7:]}", data, 0o644)
-          for digest, data in ((layer_digest, layer), (config_digest, config),
-                               (manifest_digest, manifest))],
-    ])
+    architecture = oci.goarch()
+    layers = [oci.memory_layer([oci.Member("pause", 0o755, data=binary)])]
+    config = oci.config_blob(
+        architecture=architecture,
+        config={"Entrypoint": ["/pause"], "User": "65535:65535", "WorkingDir": "/"},
+        layers=layers, history=[{"created_by": "vpc-attach e2e: static pause binary"}])
+    names = oci.Names(image_name=ref, ref_name=ref.rsplit(":")[-1], repo_tags=(ref,))
+    archive = io.BytesIO()
+    oci.write_archive(archive, architecture=architecture, config=config, layers=layers,
+                      manifest=oci.manifest_blob(config, layers), names=names)
+    return archive.getvalue()
 
 
 def pause_image() -> PauseImage:
