@@ -48,6 +48,13 @@ def host_link_name(inv: Invocation) -> str:
     return naming.host_link_name(inv.conf.vpc, inv.conf.vpcattachment)
 
 
+def vpc_owners(rtnl: Rtnl, vpc: str) -> set[tuple[str, str]]:
+    """(containerID, ifname) of every attachment of the VPC on this host: the owners recorded
+    on its host links (retired links are renamed, so never counted)."""
+    return {(link.owner.container_id, link.owner.ifname) for link in links.all_links(rtnl)
+            if link.owner is not None and naming.is_host_link_of(link.name, vpc)}
+
+
 def owner_of(inv: Invocation) -> Owner:
     """The ownership mark this invocation writes and honours."""
     return Owner(inv.env.container_id, inv.env.ifname)

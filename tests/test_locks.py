@@ -33,3 +33,15 @@ def test_file_lock_times_out_with_code_11_naming_the_lock(tmp_path: Path) -> Non
     assert caught.value.code == TRY_AGAIN_LATER and path in caught.value.msg
     with file_lock(path, 1.0):  # released on exit
         pass
+
+
+def test_shared_holders_exclude_only_an_exclusive_one(tmp_path: Path) -> None:
+    path = str(tmp_path / "locks" / "instance.lock")
+    with file_lock(path, 1.0, shared=True), file_lock(path, 0.1, shared=True):
+        with pytest.raises(CniError) as caught, file_lock(path, 0.1):
+            pass
+        assert caught.value.code == TRY_AGAIN_LATER
+    with file_lock(path, 1.0), pytest.raises(CniError), file_lock(path, 0.1, shared=True):
+        pass
+    with file_lock(path, 1.0):  # every holder released on exit
+        pass

@@ -170,6 +170,17 @@ def test_distinct_attachments_get_distinct_host_links(v1: int, a1: int, v2: int,
     assert names_equal == same
 
 
+@given(vpc_values, attachment_values, vpc_values)
+def test_a_host_link_is_recognised_as_its_vpcs_only(vpc: int, att: int, other: int) -> None:
+    vpc62, att62, other62 = encode_base62(vpc), encode_base62(att), encode_base62(other)
+    host = host_link_name(vpc62, att62)
+    assert naming.is_host_link_of(host, vpc62)
+    assert naming.is_host_link_of(host, other62) == (vpc == other)
+    for name in (vrf_name(vpc62), guest_link_name(vpc62, att62), host[:-1], host + "H",
+                 "vpz" + host[3:]):
+        assert not naming.is_host_link_of(name, vpc62)
+
+
 # --- Kubernetes object names, route targets (SPEC §6) --------------------------------------------
 
 

@@ -15,14 +15,16 @@ _POLL_SECONDS = 0.005
 _MAX_POLL_SECONDS = 0.05
 
 
-def acquire(fd: int, timeout: float) -> bool:
-    """Take an exclusive flock on fd within timeout seconds (polling with back-off, never
-    blocking); whether it was taken. Every lock of the project and its tools goes through here."""
+def acquire(fd: int, timeout: float, *, shared: bool = False) -> bool:
+    """Take an exclusive (or shared) flock on fd within timeout seconds (polling with back-off,
+    never blocking); whether it was taken. Every lock of the project and its tools goes through
+    here."""
     give_up = time.monotonic() + timeout
     delay = _POLL_SECONDS
+    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
             return True
         except OSError as exc:
             if exc.errno not in (errno.EAGAIN, errno.EACCES):
@@ -34,12 +36,13 @@ def acquire(fd: int, timeout: float) -> bool:
 
 
 @contextmanager
-def file_lock(path: str, timeout: float) -> Iterator[None]:
-    """Hold an exclusive flock on path; code 11 if not acquired within timeout seconds."""
+def file_lock(path: str, timeout: float, *, shared: bool = False) -> Iterator[None]:
+    """Hold an exclusive flock on path (shared: with other shared holders only); code 11 if
+    not acquired within timeout seconds."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        if not acquire(fd, timeout):
+        if not acquire(fd, timeout, shared=shared):
             raise CniError(TRY_AGAIN_LATER, f"timed out waiting for lock {path!r}",
                            f"waited {timeout:.1f}s; another invocation holds it")
         yield

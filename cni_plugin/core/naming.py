@@ -33,6 +33,13 @@ def host_link_name(vpc: str, attachment: str) -> str:
     return f"G{pad_base62(vpc, VPC_WIDTH)}{pad_base62(attachment, ATTACHMENT_WIDTH)}H"
 
 
+def is_host_link_of(name: str, vpc: str) -> bool:
+    """Whether name is the host side of an attachment of this VPC (G{vpc:9}{att:3}H)."""
+    prefix = f"G{pad_base62(vpc, VPC_WIDTH)}"
+    return len(name) == len(prefix) + ATTACHMENT_WIDTH + 1 and name.startswith(prefix) \
+        and name.endswith("H")
+
+
 def guest_link_name(vpc: str, attachment: str) -> str:
     """Container end of the veth before it is moved and renamed: G{vpc:9}{att:3}G."""
     return f"G{pad_base62(vpc, VPC_WIDTH)}{pad_base62(attachment, ATTACHMENT_WIDTH)}G"

@@ -93,8 +93,10 @@ class Publisher:
         sid = None
         with api_boundary("publish the attachment"):
             if self.router is not None:
-                vrf_id = bgp.ensure_vrf_instance(ctx, self.router, rollback, deadline)
-                bgp.ensure_advertisement(ctx, self.router, vrf_id, plan, rollback, deadline)
+                with bgp.instance_in_use(ctx, deadline):  # GC waits until it is relied on
+                    vrf_id = bgp.ensure_vrf_instance(ctx, self.router, rollback, deadline)
+                    bgp.ensure_advertisement(ctx, self.router, vrf_id, plan, rollback,
+                                             deadline)
                 if self.router.srv6_locator and self.router.node_id:
                     sid = naming.srv6_sid(self.router.srv6_locator, self.router.node_id, vrf_id)
             if ctx.inv.conf.publish.endpoint_slice:
@@ -149,8 +151,8 @@ def publishing_status(inv: Invocation, source: ClusterSource) -> None:
         raise CniError(STATUS_NOT_AVAILABLE, exc.msg, exc.details) from None
 
 
-def collect_garbage(inv: Invocation, source: ClusterSource,
-                    valid: set[tuple[str, str]]) -> None:
+def collect_stale_slices(inv: Invocation, source: ClusterSource,
+                         valid: set[tuple[str, str]]) -> None:
     """GC: delete this node's EndpointSlices of attachments not in valid."""
     if not inv.conf.publish.endpoint_slice:
         return
@@ -158,3 +160,17 @@ def collect_garbage(inv: Invocation, source: ClusterSource,
     with connected(inv, source) as ctx, api_boundary("collect stale EndpointSlices"):
         if ctx is not None:
             endpointslice.collect_slices(ctx, valid, inv.deadline)
+
+
+def collect_unused_instance(inv: Invocation, source: ClusterSource, valid: set[tuple[str, str]],
+                            attached: set[tuple[str, str]]) -> None:
+    """GC: delete the VPC's BGPVRFInstance on this node if vpc-attach created it and no valid
+    attachment, attachment on this node (`attached`: owners of the VPC's links) or
+    advertisement uses it any more."""
+    if not inv.conf.publish.bgp:
+        return
+    from cni_plugin.publish import bgp
+    with connected(inv, source) as ctx, api_boundary("collect the VPC's unused BGPVRFInstance"):
+        if ctx is not None:
+            router = bgp.find_router(ctx, inv.deadline)
+            bgp.collect_instance(ctx, router, valid, attached, inv.deadline)

@@ -7,7 +7,8 @@ import copy
 import ipaddress
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from cni_plugin.core import naming
@@ -16,7 +17,7 @@ from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.locks import file_lock
 from cni_plugin.core.rollback import Rollback
 from cni_plugin.kube.client import ApiError, Resource, update_with_retry
-from cni_plugin.publish.context import PublishContext, Router, create
+from cni_plugin.publish.context import PublishContext, Router, create, created_by
 from cni_plugin.publish.resources import (
     ADVERTISEMENTS,
     CONTAINER_KEYS,
@@ -205,27 +206,108 @@ def _resolve_collision(ctx: PublishContext, router: Router, ours: dict[str, Any]
     raise CniError(TRY_AGAIN_LATER, f"VRF ID of {name!r} keeps colliding")
 
 
-def _users(ctx: PublishContext, router: Router, instance: dict[str, Any],
-           deadline: Deadline) -> list[str]:
-    """Advertisements of this VPC on this router that rely on the instance (its VRF ID)."""
+def _users(ctx: PublishContext, router: Router, instance: dict[str, Any], deadline: Deadline,
+           *, ignoring: str | None = None) -> list[str]:
+    """Advertisements of this VPC that rely on the instance: this router's with its VRF ID, or
+    any recording a live container of this node (a shared advertisement names the router of
+    its last writer, maybe another node's). `ignoring`: a container that does not count."""
     prefix = naming.hex_id(ctx.inv.conf.vpc) + "-"
+    on_router = [a["metadata"]["name"] for a in
+                 _list_selected(ctx, ADVERTISEMENTS, "spec.routerRef.name", router.name, deadline)
+                 if a["metadata"]["name"].startswith(prefix) and _vrf_id(a) == _vrf_id(instance)]
+    if on_router:
+        return on_router
+    # No selector narrows by annotation: the namespace's advertisements, read only here.
     return [a["metadata"]["name"] for a in
-            _list_selected(ctx, ADVERTISEMENTS, "spec.routerRef.name", router.name, deadline)
-            if a["metadata"]["name"].startswith(prefix) and _vrf_id(a) == _vrf_id(instance)]
+            ctx.client.list(ADVERTISEMENTS.path(ctx.namespace), deadline)
+            if a["metadata"]["name"].startswith(prefix) and
+            _live_containers(a["metadata"].get("annotations") or {}, ctx.node) - {ignoring}]
+
+
+@contextmanager
+def instance_in_use(ctx: PublishContext, deadline: Deadline) -> Iterator[None]:
+    """Held (shared) by an ADD from reading the VPC's instance until its advertisement is
+    written; an instance is deleted only under this lock held alone, so never in between."""
+    name = naming.vrf_instance_name(ctx.inv.conf.vpc, ctx.node)
+    with file_lock(_instance_lock(ctx, name), deadline.remaining(), shared=True):
+        yield
+
+
+def _instance_lock(ctx: PublishContext, name: str) -> str:
+    return ctx.inv.lock_path(f"bgpvrfinstance-{name}")
+
+
+def _delete_unless_used(ctx: PublishContext, router: Router, name: str,
+                        kept_because: Callable[[dict[str, Any]], str | None],
+                        deadline: Deadline, *, ignoring: str | None = None) -> bool:
+    """Delete the instance unless kept_because(it) names a reason or an advertisement uses
+    it; whether it was deleted. A concurrent change wins (uid + resourceVersion
+    preconditions); an ADD about to rely on it holds `instance_in_use`."""
+    path = VRF_INSTANCES.path(ctx.namespace, name)
+    with file_lock(_instance_lock(ctx, name), deadline.remaining()):
+        current = ctx.client.get(path, deadline)
+        if current is None:
+            return False
+        reason = kept_because(current)
+        if reason is None:
+            users = _users(ctx, router, current, deadline, ignoring=ignoring)
+            reason = f"BGPAdvertisement {users[0]} uses it" if users else None
+        if reason is not None:
+            log.info("keeping BGPVRFInstance %s: %s", name, reason)
+            return False
+        meta = current["metadata"]
+        if ctx.client.delete(path, deadline, uid=meta["uid"],
+                             resource_version=meta["resourceVersion"]):
+            log.info("deleted BGPVRFInstance %s (created by %s)", name, created_by(current))
+            return True
+        log.info("keeping BGPVRFInstance %s: it changed meanwhile", name)
+        return False
 
 
 def _undo_instance(ctx: PublishContext, router: Router, name: str, uid: str,
                    deadline: Deadline) -> None:
     """Delete an instance this ADD created, unless an advertisement now relies on it."""
-    current = ctx.client.get(VRF_INSTANCES.path(ctx.namespace, name), deadline)
-    if current is None or current["metadata"]["uid"] != uid:
-        return
-    users = _users(ctx, router, current, deadline)
-    if users:
-        log.info("rollback: keeping %s, used by %s", name, users[0])
-        return
-    ctx.client.delete(VRF_INSTANCES.path(ctx.namespace, name), deadline, uid=uid,
-                      resource_version=current["metadata"]["resourceVersion"])
+    def kept_because(current: dict[str, Any]) -> str | None:
+        return None if current["metadata"]["uid"] == uid else "not the one this ADD created"
+
+    _delete_unless_used(ctx, router, name, kept_because, deadline,
+                        ignoring=naming.annotation_cid(ctx.inv.env.container_id))
+
+
+def collect_instance(ctx: PublishContext, router: Router, valid: set[tuple[str, str]],
+                     attached: set[tuple[str, str]], deadline: Deadline) -> bool:
+    """GC: delete this VPC's instance on this node if vpc-attach created it and nothing uses
+    it any more (valid: the runtime's attachments; attached: owners of the VPC's links on
+    this node); whether it was deleted."""
+    vpc = ctx.inv.conf.vpc
+    return _delete_unless_used(
+        ctx, router, naming.vrf_instance_name(vpc, ctx.node),
+        lambda current: gc_keeps_instance(current, router, vpc, valid, attached), deadline)
+
+
+def gc_keeps_instance(instance: dict[str, Any], router: Router, vpc: str,
+                      valid: set[tuple[str, str]], attached: set[tuple[str, str]]) -> str | None:
+    """Why GC keeps the VPC's instance on this node before asking which advertisements use
+    it; None when only that question is left."""
+    mark = created_by(instance)
+    if mark is None:
+        return "vpc-attach did not create it"
+    parts = mark.split("/")
+    if len(parts) != 3:
+        return f"unreadable created-by mark {mark!r}"
+    creator = (parts[0], parts[1])
+    spec = instance.get("spec") or {}
+    if (spec.get("routerRef") or {}).get("name") != router.name:
+        return f"its router is not {router.name}"
+    ours = [{"value": naming.route_target(router.local_asn, vpc)}]
+    if set(spec) - {"vrfID", *INSTANCE_KEYS} or \
+            any(spec.get(key) != ours for key in ("importRouteTargets", "exportRouteTargets")):
+        return "another writer has added to it"
+    if creator in valid:
+        return f"the attachment that created it ({mark.rsplit('/', 1)[0]}) is valid"
+    if attached:
+        return "attachment {}/{} of the VPC is on this node".format(*min(attached))
+    return None
 
 
 def _restore_instance(ctx: PublishContext, router: Router, path: str,
@@ -236,7 +318,8 @@ def _restore_instance(ctx: PublishContext, router: Router, path: str,
     def put_back(obj: dict[str, Any]) -> bool:
         spec = obj.get("spec") or {}
         if any(spec.get(k) != v for k, v in written.items()) or \
-                _users(ctx, router, obj, deadline):
+                _users(ctx, router, obj, deadline,
+                       ignoring=naming.annotation_cid(ctx.inv.env.container_id)):
             return False
         for key, value in before.items():
             if value is None:
@@ -294,6 +377,13 @@ def _stale_containers(annotations: dict[str, str], node: str, keep: str) -> set[
             if cid != keep and netns and not os.path.exists(netns):
                 stale.add(cid)
     return stale
+
+
+def _live_containers(annotations: dict[str, str], node: str) -> set[str]:
+    """Containers this node recorded whose netns is still there."""
+    recorded = {key[len(NODE_KEY):] for key, value in annotations.items()
+                if key.startswith(NODE_KEY) and value == node}
+    return recorded - _stale_containers(annotations, node, keep="")
 
 
 def _drop_containers(annotations: dict[str, str], cids: Iterable[str]) -> None:

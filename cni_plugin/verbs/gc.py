@@ -10,7 +10,8 @@ from cni_plugin import attachment
 from cni_plugin.core.request import Invocation, Request
 from cni_plugin.ipam import delegate
 from cni_plugin.kernel import links
-from cni_plugin.publish import collect_garbage
+from cni_plugin.kernel.rtnl import Rtnl
+from cni_plugin.publish import collect_stale_slices, collect_unused_instance
 from cni_plugin.verbs.environment import Environment
 from netconf.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CniError
 from netconf.versions import GC_STATUS_MIN_VERSION, at_least
@@ -33,25 +34,22 @@ def valid_attachments(raw: dict[str, Any]) -> set[tuple[str, str]]:
 
 
 def gc(request: Request, env: Environment) -> None:
-    """Delete this network's host link if its owner is not valid; forward GC to IPAM."""
+    """Delete this network's host link if its owner is not valid, and the VPC's BGPVRFInstance
+    on this node if vpc-attach created it and nothing uses it any more; forward GC to IPAM."""
     inv = Invocation.parse(request)
     if not at_least(inv.conf.cni_version, GC_STATUS_MIN_VERSION):
         raise CniError(INCOMPATIBLE_VERSION, "config version does not allow GC")
     valid = valid_attachments(inv.raw)
     failures: list[CniError] = []
-    if inv.conf.attachment != "existing":
-        with attachment.host_netlink(inv.deadline) as ipr:
-            link = links.find(ipr, attachment.host_link_name(inv))
-            owner = link.owner if link is not None else None
-            if link is not None and owner is not None and \
-                    (owner.container_id, owner.ifname) not in valid:
-                log.info("GC: deleting %s of stale container %s", link.name, owner.container_id)
-                links.delete(ipr, link)
-            # A stopped agent's (a running one deletes its own within milliseconds).
-            for retired in links.delete_all_retired(ipr):
-                log.info("GC: deleted retired link %s (%s)", retired.name, retired.alias)
-    steps: list[Callable[[], None]] = [lambda: collect_garbage(inv, env.cluster, valid),
-                                       lambda: _forward_ipam(inv)]
+    with attachment.host_netlink(inv.deadline) as ipr:
+        if inv.conf.attachment != "existing":
+            _collect_links(ipr, inv, valid)
+        # Read once the stale link is gone: the VPC's attachments here still use its instance.
+        attached = attachment.vpc_owners(ipr, inv.conf.vpc)
+    steps: list[Callable[[], None]] = [
+        lambda: collect_stale_slices(inv, env.cluster, valid),
+        lambda: collect_unused_instance(inv, env.cluster, valid, attached),
+        lambda: _forward_ipam(inv)]
     for step in steps:
         try:
             step()
@@ -60,6 +58,17 @@ def gc(request: Request, env: Environment) -> None:
             failures.append(exc)
     if failures:
         raise failures[0]
+
+
+def _collect_links(ipr: Rtnl, inv: Invocation, valid: set[tuple[str, str]]) -> None:
+    link = links.find(ipr, attachment.host_link_name(inv))
+    owner = link.owner if link is not None else None
+    if link is not None and owner is not None and (owner.container_id, owner.ifname) not in valid:
+        log.info("GC: deleting %s of stale container %s", link.name, owner.container_id)
+        links.delete(ipr, link)
+    # A stopped agent's (a running one deletes its own within milliseconds).
+    for retired in links.delete_all_retired(ipr):
+        log.info("GC: deleted retired link %s (%s)", retired.name, retired.alias)
 
 
 def _forward_ipam(inv: Invocation) -> None:
