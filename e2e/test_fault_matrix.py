@@ -1,6 +1,7 @@
 """The fault matrix of issue 10 (SPEC §7, §9): every write ADD and DEL make, each API fault,
 then success or a later failure — through a fault proxy in front of the real API server; and
-the API server paused mid-ADD, and a node reboot.
+the API server paused mid-ADD or for a whole rollback (what it left, GC removes once unused),
+GC keeping an L2-only tap's instance, and a node reboot.
 
 After each case: objects that did not exist before a failed ADD are gone; shared objects keep
 their spec and other annotations byte for byte; a retried ADD converges, CHECK passes and DEL
@@ -330,9 +331,13 @@ class Case:
                 f"K8S_POD_NAME={self.pod};K8S_POD_INFRA_CONTAINER_ID={self.container_id};"
                 f"K8S_POD_UID={self.uid}")
 
-    def call(self, verb: str, prev: dict[str, Any] | None = None, **kw: Any) -> Answer:
-        """One timed call (counted in the figures)."""
-        conf = self.conf if prev is None else {**self.conf, "prevResult": prev}
+    def call(self, verb: str, prev: dict[str, Any] | None = None, *,
+             conf: dict[str, Any] | None = None, **kw: Any) -> Answer:
+        """One timed call (counted in the figures); the case's container and network unless
+        given others."""
+        conf = conf or self.conf
+        if prev is not None:
+            conf = {**conf, "prevResult": prev}
         kw.setdefault("container_id", self.container_id)
         began = time.monotonic()
         answer = self.plugin.call(verb, conf, netns=self.netns, CNI_ARGS=self.cni_args(), **kw)
@@ -345,9 +350,9 @@ class Case:
         if seconds > TIMEOUT_S + MARGIN_S:
             self.record["late"].append(f"{what}: {seconds:.2f} s")
 
-    def ok(self, verb: str, prev: dict[str, Any] | None = None) -> Any:
+    def ok(self, verb: str, prev: dict[str, Any] | None = None, **kw: Any) -> Any:
         """A call that must succeed; its answer."""
-        answer = self.call(verb, prev)
+        answer = self.call(verb, prev, **kw)
         assert answer.status == 0, f"{verb} failed: {answer.stdout} {answer.stderr[-2000:]}"
         return answer.body
 
@@ -662,6 +667,131 @@ def test_etcd_killed_mid_del_answers_11_in_time_and_a_retried_del_finishes(case:
     case.ok("DEL", added)
     case.check_gone("after the retried DEL", baseline, instance_by_design=True)
     case.assert_clean()
+
+
+# A rollback that cannot reach the API server, and GC of the VPC's instance --------------------
+
+def test_rollback_without_api_server_leaves_the_instance_and_gc_reclaims_it_once_unused(
+        case: Case) -> None:
+    """kube-apiserver is SIGSTOPped right after the ADD created the VPC's instance (as it asks
+    for the advertisement) and stays stopped for the whole rollback: code 11 in time, the
+    details name the instance the rollback could not remove, and it is left (DEL never deletes
+    instances). While another container's advertisement uses it, GC keeps it byte for byte,
+    and a GC whose delete finds it changed keeps it too; once unused, GC deletes it."""
+    case.arrange("fresh")
+    baseline = case.objects()
+    cluster, proxy = case.matrix.cluster, case.matrix.proxied.proxy
+    rule = Rule(Fault.FORWARD, method="GET", resource="bgpadvertisements",
+                hook=lambda: cluster.pause("kube-apiserver"))
+    try:
+        with proxy.rules(rule):
+            answer = case.call("ADD")
+    finally:
+        if rule.fired:
+            cluster.resume("kube-apiserver")
+    details = str((answer.body or {}).get("details", ""))
+    case.record.update(id="api-server-paused-whole-rollback", write="(the rollback's reads)",
+                       verb="ADD rollback", fault="kube-apiserver SIGSTOP",
+                       then="resume, DEL, GC", faults_injected=rule.fired,
+                       answer=answer.code or 0, rollback_incomplete="rollback incomplete" in
+                       details)
+    case.matrix.figures.cases.append(case.record)
+    assert rule.fired == 1, _trace(case)
+    assert answer.code == 11, answer.stdout
+    assert f"rollback incomplete: BGPVRFInstance {BGP_NS}/{case.names['vrf']}" in details, \
+        answer.stdout
+    wait_until("the held requests to finish", lambda: proxy.in_flight() == 0, timeout=40)
+    left = case.objects()["vrf"]
+    assert left is not None and _annotations(left)[CREATED_BY_ANNOTATION].startswith(
+        f"{case.container_id}/eth0/"), "the instance this ADD created is left"
+    case.ok("DEL")  # the runtime's DEL after the failed ADD: it never deletes instances
+    assert case.objects()["vrf"] == left
+
+    # Another container of the VPC on this node, publish-only: its advertisement uses it.
+    other = f"fm-{secrets.token_hex(8)}"
+    other_conf = {**case.conf, "name": f"{case.conf['name']}-pub", "vpcattachment": "8",
+                  "attachment": "existing", "publish": {"bgp": True, "endpointSlice": False}}
+    other_conf.pop("ipam")
+    other_adv = naming.advertisement_name(case.vpc, "8")
+    case.cleanups.append(functools.partial(case.kube.delete,
+                                           ADVERTISEMENTS.path(BGP_NS, other_adv)))
+    prev = {"cniVersion": "1.1.0", "interfaces": [{"name": "eth0", "sandbox": case.netns}],
+            "ips": [{"address": "fd00:fb::5/64", "interface": 0}]}
+    answer = case.call("ADD", prev, container_id=other, conf=other_conf)
+    assert answer.status == 0, answer.stdout
+    used = case.objects()["vrf"]
+    assert used is not None and used["metadata"]["uid"] == left["metadata"]["uid"]
+    adv = case.kube.get(ADVERTISEMENTS.path(BGP_NS, other_adv))
+    assert adv is not None and adv["spec"]["vrfID"] == used["spec"]["vrfID"]
+    _gc(case, case.conf)
+    _gc(case, other_conf)
+    kept = case.objects()["vrf"]
+    assert kept is not None and _content(kept) == _content(used) and \
+        kept["metadata"]["resourceVersion"] == used["metadata"]["resourceVersion"], \
+        "GC kept the instance an advertisement uses, byte for byte"
+
+    case.ok("DEL", prev, container_id=other, conf=other_conf)
+    assert case.kube.get(ADVERTISEMENTS.path(BGP_NS, other_adv)) is None
+    # A writer changes the instance as GC deletes it: the delete's preconditions keep it.
+    touch = Rule(Fault.FORWARD, method="DELETE", resource="bgpvrfinstances",
+                 hook=lambda: _touch(case.kube, case.names["vrf"]))
+    with proxy.rules(touch):
+        _gc(case, case.conf)
+    assert touch.fired == 1
+    assert case.objects()["vrf"] is not None, "a concurrent change wins over GC"
+    _gc(case, case.conf, other)  # valid: another container, not the one that created it
+    case.check_gone("after GC of the unused instance", baseline, instance_by_design=False)
+    case.assert_clean()
+
+
+def test_gc_keeps_the_instance_of_a_valid_layer_2_tap(case: Case) -> None:
+    """An L2-only tap publishes the VPC's instance and no advertisement: GC keeps the
+    instance while the tap is a valid attachment, and while the tap is on this node even when
+    another network of the VPC is collected with nothing valid; after the tap's DEL, GC
+    deletes it."""
+    tap_id = f"fm-tap-{secrets.token_hex(6)}"
+    tap_conf = base_conf(case.vpc, "9", attachment="tap", timeoutSeconds=TIMEOUT_S,
+                         publish={"bgp": True, "endpointSlice": False},
+                         name=f"{case.conf['name']}-tap")
+    tap = naming.host_link_name(case.vpc, "9")
+    case.arrange("fresh")
+    baseline = case.objects()
+    result = case.call("ADD", container_id=tap_id, conf=tap_conf)
+    assert result.status == 0 and result.body["ips"] == [], result.stdout
+    created = case.objects()["vrf"]
+    assert created is not None and _annotations(created)[CREATED_BY_ANNOTATION].startswith(
+        f"{tap_id}/eth0/")
+    assert case.kube.get(ADVERTISEMENTS.path(
+        BGP_NS, naming.advertisement_name(case.vpc, "9"))) is None, "nothing to advertise"
+    _gc(case, tap_conf, tap_id)
+    _gc(case, case.conf)  # another network of the VPC; the tap is on this node
+    kept = case.objects()["vrf"]
+    assert kept is not None and _content(kept) == _content(created) and \
+        kept["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
+    assert tap in links_in()
+
+    case.ok("DEL", result.body, container_id=tap_id, conf=tap_conf)
+    wait_until("the tap to be deleted", lambda: tap not in links_in(), timeout=10)
+    _gc(case, tap_conf)
+    case.check_gone("after the tap's DEL and GC", baseline, instance_by_design=False)
+    case.assert_clean()
+
+
+def _gc(case: Case, conf: dict[str, Any], *valid: str) -> None:
+    """GC of conf's network with these containers' eth0 valid; it must succeed in time."""
+    attachments = [{"containerID": container, "ifname": "eth0"} for container in valid]
+    began = time.monotonic()
+    answer = case.plugin.call("GC", {**conf, "cni.dev/valid-attachments": attachments})
+    case.timed("GC", time.monotonic() - began)
+    assert answer.status == 0, answer.stdout
+
+
+def _touch(kube: Kube, name: str) -> None:
+    """Change an instance as another writer would (an annotation of its own)."""
+    current = kube.get(VRF_INSTANCES.path(BGP_NS, name))
+    assert current is not None
+    current["metadata"].setdefault("annotations", {}).update(FOREIGN_NOTE)
+    kube.put(VRF_INSTANCES.path(BGP_NS, name), current)
 
 
 # A node reboot -------------------------------------------------------------------------------
