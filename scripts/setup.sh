@@ -14,6 +14,9 @@ command -v containerd >/dev/null || need_apt+=(containerd)
 command -v runc >/dev/null || [ -x /usr/sbin/runc ] || need_apt+=(runc)
 command -v gcc >/dev/null || need_apt+=(gcc)
 dpkg -s libc6-dev >/dev/null 2>&1 || need_apt+=(libc6-dev)
+# runc for the test node is built with cgo against libseccomp (e2e/harness/cluster).
+dpkg -s libseccomp-dev >/dev/null 2>&1 || need_apt+=(libseccomp-dev)
+command -v pkg-config >/dev/null || need_apt+=(pkg-config)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}" >&2
   apt-get update -qq
@@ -33,7 +36,8 @@ if [ ! -e "$stamp" ]; then
 fi
 # Reference CNI plugins and cnitool, built from Go modules and cached outside the repo.
 .venv/bin/python -m e2e.harness.tools build >&2
-# The local control plane (etcd, kube-apiserver, kube-controller-manager), same cache.
+# The local control plane (etcd, kube-apiserver, kube-controller-manager) and the node's
+# binaries (kubelet, kube-scheduler, kubectl, containerd, runc), same cache.
 .venv/bin/python -m e2e.harness.cluster build >&2
 # The CRI API stubs and the local pause image for the containerd e2e.
 .venv/bin/python -m e2e.harness.cri build >&2

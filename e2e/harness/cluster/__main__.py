@@ -25,7 +25,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser(
-        "build", help="build (if needed) and cache etcd, kube-apiserver, kube-controller-manager"
+        "build",
+        help="build (if needed) and cache the control plane (etcd, kube-apiserver, "
+        "kube-controller-manager) and the node (kubelet, kube-scheduler, kubectl, containerd, "
+        "containerd-shim-runc-v2, ctr, runc)",
     )
     pin_parser = commands.add_parser(
         "pin-kubernetes",

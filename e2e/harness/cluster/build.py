@@ -1,4 +1,4 @@
-"""Build and cache the control-plane binaries from Go modules.
+"""Build and cache the control-plane and node binaries from Go modules.
 
 Each wrapper module under ``gomod/`` pins one upstream version; its binaries are cached in
 ``${VPC_ATTACH_CACHE:-~/.cache/vpc-attach}/<name>-<version>/``. A build writes into a
@@ -20,6 +20,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -34,14 +35,23 @@ class BuildError(RuntimeError):
     """A Go build failed; the message carries the command's output tail."""
 
 
+def no_version_ldflags(version: str) -> list[str]:
+    """For components whose binaries report their version without help from the linker."""
+    return []
+
+
 @dataclasses.dataclass(frozen=True)
 class GoComponent:
-    """One wrapper module and the binaries built from it."""
+    """One wrapper module, the binaries built from it and how they are built."""
 
-    name: str  # cache prefix: "k8s", "etcd"
+    name: str  # cache prefix: "k8s", "etcd", "containerd", "runc"
     module_dir: Path
     upstream_module: str  # the module whose version keys the cache
     packages: dict[str, str]  # binary name -> Go package path
+    cgo: bool = False  # static binaries unless a package needs a C library
+    tags: tuple[str, ...] = ()
+    # Linker flags that stamp the pinned version, given that version (e.g. ``v1.37.2``).
+    version_ldflags: Callable[[str], list[str]] = no_version_ldflags
 
     @property
     def version(self) -> str:
@@ -49,44 +59,8 @@ class GoComponent:
         return required_version(self.module_dir / "go.mod", self.upstream_module)
 
     def ldflags(self) -> str:
-        flags = ["-s", "-w"]
-        if self.upstream_module == "k8s.io/kubernetes":
-            flags += kubernetes_version_ldflags(self.version)
-        return " ".join(flags)
-
-
-KUBERNETES = GoComponent(
-    name="k8s",
-    module_dir=GOMOD_DIR / "kubernetes",
-    upstream_module="k8s.io/kubernetes",
-    packages={
-        "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
-        "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
-    },
-)
-
-ETCD = GoComponent(
-    name="etcd",
-    module_dir=GOMOD_DIR / "etcd",
-    upstream_module="go.etcd.io/etcd/server/v3",
-    packages={"etcd": "go.etcd.io/etcd/server/v3"},
-)
-
-COMPONENTS = (ETCD, KUBERNETES)
-
-
-def cache_root() -> Path:
-    """Where built binaries live: ``$VPC_ATTACH_CACHE`` or ``~/.cache/vpc-attach``."""
-    configured = os.environ.get("VPC_ATTACH_CACHE")
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "vpc-attach"
-
-
-def required_version(go_mod: Path, module: str) -> str:
-    """Return the version of ``module`` required in ``go_mod``."""
-    match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", go_mod.read_text(), re.M)
-    if match is None:
-        raise BuildError(f"{go_mod}: no requirement on {module}")
-    return match.group(1)
+        """The ``-ldflags`` value: stripped binaries with the version stamped."""
+        return " ".join(["-s", "-w", *self.version_ldflags(self.version)])
 
 
 def kubernetes_version_ldflags(version: str) -> list[str]:
@@ -101,6 +75,91 @@ def kubernetes_version_ldflags(version: str) -> list[str]:
             f"-X {package}.gitTreeState=clean",
         ]
     return flags
+
+
+def containerd_version_ldflags(version: str) -> list[str]:
+    """Stamp the version as containerd's Makefile does (``git describe``, so with the ``v``)."""
+    return [f"-X github.com/containerd/containerd/v2/version.Version={version}"]
+
+
+def runc_version_ldflags(version: str) -> list[str]:
+    """Stamp the version as runc's Makefile does (its VERSION file: no leading ``v``)."""
+    return [f"-X main.version={version.removeprefix('v')}"]
+
+
+KUBERNETES = GoComponent(
+    name="k8s",
+    module_dir=GOMOD_DIR / "kubernetes",
+    upstream_module="k8s.io/kubernetes",
+    # One go build for all five: they share most of their compiled packages.
+    packages={
+        "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
+        "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+        "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+        "kubelet": "k8s.io/kubernetes/cmd/kubelet",
+        "kubectl": "k8s.io/kubernetes/cmd/kubectl",
+    },
+    version_ldflags=kubernetes_version_ldflags,
+)
+
+ETCD = GoComponent(
+    name="etcd",
+    module_dir=GOMOD_DIR / "etcd",
+    upstream_module="go.etcd.io/etcd/server/v3",
+    packages={"etcd": "go.etcd.io/etcd/server/v3"},
+)
+
+CONTAINERD = GoComponent(
+    name="containerd",
+    module_dir=GOMOD_DIR / "containerd",
+    upstream_module="github.com/containerd/containerd/v2",
+    packages={
+        "containerd": "github.com/containerd/containerd/v2/cmd/containerd",
+        "containerd-shim-runc-v2": (
+            "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"
+        ),
+        "ctr": "github.com/containerd/containerd/v2/cmd/ctr",
+    },
+    tags=("no_btrfs",),  # the btrfs snapshotter needs cgo and the btrfs headers
+    version_ldflags=containerd_version_ldflags,
+)
+
+RUNC = GoComponent(
+    name="runc",
+    module_dir=GOMOD_DIR / "runc",
+    upstream_module="github.com/opencontainers/runc",
+    packages={"runc": "github.com/opencontainers/runc"},
+    # nsenter is C, and seccomp filters come from libseccomp (libseccomp-dev, pkg-config).
+    cgo=True,
+    tags=("seccomp", "urfave_cli_no_docs"),
+    version_ldflags=runc_version_ldflags,
+)
+
+COMPONENTS = (ETCD, KUBERNETES, CONTAINERD, RUNC)
+CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
+NODE_BINARIES = (
+    "kubelet",
+    "kube-scheduler",
+    "kubectl",
+    "containerd",
+    "containerd-shim-runc-v2",
+    "ctr",
+    "runc",
+)
+
+
+def cache_root() -> Path:
+    """Where built binaries live: ``$VPC_ATTACH_CACHE`` or ``~/.cache/vpc-attach``."""
+    configured = os.environ.get("VPC_ATTACH_CACHE")
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "vpc-attach"
+
+
+def required_version(go_mod: Path, module: str) -> str:
+    """Return the version of ``module`` required in ``go_mod``."""
+    match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", go_mod.read_text(), re.M)
+    if match is None:
+        raise BuildError(f"{go_mod}: no requirement on {module}")
+    return match.group(1)
 
 
 def cached_dir(component: GoComponent) -> Path:
@@ -130,10 +189,30 @@ def ensure_built(component: GoComponent) -> Path:
 
 def ensure_all_built() -> dict[str, Path]:
     """Build (if needed) every component; return ``{binary name: path}``."""
+    return _ensure_binaries(COMPONENTS, CONTROL_PLANE_BINARIES + NODE_BINARIES)
+
+
+def ensure_control_plane_built() -> dict[str, Path]:
+    """Build (if needed) etcd, kube-apiserver and kube-controller-manager; return their paths."""
+    return _ensure_binaries((ETCD, KUBERNETES), CONTROL_PLANE_BINARIES)
+
+
+def ensure_node_built() -> dict[str, Path]:
+    """Build (if needed) what a node runs; return ``{binary name: path}``.
+
+    The binaries are NODE_BINARIES: kubelet, kube-scheduler, kubectl, containerd,
+    containerd-shim-runc-v2, ctr and runc.
+    """
+    return _ensure_binaries((KUBERNETES, CONTAINERD, RUNC), NODE_BINARIES)
+
+
+def _ensure_binaries(
+    components: tuple[GoComponent, ...], wanted: tuple[str, ...]
+) -> dict[str, Path]:
     binaries: dict[str, Path] = {}
-    for component in COMPONENTS:
+    for component in components:
         directory = ensure_built(component)
-        binaries.update({name: directory / name for name in component.packages})
+        binaries.update({name: directory / name for name in component.packages if name in wanted})
     return binaries
 
 
@@ -151,7 +230,8 @@ def pin_kubernetes(version: str, module_dir: Path = KUBERNETES.module_dir) -> Pa
     )
     staging = re.findall(r"^\s*(k8s\.io/\S+)\s+=>\s+\./staging/", upstream_go_mod.read_text(), re.M)
     lines = [
-        "// Wrapper module: kube-apiserver and kube-controller-manager from k8s.io/kubernetes.",
+        "// Wrapper module: the control-plane and node binaries of k8s.io/kubernetes",
+        "// (e2e/harness/cluster/build.py: KUBERNETES.packages).",
         "// Staging modules are replaced by their published tags (v0.MINOR.PATCH); the upstream",
         "// go.mod replaces them with ./staging paths, which a dependent module cannot see.",
         "// Regenerate with: python -m e2e.harness.cluster pin-kubernetes VERSION",
@@ -234,8 +314,9 @@ def _build_into_cache(component: GoComponent) -> None:
 
 def _go_build(component: GoComponent, out_dir: Path) -> None:
     env = dict(os.environ)
-    # Static binaries; never try to download a toolchain (only module proxies are reachable).
-    env.update({"CGO_ENABLED": "0", "GOTOOLCHAIN": "local"})
+    # Static binaries unless a C library is needed; never try to download a toolchain (only
+    # module proxies are reachable).
+    env.update({"CGO_ENABLED": "1" if component.cgo else "0", "GOTOOLCHAIN": "local"})
     # With one package, -o names the file; with several, a trailing slash names the directory.
     if len(component.packages) == 1:
         output = str(out_dir / next(iter(component.packages)))
@@ -245,6 +326,7 @@ def _go_build(component: GoComponent, out_dir: Path) -> None:
         "go",
         "build",
         "-trimpath",
+        f"-tags={','.join(component.tags)}",
         f"-ldflags={component.ldflags()}",
         "-o",
         output,
