@@ -6,7 +6,6 @@ deadline is 60 s rather than the default 30 s: start-up alone queues for ~10 s i
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 import time
@@ -20,6 +19,7 @@ from cni_plugin.core import naming
 from e2e.harness.kube import Kube
 from e2e.harness.plugin import Answer, Plugin
 from e2e.harness.publishing import advertisement, make_node
+from e2e.harness.report import report
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster]
 NODES = 64
@@ -39,7 +39,8 @@ def conflicts(kube: Kube) -> int:
 
 
 def test_64_nodes_add_the_same_attachment_at_once(kube: Kube, cluster: Any, plugin: Plugin,
-                                                  vpc: str, tmp_path: Path) -> None:
+                                                  vpc: str, tmp_path: Path,
+                                                  pytestconfig: pytest.Config) -> None:
     nodes = []
     for index in range(NODES):
         locks = tmp_path / f"locks-{index}"
@@ -84,4 +85,5 @@ def test_64_nodes_add_the_same_attachment_at_once(kube: Kube, cluster: Any, plug
                "p95_s": round(seconds[int(0.95 * (len(seconds) - 1))], 3),
                "max_s": round(seconds[-1], 3), "deadline_s": TIMEOUT_SECONDS,
                "conflicts_resolved": conflicts(kube) - before}
-    print("64-node contention:", json.dumps(figures))
+    report(pytestconfig, "64-node contention figures",
+           tmp_path / "contention-figures.json", figures)

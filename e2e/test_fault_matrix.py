@@ -47,6 +47,7 @@ from e2e.harness.kernel import links_in, remove_vpc_objects, run_ip, temporary_n
 from e2e.harness.kube import Kube
 from e2e.harness.plugin import Answer, Plugin, base_conf
 from e2e.harness.publishing import BGP_NS, create_router
+from e2e.harness.report import report
 from e2e.harness.wait import wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster]
@@ -233,14 +234,9 @@ def matrix(cluster: Cluster, kube: Kube, tmp_path_factory: pytest.TempPathFactor
 
 def _report(figures: Figures, base: Path, config: pytest.Config) -> None:
     summary = figures.summary()
-    path = base / f"fault-matrix-{summary['path']}.json"
-    path.write_text(json.dumps(summary, indent=2) + "\n")
     headline = {k: v for k, v in summary.items() if k not in ("cases", "overruns")}
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    capture = config.pluginmanager.get_plugin("capturemanager")
-    if reporter is not None and capture is not None:
-        with capture.global_and_fixture_disabled():  # shown even though the test passed
-            reporter.write_line(f"\nfault matrix figures ({path}):\n{json.dumps(headline)}")
+    report(config, "fault matrix figures", base / f"fault-matrix-{summary['path']}.json",
+           summary, headline)
 
 
 @pytest.fixture
