@@ -38,6 +38,8 @@ def test_each_verb_writes_one_json_line_without_credentials(
         ("ADD", "ctr-logged", "ok", 0), ("ADD", "ctr-bad", "error", 7),
         ("DEL", "ctr-logged", "ok", 0)]
     assert all(v["pod"] == "default/logged" and v["durationMs"] > 0 for v in verbs)
+    assert all(v["netns"] == str(netns) and v["cniVersion"] == conf["cniVersion"]
+               for v in verbs)
     assert "mtu" in verbs[1]["error"]
     text = log.read_text()
     assert cluster.plugin_token not in text, "a credential reached the log"

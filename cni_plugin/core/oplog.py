@@ -1,9 +1,9 @@
 """Operator logs: JSON lines in the configured log file — never stdout, never a credential.
 
-Every verb writes exactly one summary line (ts, verb, containerID, ifname, pod, outcome, code,
-error, durationMs); warnings and details of the same invocation are JSON lines too, so one
-`jq` reads the whole file. Without a log file, only warnings go to stderr (which runtimes
-show next to a failed sandbox). The file rotates by size (`logfile.py`).
+Every verb writes exactly one summary line (ts, verb, containerID, ifname, pod, netns,
+cniVersion, outcome, code, error, durationMs); warnings and details of the same invocation are
+JSON lines too, so one `jq` reads the whole file. Without a log file, only warnings go to
+stderr (which runtimes show next to a failed sandbox). The file rotates by size (`logfile.py`).
 """
 
 from __future__ import annotations
@@ -161,12 +161,24 @@ def verb_line(request: Request, code: int, message: str, seconds: float) -> None
         "containerID": env.get("CNI_CONTAINERID", ""),
         "ifname": env.get("CNI_IFNAME", ""),
         "pod": f"{args.get('K8S_POD_NAMESPACE', '')}/{args.get('K8S_POD_NAME', '')}".strip("/"),
+        "netns": env.get("CNI_NETNS", ""),
+        "cniVersion": _cni_version(request),
         "outcome": "ok" if code == 0 else "error",
         "code": code,
         "error": message,
         "durationMs": round(seconds * 1000, 1),
     }
     file.write((json.dumps(line) + "\n").encode())  # never raises
+
+
+def _cni_version(request: Request) -> str:
+    """The configuration's cniVersion as the runtime sent it ("" if it sent none or no JSON)."""
+    try:
+        parsed = json.loads(request.stdin) if request.stdin else {}
+    except (ValueError, RecursionError):
+        return ""
+    version = parsed.get("cniVersion") if isinstance(parsed, dict) else None
+    return version if isinstance(version, str) else ""
 
 
 def _timestamp(seconds: float) -> str:
