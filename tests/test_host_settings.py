@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cni_plugin.core.request import Invocation, Request
+from cni_plugin.core.request import STATUS_TIMEOUT_S, Invocation, Request
 from netconf.errors import INVALID_CONFIG, CniError
 from netconf.host import (
     DEFAULT_AGENT_SOCKET,
@@ -148,6 +148,17 @@ def test_stanza_keys_of_the_config_win_over_env_and_host_file(host_file: Path) -
     assert inv.host.log_level == "warning"
     assert inv.host.timeout_seconds == 4.0
     assert inv.whole.seconds == 4.0
+
+
+def test_status_answers_within_its_own_short_deadline(host_file: Path) -> None:
+    environ = {**CNI_ENV, HOST_CONFIG_ENV: str(host_file), "CNI_COMMAND": "STATUS"}
+    stanza = {**STANZA, "timeoutSeconds": 20}
+    inv = Invocation.parse(Request(environ, json.dumps(stanza).encode()))
+    assert inv.host.timeout_seconds == 20.0
+    assert inv.whole.seconds == inv.deadline.seconds == STATUS_TIMEOUT_S < 20.0
+    short = Invocation.parse(Request(environ, json.dumps({**stanza, "timeoutSeconds": 2})
+                                     .encode()))
+    assert short.whole.seconds == 2.0
 
 
 def test_bgp_namespace_defaults_from_host_file_then_galactic_system(host_file: Path) -> None:

@@ -22,6 +22,11 @@ from netconf.errors import INVALID_CONFIG, INVALID_ENV, CniError
 from netconf.host import HostSettings, resolve_host_settings
 from netconf.runtime import RuntimeEnv, check_known_args
 
+# STATUS answers within this, whatever timeoutSeconds says: containerd polls it every ~5 s
+# and blocks its own CRI Status meanwhile, and kubelet reports "container runtime is down"
+# (not "network not ready") when that call hangs; an unreachable API is an answer, code 50.
+STATUS_TIMEOUT_S = 4.0
+
 MAC_PATTERN = re.compile(r"^([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}$")
 
 
@@ -76,7 +81,10 @@ class Invocation:
         _check_runtime_mac(conf)
         pod = PodRef(args.get("K8S_POD_NAMESPACE"), args.get("K8S_POD_NAME"),
                      args.get("K8S_POD_UID"), args.get("K8S_POD_INFRA_CONTAINER_ID"))
-        whole = Deadline(host.timeout_seconds)
+        seconds = host.timeout_seconds
+        if env.command == "STATUS":  # a probe the runtime repeats: answer before it gives up
+            seconds = min(seconds, STATUS_TIMEOUT_S)
+        whole = Deadline(seconds)
         forward = whole.less_rollback_reserve() if env.command == "ADD" else whole
         return cls(env=env, conf=conf, raw=raw, stdin=request.stdin, host=host, pod=pod,
                    deadline=forward, whole=whole, attempt=secrets.token_hex(6))
