@@ -50,6 +50,15 @@ APISERVER_READY_S = 90.0
 CONTROLLER_MANAGER_READY_S = 60.0
 BOOTSTRAP_S = 60.0
 PORT_ATTEMPTS = 3
+# The garbage collector is the point; namespace deletion and the default ServiceAccount
+# (required by Pod admission) need the other three.
+CONTROLLERS = (
+    "garbage-collector-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+)
 
 
 class ClusterError(RuntimeError):
@@ -81,15 +90,20 @@ class Cluster:
 
     @classmethod
     def up(
-        cls, state_dir: Path | str, manifest_dirs: tuple[Path, ...] = DEFAULT_MANIFEST_DIRS
+        cls,
+        state_dir: Path | str,
+        manifest_dirs: tuple[Path, ...] = DEFAULT_MANIFEST_DIRS,
+        extra_controllers: tuple[str, ...] = (),
     ) -> Cluster:
         """Build the binaries if needed, start the control plane in ``state_dir`` and bootstrap it.
 
-        ``state_dir`` must not exist or be empty. On failure every process started so far is
-        stopped and the state dir is kept for its logs (``down`` removes it).
+        ``state_dir`` must not exist or be empty. ``extra_controllers`` are controller-manager
+        controllers beyond CONTROLLERS (a node needs the workload controllers). On failure
+        every process started so far is stopped and the state dir is kept for its logs
+        (``down`` removes it).
         """
         started = time.monotonic()
-        binaries = build.ensure_all_built()
+        binaries = build.ensure_control_plane_built()
         directory = _claim_state_dir(Path(state_dir))
         components: dict[str, processes.Component] = {}
         try:
@@ -99,7 +113,12 @@ class Cluster:
                 directory, binaries["kube-apiserver"], pki, etcd_url, components
             )
             _start_controller_manager(
-                directory, binaries["kube-controller-manager"], pki, server, components
+                directory,
+                binaries["kube-controller-manager"],
+                pki,
+                server,
+                components,
+                (*CONTROLLERS, *extra_controllers),
             )
             with admin:
                 _apply_manifests(admin, manifest_dirs)
@@ -453,6 +472,7 @@ def _start_controller_manager(
     pki: Pki,
     server: str,
     components: dict[str, processes.Component],
+    controllers: tuple[str, ...],
 ) -> None:
     kubeconfig = write_cert_kubeconfig(
         state_dir / "controller-manager.kubeconfig",
@@ -478,11 +498,7 @@ def _start_controller_manager(
             # Each controller acts as its own ServiceAccount with its bootstrap RBAC role, as
             # in kubeadm clusters; the manager's own identity may only mint their tokens.
             "--use-service-account-credentials=true",
-            # The garbage collector is the point; namespace deletion and the default
-            # ServiceAccount (required by Pod admission) need the other three.
-            "--controllers=garbage-collector-controller,namespace-controller,"
-            "serviceaccount-controller,serviceaccount-token-controller,"
-            "root-ca-certificate-publisher-controller",
+            "--controllers=" + ",".join(controllers),
             f"--service-account-private-key-file={pki.service_account_key}",
             f"--root-ca-file={pki.ca_cert}",
             "--v=1",

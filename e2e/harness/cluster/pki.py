@@ -149,15 +149,28 @@ def create_pki(directory: Path) -> Pki:
 def issue_serving_cert(pki: Pki, name: str) -> tuple[Path, Path]:
     """A serving certificate for 127.0.0.1 and localhost, signed by the cluster's CA (e.g. for
     a test's own HTTPS endpoint that clients of the cluster must trust); (cert, key) paths."""
-    ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
-    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise TypeError(f"{pki.ca_key}: expected the EC key create_pki writes")
+    ca_cert, ca_key = _load_ca(pki)
     names: list[x509.GeneralName] = [
         x509.DNSName("localhost"), x509.IPAddress(ipaddress.IPv4Address("127.0.0.1"))]
     cert_path, key_path = pki.serving_cert(name), pki.serving_key(name)
     _issue(cert_path, key_path, name, [], ca_cert, ca_key, ExtendedKeyUsageOID.SERVER_AUTH, names)
     return cert_path, key_path
+
+
+def issue_client_cert(pki: Pki, stem: str, common_name: str, organisations: list[str]) -> None:
+    """A client certificate signed by the cluster's CA, written as ``pki.client_cert(stem)``
+    and ``pki.client_key(stem)`` (e.g. a kubelet's ``system:node:NAME`` in ``system:nodes``)."""
+    ca_cert, ca_key = _load_ca(pki)
+    _issue(pki.client_cert(stem), pki.client_key(stem), common_name, organisations, ca_cert,
+           ca_key, ExtendedKeyUsageOID.CLIENT_AUTH, [])
+
+
+def _load_ca(pki: Pki) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TypeError(f"{pki.ca_key}: expected the EC key create_pki writes")
+    return ca_cert, ca_key
 
 
 def _issue(

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ class Component:
     pid: int
     popen: subprocess.Popen[bytes] | None = None  # set only in the process that started it
     argv: list[str] = dataclasses.field(default_factory=list)  # how it was started (restart)
+    env: dict[str, str] | None = None  # its environment, when not ours (restart)
 
     @property
     def pid_file(self) -> Path:
@@ -67,11 +69,13 @@ def log_file(state_dir: Path, name: str) -> Path:
     return state_dir / "logs" / f"{name}.log"
 
 
-def start(name: str, argv: list[str], state_dir: Path) -> Component:
+def start(name: str, argv: list[str], state_dir: Path,
+          env: Mapping[str, str] | None = None) -> Component:
     """Start ``argv`` detached (own session, no stdin) and record its pid.
 
     The process survives the caller's exit; ``argv`` must mention ``state_dir`` so that
-    ``stop`` can recognise it later (a path inside it).
+    ``stop`` can recognise it later (a path inside it). ``env``: its whole environment
+    (default: ours).
     """
     if not any(_marker(state_dir) in arg.encode() for arg in argv):
         raise ValueError(f"{name}: command line must reference the state dir {state_dir}")
@@ -88,10 +92,18 @@ def start(name: str, argv: list[str], state_dir: Path) -> Component:
             cwd=state_dir,
             start_new_session=True,  # not killed with the CLI's terminal or process group
             close_fds=True,
+            env=None if env is None else dict(env),
         )
     pid_path.write_text(f"{popen.pid}\n")
     log.info("started %s (pid %d), log %s", name, popen.pid, log_path)
-    return Component(name=name, state_dir=state_dir, pid=popen.pid, popen=popen, argv=argv)
+    return Component(name=name, state_dir=state_dir, pid=popen.pid, popen=popen, argv=argv,
+                     env=None if env is None else dict(env))
+
+
+def restart(component: Component) -> Component:
+    """Stop a component this process started and start it again, same command and environment."""
+    stop(component.name, component.state_dir, component.popen)
+    return start(component.name, component.argv, component.state_dir, component.env)
 
 
 def read_pid(state_dir: Path, name: str) -> int | None:

@@ -46,6 +46,7 @@ class SandboxStatus:
 
     id: str
     ready: bool
+    uid: str  # the Pod's (from the sandbox metadata)
     ip: str
     additional_ips: tuple[str, ...]
     netns: str | None  # the network namespace path the runtime passed as CNI_NETNS
@@ -119,6 +120,7 @@ class CriClient:
         return SandboxStatus(
             id=reply.status.id,
             ready=reply.status.state == self._api.SANDBOX_READY,
+            uid=reply.status.metadata.uid,
             ip=network.ip,
             additional_ips=tuple(extra.ip for extra in network.additional_ips),
             netns=_netns_path(info),
