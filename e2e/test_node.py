@@ -1,0 +1,456 @@
+"""A real Kubernetes node (issue 11, SPEC §13): kubelet starts Pods through vpc-attach, which
+its own DaemonSet installed from its own image into the node's `/opt/cni/bin`.
+
+One node serves the module (`Node.up`: control plane, kube-scheduler, containerd v2 + runc,
+kubelet, the DaemonSet from `packaging/`); the plugin on it reaches the API server through a
+fault proxy, so a test can make the API unreachable for the plugin alone. Everything is read
+through clients independent of vpc-attach: the Kubernetes API as admin, the node's CRI, `ip -j`
+and the plugin's own log lines (what the runtime sent it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.harness import kernel
+from e2e.harness.faults import Denials, Fault, FaultProxy, ProxiedCluster, Rule, start_proxy
+from e2e.harness.kube import Kube
+from e2e.harness.report import report
+from e2e.harness.wait import wait_until
+from e2e.node import Node, deploy
+from e2e.node import down as node_down
+from e2e.node.node import EXAMPLES
+from e2e.node.observe import (
+    Snapshot,
+    advertisements,
+    create_pod,
+    delete_pod,
+    get_pod,
+    pod_addresses,
+    pod_manifest,
+    pod_slices,
+    sandbox,
+    sandbox_failures,
+    snapshot,
+    unique,
+    verb_lines,
+    vrf_instances,
+    wait_running,
+)
+
+pytestmark = [pytest.mark.root, pytest.mark.cluster]
+
+VPC_V4 = ipaddress.ip_network("172.21.1.0/24")  # the veth-pod example's pools
+VPC_V6 = ipaddress.ip_network("fd00:21:ff01::/48")
+PTP_POOL = ipaddress.ip_network("fd00:33::/64")  # the publish-after-ptp example's pool
+CID_KEY = 41  # annotations carry the first 41 characters of the container ID (SPEC §6)
+GC_DEL_S = 180.0  # kubelet's sandbox GC runs once a minute
+RETRY_S = 180.0  # kubelet retries a failed sandbox with backoff
+SETTLE_S = 60.0
+DEPLOYMENT_S = 240.0
+
+
+class NodeUnderTest:
+    """The module's node, the proxy its plugin talks through, and the figures it reports."""
+
+    def __init__(self, node: Node, proxied: ProxiedCluster) -> None:
+        self.node = node
+        self.proxied = proxied
+        self.figures: dict[str, Any] = {}
+
+    @property
+    def proxy(self) -> FaultProxy:
+        return self.proxied.proxy
+
+
+@pytest.fixture(scope="module")
+def real_node(tmp_path_factory: pytest.TempPathFactory,
+              pytestconfig: pytest.Config) -> Iterator[NodeUnderTest]:
+    """A node up for the whole module; `down` at the end must leave nothing on the host."""
+    if not kernel.IS_ROOT:
+        pytest.skip("needs root for mounts, cgroups and network namespaces")
+    base = tmp_path_factory.mktemp("node")
+    state_dir = base / "state"
+    links_before = _host_links()
+    proxied: list[ProxiedCluster] = []
+
+    def through_proxy(cluster: Any) -> str:
+        proxied.append(start_proxy(cluster, base))
+        return proxied[0].proxy.url
+
+    try:
+        node = Node.up(state_dir, plugin_server=through_proxy)
+    except BaseException:
+        node_down(state_dir)
+        for started in proxied:
+            started.stop()
+        raise
+    under_test = NodeUnderTest(node, proxied[0])
+    try:
+        yield under_test
+    finally:
+        problems = node.down()
+        proxied[0].stop()
+        left = _left_on_host(state_dir, node.kubelet.cgroup_root, links_before)
+        under_test.figures["down"] = {"problems": problems, "left_on_host": left}
+        report(pytestconfig, "real node figures", base / "node-figures.json",
+               under_test.figures)
+        assert not left, f"`down` left these on the host: {left}"
+
+
+@pytest.fixture
+def node(real_node: NodeUnderTest) -> Node:
+    return real_node.node
+
+
+@pytest.fixture
+def admin(node: Node) -> Iterator[Kube]:
+    """Cluster-admin access; every Pod a test made is deleted after it (and waited for)."""
+    with node.admin() as kube:
+        yield kube
+        for pod in kube.list("/api/v1/namespaces/default/pods"):
+            delete_pod(kube, pod["metadata"]["name"])
+
+
+@pytest.fixture
+def baseline(node: Node, admin: Kube) -> Snapshot:
+    """The node with no test Pod: what must be there again after each test."""
+    wait_until("no test pod left", lambda: not admin.list("/api/v1/namespaces/default/pods"),
+               SETTLE_S)
+    return snapshot(node, admin)
+
+
+def _pause(node: Node) -> str:
+    return node.runtime.pause.ref
+
+
+def _start_pod(node: Node, admin: Kube, prefix: str) -> tuple[dict[str, Any], str, str]:
+    """A Pod created through the API and Running; (pod, sandbox id, sandbox netns)."""
+    name = unique(prefix)
+    create_pod(admin, pod_manifest(name, _pause(node)))
+    pod = wait_running(admin, name)
+    box = sandbox(node, pod["metadata"]["uid"])
+    assert box.netns, f"sandbox {box.id} has no netns"
+    return pod, box.id, box.netns
+
+
+def _wait_nothing_left(node: Node, admin: Kube, baseline: Snapshot,
+                       timeout: float = SETTLE_S) -> dict[str, list[str]]:
+    """Until nothing added since `baseline` remains (or the timeout); what remains."""
+    left: dict[str, list[str]] = {}
+
+    def clean() -> bool:
+        left.clear()
+        left.update(snapshot(node, admin).added_since(baseline))
+        return not left
+
+    with contextlib.suppress(TimeoutError):
+        wait_until("nothing of the deleted Pods left", clean, timeout, interval=0.5)
+    return left
+
+
+def _owned_slices(admin: Kube, uid: str) -> list[dict[str, Any]]:
+    return [s for s in pod_slices(admin)
+            if any(o.get("uid") == uid for o in s["metadata"]["ownerReferences"])]
+
+
+def _advertising(node: Node, admin: Kube, container_id: str) -> list[dict[str, Any]]:
+    """Advertisements carrying an annotation of this container."""
+    return [ad for ad in advertisements(node, admin)
+            if any(key.endswith("." + container_id[:CID_KEY])
+                   for key in ad["metadata"].get("annotations") or {})]
+
+
+def _host_links() -> set[str]:
+    return {link["ifname"] for link in json.loads(kernel.run_ip("-j", "link", "show") or "[]")}
+
+
+def _left_on_host(state_dir: Path, cgroup_root: str, links_before: set[str]) -> list[str]:
+    """Mounts, processes, cgroups, links and files of the node still on the host."""
+    left = []
+    marker = str(state_dir)
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        if marker in line:
+            left.append(f"mount {line.split()[4]}")
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if marker in cmdline:
+                left.append(f"process {proc.name}: {cmdline.replace(chr(0), ' ')[:120]}")
+    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+        if (hierarchy / cgroup_root.strip("/")).exists():
+            left.append(f"cgroup {hierarchy / cgroup_root.strip('/')}")
+    left += [f"link {name}" for name in sorted(_host_links() - links_before)]
+    if state_dir.exists():
+        left.append(f"state dir {state_dir}")
+    return left
+
+
+# -- the veth-pod conflist ------------------------------------------------------------------
+
+
+def test_a_pod_runs_with_its_vpc_address_published_and_deletion_withdraws_it(
+        node: Node, admin: Kube, baseline: Snapshot) -> None:
+    pod, sandbox_id, netns = _start_pod(node, admin, "web")
+    uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
+    pod_ips = {entry["ip"] for entry in pod["status"]["podIPs"]}
+    assert ipaddress.ip_address(pod["status"]["podIP"]) in VPC_V4
+    assert any(ipaddress.ip_address(ip) in VPC_V6 for ip in pod_ips), pod_ips
+    assert pod_ips == set(pod_addresses(node, netns)), "the Pod IPs are eth0's addresses"
+
+    slices = _owned_slices(admin, uid)
+    assert len(slices) == 1
+    owner = slices[0]["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("Pod", name, uid)
+    assert {a for e in slices[0]["endpoints"] for a in e["addresses"]} == \
+        {ip for ip in pod_ips if ipaddress.ip_address(ip).version == 6}
+
+    (ad,) = _advertising(node, admin, sandbox_id)
+    assert ad["spec"]["routerRef"]["name"] == node.node_name or \
+        node.node_name in json.dumps(ad["spec"])
+    prefixes = set(ad["spec"]["prefixes"])
+    v4 = next(ip for ip in pod_ips if ipaddress.ip_address(ip).version == 4)
+    assert f"{v4}/32" in prefixes
+    assert any(ipaddress.ip_address(ip) in ipaddress.ip_network(prefix)
+               for prefix in prefixes if ":" in prefix for ip in pod_ips if ":" in ip)
+    assert any(instance["spec"]["vrfID"] == ad["spec"]["vrfID"]
+               for instance in vrf_instances(node, admin))
+
+    (add,) = verb_lines(node, "ADD", sandbox_id)
+    assert (add["outcome"], add["pod"], add["netns"], add["cniVersion"]) == \
+        ("ok", f"default/{name}", netns, "1.1.0")
+
+    delete_pod(admin, name)
+    dels = verb_lines(node, "DEL", sandbox_id)
+    assert dels and dels[0]["netns"] == netns and dels[0]["outcome"] == "ok"
+    assert not _owned_slices(admin, uid) and not _advertising(node, admin, sandbox_id)
+    assert _wait_nothing_left(node, admin, baseline) == {}
+
+    # kubelet's sandbox GC removes the sandbox later: DEL again, the netns gone.
+    wait_until("sandbox GC's DEL with an empty CNI_NETNS", lambda: any(
+        line["netns"] == "" for line in verb_lines(node, "DEL", sandbox_id)), GC_DEL_S,
+        interval=1.0)
+    assert all(line["outcome"] == "ok" for line in verb_lines(node, "DEL", sandbox_id))
+
+
+def test_a_second_pod_shows_in_use_and_starts_once_the_first_is_deleted(
+        node: Node, admin: Kube, baseline: Snapshot) -> None:
+    first, first_sandbox, _ = _start_pod(node, admin, "first")
+    second = unique("second")
+    create_pod(admin, pod_manifest(second, _pause(node)))
+    wait_until(f"{second}'s FailedCreatePodSandBox event", lambda: any(
+        "in use by container" in message for message in sandbox_failures(admin, second)),
+        RETRY_S, interval=0.5)
+    assert (get_pod(admin, second) or {}).get("status", {}).get("phase") == "Pending"
+    assert any(first_sandbox in message for message in sandbox_failures(admin, second))
+
+    delete_pod(admin, first["metadata"]["name"])
+    started = wait_running(admin, second, timeout=RETRY_S)
+    assert ipaddress.ip_address(started["status"]["podIP"]) in VPC_V4
+    delete_pod(admin, second)
+    assert _wait_nothing_left(node, admin, baseline) == {}
+
+
+def test_five_create_delete_cycles_leave_nothing(real_node: NodeUnderTest, node: Node,
+                                                 admin: Kube, baseline: Snapshot) -> None:
+    leaks = []
+    for _ in range(5):
+        pod, _, _ = _start_pod(node, admin, "cycle")
+        delete_pod(admin, pod["metadata"]["name"])
+        leaks.append(_wait_nothing_left(node, admin, baseline))
+    real_node.figures["create_delete_cycles"] = {
+        "cycles": 5, "leaked": sum(len(items) for left in leaks for items in left.values())}
+    assert leaks == [{}] * 5
+
+
+def test_a_failing_add_is_the_pods_event_and_the_pod_recovers(
+        node: Node, admin: Kube, baseline: Snapshot) -> None:
+    """The API server refuses the Pod's EndpointSlice (an admission policy): ADD fails after
+    it published the advertisement, rolls that back, and kubelet shows the plugin's message
+    and retries until the refusal is lifted. (A missing BGPRouter fails STATUS too, and a
+    node whose network is not ready starts no sandbox at all: see the STATUS test.)"""
+    name = unique("refused")
+    with Denials(admin, unique("deny-slices"), "default") as denials:
+        denials.deny(("CREATE", "endpointslices", f"{name}-7d-7d-ipv6"))
+        create_pod(admin, pod_manifest(name, _pause(node)))
+        wait_until(f"{name}'s FailedCreatePodSandBox event naming the refusal", lambda: any(
+            "denied by the fault harness" in message
+            for message in sandbox_failures(admin, name)), RETRY_S, interval=0.5)
+        failed = [line for line in verb_lines(node, "ADD") if line["pod"] == f"default/{name}"]
+        assert failed and all(line["outcome"] == "error" for line in failed)
+        denials.deny()
+        pod = wait_running(admin, name, timeout=RETRY_S)
+    assert _owned_slices(admin, pod["metadata"]["uid"])
+    delete_pod(admin, name)
+    assert _wait_nothing_left(node, admin, baseline) == {}
+
+
+def test_status_follows_the_api_and_the_node_reports_its_network(
+        real_node: NodeUnderTest, node: Node, admin: Kube) -> None:
+    """containerd 2 polls STATUS (cniVersion 1.1.0); with the API unreachable for the plugin
+    STATUS fails with code 50 and the node reports its network not ready, then recovers."""
+    wait_until("a STATUS from containerd", lambda: any(
+        line["cniVersion"] == "1.1.0" and line["outcome"] == "ok"
+        for line in verb_lines(node, "STATUS")), SETTLE_S)
+    seen = len(verb_lines(node, "STATUS"))
+    with real_node.proxy.rules(Rule(Fault.RESET_BEFORE_FORWARD, times=0)):
+        wait_until("the node reporting its network not ready",
+                   lambda: "NetworkPluginNotReady" in _ready_condition(node, admin)["message"],
+                   SETTLE_S, interval=0.5)
+        wait_until("a failed STATUS in the plugin's log", lambda: any(
+            line["outcome"] == "error" for line in verb_lines(node, "STATUS")[seen:]),
+            SETTLE_S, interval=0.5)
+        failed = [line for line in verb_lines(node, "STATUS")[seen:]
+                  if line["outcome"] == "error"]
+        assert all(line["code"] == 50 for line in failed), failed
+        assert _ready_condition(node, admin)["status"] == "False"
+        assert "Kubernetes API unavailable" in _ready_condition(node, admin)["message"]
+    node.wait_schedulable(admin, SETTLE_S * 2)
+    assert verb_lines(node, "STATUS")[-1]["outcome"] == "ok"
+
+
+def _ready_condition(node: Node, admin: Kube) -> dict[str, Any]:
+    status = (admin.get(f"/api/v1/nodes/{node.node_name}") or {}).get("status", {})
+    ready: dict[str, Any] = next(c for c in status["conditions"] if c["type"] == "Ready")
+    return ready
+
+
+def test_pods_start_while_the_agent_pod_is_replaced(node: Node, admin: Kube,
+                                                    baseline: Snapshot) -> None:
+    agent = deploy.agent_pod(admin, node.node_name)
+    assert agent is not None
+    admin.delete(f"/api/v1/namespaces/{deploy.DAEMONSET[0]}/pods/{agent['metadata']['name']}")
+    pod, sandbox_id, _ = _start_pod(node, admin, "no-agent")
+    assert verb_lines(node, "ADD", sandbox_id)[-1]["outcome"] == "ok"
+    replacement = deploy.wait_agent_ready(admin, node.node_name)
+    assert replacement["metadata"]["uid"] != agent["metadata"]["uid"]
+    delete_pod(admin, pod["metadata"]["name"])
+    assert _wait_nothing_left(node, admin, baseline) == {}
+
+
+def test_kubelet_and_containerd_restarts_neither_add_nor_delete(node: Node,
+                                                                admin: Kube) -> None:
+    pod, sandbox_id, netns = _start_pod(node, admin, "steady")
+    calls_before = [(line["verb"], line["containerID"]) for line in verb_lines(node)
+                    if line["verb"] in ("ADD", "DEL")]
+    node.restart_kubelet()
+    node.restart_containerd()
+    node.wait_schedulable(admin)
+    # A host-network Pod started after both restarts: kubelet has synced every Pod by then.
+    probe = unique("probe")
+    manifest = pod_manifest(probe, _pause(node))
+    manifest["spec"]["hostNetwork"] = True
+    create_pod(admin, manifest)
+    wait_running(admin, probe)
+    calls_after = [(line["verb"], line["containerID"]) for line in verb_lines(node)
+                   if line["verb"] in ("ADD", "DEL")]
+    assert calls_after == calls_before, "a restart made the runtime call ADD or DEL"
+    assert sandbox(node, pod["metadata"]["uid"]).id == sandbox_id
+    assert pod_addresses(node, netns)
+
+
+def test_a_rebooted_node_brings_its_pods_back_attached_and_leaks_nothing(
+        real_node: NodeUnderTest, node: Node, admin: Kube, baseline: Snapshot) -> None:
+    pod, old_sandbox, _ = _start_pod(node, admin, "reboot")
+    uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
+    node.reboot()
+    node.wait_schedulable(admin, RETRY_S)
+
+    def reattached() -> bool:
+        try:
+            return sandbox(node, uid).id != old_sandbox
+        except LookupError:
+            return False
+
+    wait_until("the Pod's new sandbox", reattached, RETRY_S, interval=0.5)
+    box = sandbox(node, uid)
+    assert box.netns is not None
+    addresses = pod_addresses(node, box.netns)
+    assert any(ipaddress.ip_address(ip) in VPC_V4 for ip in addresses)
+    assert len(_owned_slices(admin, uid)) == 1
+    wait_until("the old sandbox's annotations withdrawn",
+               lambda: not _advertising(node, admin, old_sandbox), SETTLE_S)
+    assert _advertising(node, admin, box.id)
+    delete_pod(admin, name)
+    left = _wait_nothing_left(node, admin, baseline)
+    real_node.figures["reboot"] = {"leaked": sum(len(items) for items in left.values()),
+                                   "left": left}
+    assert left == {}
+
+
+# -- the publish-after-ptp conflist ---------------------------------------------------------
+
+
+def _ptp_conflist() -> dict[str, Any]:
+    import yaml
+    nad = yaml.safe_load((EXAMPLES / "nad-publish-after-ptp.yaml").read_text())
+    conflist: dict[str, Any] = json.loads(nad["spec"]["config"])
+    return conflist
+
+
+def _scale(admin: Kube, name: str, replicas: int) -> None:
+    path = f"/apis/apps/v1/namespaces/default/deployments/{name}/scale"
+    scale = admin.get(path)
+    assert scale is not None
+    scale["spec"]["replicas"] = replicas
+    admin.put(path, scale)
+
+
+def test_a_deployment_behind_ptp_publishes_each_pod_and_withdraws_them(
+        real_node: NodeUnderTest, node: Node, admin: Kube, baseline: Snapshot) -> None:
+    veth = json.loads(next(node.cni_conf_dir.glob("*.conflist")).read_text())
+    node.set_conflist(_ptp_conflist())
+    name = unique("ptp")
+    labels = {"app": name}
+    template = pod_manifest(name, _pause(node), labels=labels)
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment",
+                  "metadata": {"name": name, "namespace": "default"},
+                  "spec": {"replicas": 0, "selector": {"matchLabels": labels},
+                           "template": {"metadata": {"labels": labels},
+                                        "spec": template["spec"]}}}
+    path = "/apis/apps/v1/namespaces/default/deployments"
+    try:
+        admin.create(path, deployment)
+        _scale(admin, name, 8)
+
+        def pods() -> list[dict[str, Any]]:
+            return admin.list("/api/v1/namespaces/default/pods", labels=f"app={name}")
+
+        wait_until("8 Pods Running", lambda: sum(
+            p.get("status", {}).get("phase") == "Running" and bool(p["status"].get("podIP"))
+            for p in pods()) == 8, DEPLOYMENT_S, interval=1.0)
+        running = pods()
+        ips = {p["status"]["podIP"] for p in running}
+        assert len(ips) == 8 and all(ipaddress.ip_address(ip) in PTP_POOL for ip in ips)
+        sandboxes = [sandbox(node, p["metadata"]["uid"]).id for p in running]
+        (ad,) = {a["metadata"]["name"]: a for s in sandboxes
+                 for a in _advertising(node, admin, s)}.values()
+        assert set(ad["spec"]["prefixes"]) == {f"{ip}/128" for ip in ips}
+        slices = [s for p in running for s in _owned_slices(admin, p["metadata"]["uid"])]
+        assert len(slices) == 8
+        assert {a for s in slices for e in s["endpoints"] for a in e["addresses"]} == ips
+
+        _scale(admin, name, 0)
+        wait_until("no Pod left", lambda: not pods(), DEPLOYMENT_S, interval=1.0)
+        left = _wait_nothing_left(node, admin, baseline)
+        real_node.figures["deployment_0_8_0"] = {
+            "pods": 8, "prefixes": len(ad["spec"]["prefixes"]), "slices": len(slices),
+            "leaked": sum(len(items) for items in left.values())}
+        assert left == {}
+        assert not [a for a in advertisements(node, admin) if a["metadata"]["name"] ==
+                    ad["metadata"]["name"]], "an advertisement without prefixes is deleted"
+    finally:
+        admin.delete(f"{path}/{name}")
+        wait_until("the Deployment's Pods gone", lambda: not admin.list(
+            "/api/v1/namespaces/default/pods", labels=f"app={name}"), DEPLOYMENT_S)
+        node.set_conflist(veth)
