@@ -8,16 +8,14 @@ namespaces are made under `/run/netns`, which is the state dir's `host/run/netns
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
-import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from e2e.harness.cluster import processes
+from e2e.harness.cri import cleanup
 from e2e.harness.cri.client import CriClient, CriError
 from e2e.harness.cri.pause import PauseImage
 from e2e.harness.wait import wait_until
@@ -193,53 +191,14 @@ class Runtime:
 
     def remove_sandboxes(self) -> list[str]:
         """Stop and remove every sandbox through the CRI (each runs the CNI DEL)."""
-        problems = []
         with self.client() as cri:
-            try:
-                sandboxes = cri.list_pod_sandboxes()
-            except CriError as exc:
-                return [f"listing sandboxes: {exc}"]
-            for sandbox_id in sandboxes:
-                try:
-                    cri.stop_pod_sandbox(sandbox_id)
-                    cri.remove_pod_sandbox(sandbox_id)
-                except CriError as exc:
-                    problems.append(f"sandbox {sandbox_id}: {exc}")
-        return problems
+            return cleanup.remove_sandboxes(cri)
 
     def delete_containers(self) -> list[str]:
         """Containers runc still knows under our root (after containerd is gone)."""
-        root = self.runc_root / CRI_NAMESPACE
-        if not root.is_dir():
-            return []
-        problems = []
-        for state in root.iterdir():
-            proc = subprocess.run(
-                self.namespace.enter([str(self.binaries["runc"]), "--root", str(root), "delete",
-                                      "--force", state.name]),
-                capture_output=True, text=True, timeout=30, check=False)
-            problems.append(f"left-over container {state.name} deleted with runc"
-                            + (f" ({proc.stderr.strip()})" if proc.returncode else ""))
-        return problems
+        return cleanup.delete_containers(self.namespace.enter([str(self.binaries["runc"])]),
+                                         self.runc_root / CRI_NAMESPACE)
 
     def kill_shims(self) -> list[str]:
         """Shims serving our socket (their command line names it)."""
-        problems = []
-        for pid in _pids():
-            argv = _cmdline(pid).split("\0")
-            if "-address" in argv and str(self.socket) in argv and "containerd-shim" in argv[0]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                problems.append(f"left-over shim {pid} killed")
-        return problems
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _pids() -> list[int]:
-    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+        return cleanup.kill_shims(self.socket)

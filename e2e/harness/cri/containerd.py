@@ -25,6 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from e2e.harness.cri import cleanup
 from e2e.harness.cri.client import CriClient, CriError
 from e2e.harness.cri.pause import PauseImage
 
@@ -259,23 +260,12 @@ class Containerd:
     # -- teardown ----------------------------------------------------------------------------
 
     def _remove_sandboxes(self) -> list[str]:
-        problems = []
-        try:
-            sandboxes = self.client.list_pod_sandboxes()
-        except CriError as exc:
-            return [str(exc)]
-        for sandbox_id in sandboxes:
-            try:
-                self.client.stop_pod_sandbox(sandbox_id)
-                self.client.remove_pod_sandbox(sandbox_id)
-            except CriError as exc:
-                problems.append(f"sandbox {sandbox_id}: {exc}")
-        return problems
+        return cleanup.remove_sandboxes(self.client)
 
     def _terminate(self, process: subprocess.Popen[bytes]) -> list[str]:
         if process.poll() is not None:
             return []
-        if str(self.config_path) not in _cmdline(process.pid):
+        if str(self.config_path) not in cleanup.cmdline(process.pid):
             return [f"pid {process.pid} is no longer our containerd; not signalled"]
         process.send_signal(signal.SIGTERM)
         try:
@@ -288,28 +278,11 @@ class Containerd:
 
     def _delete_containers(self) -> list[str]:
         """Containers still known to runc under our root (a sandbox we could not remove)."""
-        root = self.runc_root / CRI_NAMESPACE
-        if not root.is_dir():
-            return []
-        runc = _binary("runc")
-        problems = []
-        for state in root.iterdir():
-            proc = subprocess.run([runc, "--root", str(root), "delete", "--force", state.name],
-                                  capture_output=True, text=True, timeout=30, check=False)
-            problems.append(f"left-over container {state.name} deleted with runc"
-                            + (f" ({proc.stderr.strip()})" if proc.returncode else ""))
-        return problems
+        return cleanup.delete_containers([_binary("runc")], self.runc_root / CRI_NAMESPACE)
 
     def _kill_shims(self) -> list[str]:
-        """Shims serving our socket only (their command line names it)."""
-        problems = []
-        for pid in _pids():
-            argv = _cmdline(pid).split("\0")
-            if "-address" in argv and str(self.socket) in argv and "containerd-shim" in argv[0]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                problems.append(f"left-over shim {pid} killed")
-        return problems
+        """Shims serving our socket only."""
+        return cleanup.kill_shims(self.socket)
 
     def _unmount_all(self) -> list[str]:
         """Mounts under the work dir (netns, shm, rootfs) left by a crash; deepest first."""
@@ -347,17 +320,6 @@ def _term_with_parent() -> None:
     """In the child: SIGTERM if the test process dies, so no containerd outlives its tests."""
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _pids() -> list[int]:
-    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
 
 
 def _mounts_under(directory: Path) -> list[str]:
