@@ -1,5 +1,7 @@
 """GC of the VPC's BGPVRFInstance on this node (issue 10, SPEC §7): the rule deciding what it
-keeps, and the delete against a scripted API server (preconditions, users, the instance lock)."""
+keeps, and the delete against a scripted API server (preconditions, users, the instance lock);
+and the VRF-ID check an ADD makes on an instance it found (the agent's cache, then a fresh
+list before any move)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from cni_plugin.kube.config import load_kubeconfig
 from cni_plugin.publish import bgp
 from cni_plugin.publish.context import PublishContext, Router
 from cni_plugin.publish.resources import NETNS_KEY, NODE_KEY, SUBNET_V6_KEY
-from cni_plugin.publish.source import ColdCluster
+from cni_plugin.publish.source import ClusterSource, ColdCluster
 from netconf.errors import TRY_AGAIN_LATER, CniError
 
 VPC = "10"  # hex 3e
@@ -148,7 +150,8 @@ def api() -> Iterator[list[Scripted]]:
         server.server_close()
 
 
-def context(tmp_path: Path, servers: list[Scripted], server: Scripted) -> PublishContext:
+def context(tmp_path: Path, servers: list[Scripted], server: Scripted,
+            source: ClusterSource | None = None) -> PublishContext:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     servers.append(server)
     config = tmp_path / "kubeconfig"
@@ -164,8 +167,8 @@ def context(tmp_path: Path, servers: list[Scripted], server: Scripted) -> Publis
                                     "VPC_ATTACH_LOCK_DIR": str(tmp_path / "locks"),
                                     "VPC_ATTACH_NODE_NAME": NODE},
                                    json.dumps(conf).encode()))
-    return PublishContext(inv, KubeClient(load_kubeconfig(str(config))), NODE, ColdCluster(),
-                          str(config))
+    return PublishContext(inv, KubeClient(load_kubeconfig(str(config))), NODE,
+                          source or ColdCluster(), str(config))
 
 
 def advertisement(name: str, vrf_id: int, annotations: dict[str, str] | None = None,
@@ -219,3 +222,60 @@ def test_gc_waits_for_an_add_relying_on_the_instance(tmp_path: Path, api: list[S
     assert caught.value.code == TRY_AGAIN_LATER and f"bgpvrfinstance-{NAME}" in caught.value.msg
     assert server.seen == [], "nothing is read while an ADD holds the instance"
     assert collect(ctx)
+
+
+# The VRF-ID check of an instance an ADD found ----------------------------------------------
+
+class CachedInstances(ColdCluster):
+    """A source whose watch cache of the router's instances holds `items` (None: not in
+    sync)."""
+
+    def __init__(self, items: list[dict[str, Any]] | None) -> None:
+        self.items = items
+
+    def instances(self, kubeconfig: str, namespace: str,
+                  router: str) -> list[dict[str, Any]] | None:
+        return self.items
+
+
+def other(name: str, vrf_id: int, created: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "creationTimestamp": created},
+            "spec": {"routerRef": {"name": ROUTER.name}, "vrfID": vrf_id}}
+
+
+OURS = {**instance(), "metadata": {**instance()["metadata"],
+                                   "creationTimestamp": "2026-01-02T00:00:00Z"}}
+
+
+def lists(server: Scripted) -> list[str]:
+    return [path for method, path, _ in server.seen if method == "GET" and "?" in path]
+
+
+def test_a_found_instance_is_checked_against_a_synced_cache_without_asking_the_api(
+        tmp_path: Path, api: list[Scripted]) -> None:
+    server = Scripted(OURS, [], [])
+    source = CachedInstances([OURS, other("b", 4, "2026-01-01T00:00:00Z")])
+    ctx = context(tmp_path, api, server, source)
+    assert bgp._resolve_collision(ctx, ROUTER, OURS, Deadline(5), cached=True) == 3
+    assert server.seen == []
+
+
+def test_without_a_synced_cache_the_routers_instances_are_listed(
+        tmp_path: Path, api: list[Scripted]) -> None:
+    server = Scripted(OURS, [other("b", 4, "2026-01-01T00:00:00Z")], [])
+    ctx = context(tmp_path, api, server, CachedInstances(None))
+    assert bgp._resolve_collision(ctx, ROUTER, OURS, Deadline(5), cached=True) == 3
+    assert lists(server) == [f"/apis/network.datumapis.com/v1alpha1/namespaces/galactic-system/"
+                             f"bgpvrfinstances?fieldSelector=spec.routerRef.name%3D{ROUTER.name}"]
+
+
+def test_a_collision_seen_in_the_cache_is_decided_on_a_fresh_list(
+        tmp_path: Path, api: list[Scripted]) -> None:
+    """The cache still shows an earlier instance with our VRF ID; the API server says it has
+    moved to 5 since: ours keeps 3 and nothing is written (the scripted server takes no PUT)."""
+    server = Scripted(OURS, [other("older", 5, "2026-01-01T00:00:00Z")], [])
+    ctx = context(tmp_path, api, server,
+                  CachedInstances([other("older", 3, "2026-01-01T00:00:00Z")]))
+    assert bgp._resolve_collision(ctx, ROUTER, OURS, Deadline(5), cached=True) == 3
+    assert len(lists(server)) == 1
+    assert [method for method, _, _ in server.seen] == ["GET"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any
 
 import pytest
 
@@ -79,3 +80,30 @@ def test_racing_first_uses_start_one_watch(kubeconfig: str,
     for thread in threads:
         thread.join(10)
     assert len(started) == 1
+
+
+def test_knowing_the_nodes_router_starts_the_watch_of_its_vrf_instances(
+        kubeconfig: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[tuple[str, str]] = []
+
+    class SyncedWatch:
+        def __init__(self, _creds: object, path: str, selector: str,
+                     _observe: object = None) -> None:
+            self.path, self.selector = path, selector
+
+        def start(self) -> SyncedWatch:
+            started.append((self.path, self.selector))
+            return self
+
+        def items(self) -> list[dict[str, Any]] | None:
+            if self.path.endswith("/bgprouters"):
+                return [{"metadata": {"name": "router-node-1"}}]
+            return []
+
+    monkeypatch.setattr(warm, "WatchCache", SyncedWatch)
+    cluster = WarmCluster()
+    assert cluster.routers(kubeconfig, "galactic-system", "node-1") is not None
+    assert started[1] == ("/apis/network.datumapis.com/v1alpha1/namespaces/galactic-system/"
+                          "bgpvrfinstances", "spec.routerRef.name=router-node-1")
+    cluster.routers(kubeconfig, "galactic-system", "node-1")
+    assert len(started) == 2, "each watch is started once"

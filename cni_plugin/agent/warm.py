@@ -1,5 +1,6 @@
 """The agent's warm cluster source: keep-alive API clients pooled across verb threads, and
-watch caches of this node's BGPRouters and Pods (so an ADD does not ask the API server)."""
+watch caches of this node's BGPRouters, its router's BGPVRFInstances and its Pods (so an ADD
+does not ask the API server what it can know already)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.kube.client import ApiObserver, KubeClient
 from cni_plugin.kube.config import KubeCredentials, load_kubeconfig
-from cni_plugin.publish.resources import PODS, ROUTERS
+from cni_plugin.publish.resources import PODS, ROUTERS, VRF_INSTANCES
 
 log = logging.getLogger(__name__)
 WATCH_SECONDS = 300  # the server ends each watch after this; we resume from the last version
@@ -192,9 +193,20 @@ class WarmCluster:
         return [cache.describe() for cache in caches if cache.items() is None]
 
     def routers(self, kubeconfig: str, namespace: str, node: str) -> list[dict[str, Any]] | None:
-        """This node's routers from the watch (started on first use)."""
-        return self._watch(kubeconfig, ROUTERS.path(namespace),
-                           f"spec.targetRef.name={node}").items()
+        """This node's routers from the watch (started on first use). Once it knows the
+        node's router, the watch of that router's VRF instances is started too, so the
+        next ADD finds it in sync (STATUS, polled every few seconds, asks for routers)."""
+        found = self._watch(kubeconfig, ROUTERS.path(namespace),
+                            f"spec.targetRef.name={node}").items()
+        for router in found or []:
+            self.instances(kubeconfig, namespace, router["metadata"]["name"])
+        return found
+
+    def instances(self, kubeconfig: str, namespace: str,
+                  router: str) -> list[dict[str, Any]] | None:
+        """The router's VRF instances from their watch (started on first use)."""
+        return self._watch(kubeconfig, VRF_INSTANCES.path(namespace),
+                           f"spec.routerRef.name={router}").items()
 
     def pod(self, kubeconfig: str, node: str, namespace: str, name: str) -> dict[str, Any] | None:
         """A Pod from the watch of this node's Pods (started on first use)."""

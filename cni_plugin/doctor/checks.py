@@ -48,7 +48,8 @@ CONFLIST_SUFFIXES = (".conflist", ".conf", ".json")
 # holds this equal to the packaged ClusterRole.
 CLUSTER_ROLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (GROUP, "bgprouters", ("get", "list", "watch")),
-    (GROUP, "bgpvrfinstances", ("get", "list", "create", "update", "patch", "delete")),
+    (GROUP, "bgpvrfinstances", ("get", "list", "watch", "create", "update", "patch",
+                                "delete")),
     (GROUP, "bgpadvertisements", ("get", "list", "create", "update", "patch", "delete")),
     ("discovery.k8s.io", "endpointslices", ("get", "list", "create", "update", "patch",
                                             "delete")),

@@ -99,8 +99,13 @@ def _fill_instance(obj: dict[str, Any], router: Router, target: str) -> bool:
     return True
 
 
-def _router_instances(ctx: PublishContext, router: Router,
-                      deadline: Deadline) -> list[dict[str, Any]]:
+def _router_instances(ctx: PublishContext, router: Router, deadline: Deadline, *,
+                      cached: bool = False) -> list[dict[str, Any]]:
+    """The router's VRF instances; `cached`: a synced watch cache will do (the agent's)."""
+    if cached:
+        found = ctx.source.instances(ctx.kubeconfig, ctx.namespace, router.name)
+        if found is not None:
+            return found
     return _list_selected(ctx, VRF_INSTANCES, "spec.routerRef.name", router.name, deadline)
 
 
@@ -143,11 +148,12 @@ def ensure_vrf_instance(ctx: PublishContext, router: Router, rollback: Rollback,
 
     for _ in range(MAX_ATTEMPTS):
         existing = update_with_retry(ctx.client, path, deadline, fill)
-        if existing is None:
-            existing = _create_instance(ctx, router, name, target, rollback, deadline)
-            if existing is None:
-                continue  # lost a create race: read the winner's object
-        return _resolve_collision(ctx, router, existing, deadline)
+        if existing is not None:  # checked when created; checked again in case of a late rival
+            return _resolve_collision(ctx, router, existing, deadline, cached=True)
+        existing = _create_instance(ctx, router, name, target, rollback, deadline)
+        if existing is not None:
+            return _resolve_collision(ctx, router, existing, deadline)
+        # lost a create race: read the winner's object
     raise CniError(TRY_AGAIN_LATER, f"BGPVRFInstance {name!r} keeps changing")
 
 
@@ -177,18 +183,26 @@ def _create_instance_locked(ctx: PublishContext, router: Router, name: str, targ
 
 
 def _resolve_collision(ctx: PublishContext, router: Router, ours: dict[str, Any],
-                       deadline: Deadline) -> int:
+                       deadline: Deadline, *, cached: bool = False) -> int:
     """If another instance of this router has our VRF ID, the later one (by creation time,
-    then name) takes the lowest free ID; both sides reach the same verdict."""
+    then name) takes the lowest free ID; both sides reach the same verdict.
+
+    `cached`: the first look may use the agent's watch cache. An instance found (not created
+    by this ADD) was checked against a fresh list when it was created; looking again on
+    every ADD only catches a rival created in the same second after that check, which a
+    cache a few milliseconds old sees as well. A move is always decided on a fresh list."""
     name = ours["metadata"]["name"]
     path = VRF_INSTANCES.path(ctx.namespace, name)
     for _ in range(MAX_ATTEMPTS):
         vrf_id = _vrf_id(ours)
-        others = [i for i in _router_instances(ctx, router, deadline)
+        others = [i for i in _router_instances(ctx, router, deadline, cached=cached)
                   if i["metadata"]["name"] != name]
         rivals = [i for i in others if _vrf_id(i) == vrf_id]
         if not rivals or all(_precedence(ours) < _precedence(r) for r in rivals):
             return vrf_id
+        if cached:
+            cached = False
+            continue  # look again on a fresh list before moving
         new_id = _lowest_free(_vrf_id(i) for i in others)
         log.info("VRF ID %d of %s collides with %s; moving to %d", vrf_id, name,
                  rivals[0]["metadata"]["name"], new_id)

@@ -107,8 +107,10 @@ def _write_slice(ctx: PublishContext, namespace: str, name: str, body: dict[str,
     def undo(found: dict[str, Any], d: Deadline) -> None:
         ctx.client.delete(path, d, uid=found["metadata"]["uid"])
 
+    fresh = True  # a new Pod's slice does not exist yet: create it without reading first
     for _ in range(10):
-        existing = ctx.client.get(path, deadline)
+        existing = None if fresh else ctx.client.get(path, deadline)
+        fresh = False
         if existing is None:
             if create(ctx, ENDPOINT_SLICES, body, rollback, undo, deadline) is not None:
                 return

@@ -24,6 +24,10 @@ class ClusterSource(Protocol):
     def routers(self, kubeconfig: str, namespace: str, node: str) -> list[dict[str, Any]] | None:
         """BGPRouters targeting node from a synced cache, or None (ask the API)."""
 
+    def instances(self, kubeconfig: str, namespace: str,
+                  router: str) -> list[dict[str, Any]] | None:
+        """BGPVRFInstances of router from a synced cache, or None (ask the API)."""
+
     def pod(self, kubeconfig: str, node: str, namespace: str, name: str) -> dict[str, Any] | None:
         """This node's Pod from a synced cache, or None (ask the API)."""
 
@@ -40,6 +44,11 @@ class ColdCluster:
         client.close()
 
     def routers(self, kubeconfig: str, namespace: str, node: str) -> list[dict[str, Any]] | None:
+        """No cache."""
+        return None
+
+    def instances(self, kubeconfig: str, namespace: str,
+                  router: str) -> list[dict[str, Any]] | None:
         """No cache."""
         return None
 
