@@ -9,8 +9,10 @@ BGPRouter, so an ADD that cannot publish changes nothing.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.request import Invocation
@@ -18,7 +20,7 @@ from cni_plugin.core.rollback import Rollback
 from cni_plugin.kube.client import ApiError, api_failure
 from cni_plugin.publish.context import PublishContext, Router
 from cni_plugin.publish.source import ClusterSource
-from netconf.errors import INVALID_CONFIG, STATUS_NOT_AVAILABLE, CniError
+from netconf.errors import INVALID_CONFIG, STATUS_NOT_AVAILABLE, TRY_AGAIN_LATER, CniError
 from netconf.result import Result
 
 
@@ -62,12 +64,49 @@ def connected(inv: Invocation, source: ClusterSource) -> Iterator[PublishContext
         ctx.close()
 
 
+class Ahead:
+    """What publishing can do before the addresses are known — the VPC's BGPVRFInstance
+    (reused or created, recorded for rollback) and a read of the attachment's advertisement —
+    on a thread of its own while IPAM and the kernel work run: neither needs the other."""
+
+    def __init__(self, ctx: PublishContext, router: Router, rollback: Rollback) -> None:
+        self._ctx = ctx
+        self._done: tuple[int, dict[str, Any] | None] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(router, rollback),
+                                        name="vpc-attach publish ahead", daemon=True)
+        self._thread.start()
+
+    def _run(self, router: Router, rollback: Rollback) -> None:
+        from cni_plugin.publish import bgp
+        ctx, deadline = self._ctx, self._ctx.inv.deadline
+        try:
+            vrf_id = bgp.ensure_vrf_instance(ctx, router, rollback, deadline)
+            self._done = (vrf_id, bgp.read_advertisement(ctx, deadline))
+        except BaseException as exc:  # handed to the verb's thread by result()
+            self._error = exc
+
+    def wait(self) -> None:
+        """Until the thread is done (each of its requests and locks ends by the deadline)."""
+        self._thread.join(self._ctx.inv.whole.remaining(floor=0))
+
+    def result(self) -> tuple[int, dict[str, Any] | None]:
+        """(VRF ID, the advertisement as read or None); what the thread raised, if it did."""
+        self.wait()
+        if self._error is not None:
+            raise self._error
+        if self._done is None:
+            raise CniError(TRY_AGAIN_LATER, "the VPC's BGPVRFInstance was not settled in time")
+        return self._done
+
+
 class Publisher:
     """ADD's publishing: this node's router found up front; a no-op when publishing is off."""
 
     def __init__(self, ctx: PublishContext | None, router: Router | None) -> None:
         self.ctx = ctx
         self.router = router
+        self._ahead: Ahead | None = None
 
     @classmethod
     @contextmanager
@@ -82,8 +121,26 @@ class Publisher:
                     router = find_router(ctx, inv.deadline)
             yield cls(ctx, router)
 
+    @contextmanager
+    def ahead(self, rollback: Rollback) -> Iterator[None]:
+        """Start `Ahead` for the block (the IPAM and kernel work, then `publish`); the block's
+        end waits for it, so a rollback after the block finds all it recorded. The VPC's
+        instance is held in use (GC waits) from its read until the block's end."""
+        ctx, router = self.ctx, self.router
+        if ctx is None or router is None:
+            yield
+            return
+        from cni_plugin.publish import bgp
+        with bgp.instance_in_use(ctx, ctx.inv.deadline):
+            self._ahead = Ahead(ctx, router, rollback)
+            try:
+                yield
+            finally:
+                self._ahead.wait()
+
     def publish(self, plan: Addressing, rollback: Rollback) -> None:
-        """BGP state first, then the EndpointSlices; every creation recorded for rollback."""
+        """BGP state first, then the EndpointSlices; every creation recorded for rollback.
+        Runs inside `ahead`."""
         ctx = self.ctx
         if ctx is None:
             return
@@ -93,10 +150,11 @@ class Publisher:
         sid = None
         with api_boundary("publish the attachment"):
             if self.router is not None:
-                with bgp.instance_in_use(ctx, deadline):  # GC waits until it is relied on
-                    vrf_id = bgp.ensure_vrf_instance(ctx, self.router, rollback, deadline)
-                    bgp.ensure_advertisement(ctx, self.router, vrf_id, plan, rollback,
-                                             deadline)
+                if self._ahead is None:
+                    raise RuntimeError("Publisher.publish runs inside Publisher.ahead")
+                vrf_id, advertisement = self._ahead.result()
+                bgp.ensure_advertisement(ctx, self.router, vrf_id, plan, rollback, deadline,
+                                         read=bgp.Read(advertisement))
                 if self.router.srv6_locator and self.router.node_id:
                     sid = naming.srv6_sid(self.router.srv6_locator, self.router.node_id, vrf_id)
             if ctx.inv.conf.publish.endpoint_slice:

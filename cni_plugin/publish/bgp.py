@@ -9,6 +9,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from cni_plugin.core import naming
@@ -413,9 +414,26 @@ def _advertisement_spec(router: Router, vrf_id: int, target: str,
             "function": "End.DT46"}
 
 
+@dataclass(frozen=True)
+class Read:
+    """An object as read a moment ago (None: it did not exist)."""
+
+    obj: dict[str, Any] | None
+
+
+def read_advertisement(ctx: PublishContext, deadline: Deadline) -> dict[str, Any] | None:
+    """The attachment's BGPAdvertisement, or None."""
+    conf = ctx.inv.conf
+    name = naming.advertisement_name(conf.vpc, conf.vpcattachment)
+    return ctx.client.get(ADVERTISEMENTS.path(ctx.namespace, name), deadline)
+
+
 def ensure_advertisement(ctx: PublishContext, router: Router, vrf_id: int, plan: Addressing,
-                         rollback: Rollback, deadline: Deadline) -> None:
-    """Merge this container into the attachment's BGPAdvertisement (create it if missing)."""
+                         rollback: Rollback, deadline: Deadline, *,
+                         read: Read | None = None) -> None:
+    """Merge this container into the attachment's BGPAdvertisement (create it if missing).
+    `read`: the object as read a moment ago, used for the first attempt (a write based on it
+    is conditional: a stale read costs a conflict and a re-read, nothing else)."""
     ours = container_annotations(ctx, plan)
     if not ours:
         return  # nothing to advertise (an L2-only tap)
@@ -443,7 +461,8 @@ def ensure_advertisement(ctx: PublishContext, router: Router, vrf_id: int, plan:
     written = {k: v for k, v in _advertisement_spec(router, vrf_id, target, []).items()
                if k in SHARED_SPEC_KEYS}
     for _ in range(MAX_ATTEMPTS):
-        existing = ctx.client.get(path, deadline)
+        existing = read.obj if read is not None else ctx.client.get(path, deadline)
+        read = None
         if existing is not None:
             had_ours = all(existing["metadata"].get("annotations", {}).get(k) == v
                            for k, v in ours.items())

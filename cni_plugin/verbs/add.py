@@ -20,9 +20,12 @@ def add(request: Request, env: Environment) -> Result:
     inv = Invocation.parse(request)
     prev = inv.conf.prev()
     # One ADD or DEL of this container at a time; settings, API and router are checked before
-    # any change (SPEC §4); the API client is held until the rollback, if any, is done.
+    # any change (SPEC §4); the API client is held until the rollback, if any, is done. The
+    # VPC's BGPVRFInstance is settled on a thread of its own meanwhile (`ahead`, waited for
+    # before any rollback).
     with inv.container_lock(), Publisher.open(inv, env.cluster) as publisher, \
-            Rollback(inv.whole, on_finish=env.rollback_finished) as rollback:
+            Rollback(inv.whole, on_finish=env.rollback_finished) as rollback, \
+            publisher.ahead(rollback):
         if inv.conf.attachment == "existing":  # publish what an earlier plugin created
             result = _previous(prev)
             addressing = Addressing.from_result(result)
