@@ -273,6 +273,34 @@ def test_five_create_delete_cycles_leave_nothing(real_node: NodeUnderTest, node:
     assert leaks == [{}] * 5
 
 
+def test_an_add_asks_the_api_server_only_what_the_agents_watches_cannot_tell(
+        real_node: NodeUnderTest, node: Node, admin: Kube, baseline: Snapshot) -> None:
+    """The agent knows the node's router, its Pods and the router's VRF instances from its
+    watches: an ADD lists nothing and reads no Pod, and creates the new Pod's EndpointSlice
+    without reading it first (seen by the proxy between the plugin and the API server)."""
+    first, _, _ = _start_pod(node, admin, "first")  # the VPC's instance exists from here on
+    delete_pod(admin, first["metadata"]["name"])
+    assert _wait_nothing_left(node, admin, baseline) == {}
+    mark = len(real_node.proxy.seen())
+    pod, sandbox_id, _ = _start_pod(node, admin, "asks")
+    name = pod["metadata"]["name"]
+    seen = [s for s in real_node.proxy.seen()[mark:] if "watch=1" not in s.path]
+    (add,) = verb_lines(node, "ADD", sandbox_id)
+    assert add["outcome"] == "ok"
+    lists = [f"{s.method} {s.path}" for s in seen if s.method == "GET" and s.name is None
+             and s.resource in ("bgprouters", "bgpvrfinstances", "pods")]
+    assert lists == [], "answered from the agent's watches"
+    assert not [s for s in seen if s.resource == "pods" and s.name == name]
+    assert [s.method for s in seen if s.resource == "endpointslices" and
+            (s.name is None or s.name.startswith(name))] == ["POST"], \
+        "a new Pod's slice is created without reading it first"
+    real_node.figures["api_requests_of_an_add"] = [
+        f"{s.method} {s.resource}{'/' + s.name if s.name else ''} -> {s.status}" for s in seen
+        if s.resource not in ("selfsubjectaccessreviews", "events", "leases")]
+    delete_pod(admin, name)
+    assert _wait_nothing_left(node, admin, baseline) == {}
+
+
 def test_a_failing_add_is_the_pods_event_and_the_pod_recovers(
         node: Node, admin: Kube, baseline: Snapshot) -> None:
     """The API server refuses the Pod's EndpointSlice (an admission policy): ADD fails after
