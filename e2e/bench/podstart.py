@@ -35,7 +35,7 @@ from e2e.bench.machine import _cpu_model, load_average
 from e2e.bench.stats import ratio, summarize
 from e2e.harness.kube import Kube
 from e2e.node import Node
-from e2e.node.observe import create_pod, delete_pod, get_pod, pod_manifest, unique
+from e2e.node.observe import create_pod, delete_pod, get_pod, pod_manifest, unique, verb_lines
 
 log = logging.getLogger("e2e.bench.podstart")
 
@@ -67,6 +67,7 @@ class Subject:
     conflist: dict[str, Any]
     pool: ipaddress.IPv4Network
     samples: list[float] = field(default_factory=list)
+    plugin_ms: list[float] = field(default_factory=list)  # vpc-attach's ADD, from its log
 
 
 def ready(pod: dict[str, Any] | None) -> bool:
@@ -75,9 +76,9 @@ def ready(pod: dict[str, Any] | None) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
-def start_one(node: Node, kube: Kube, subject: Subject) -> float:
+def start_one(node: Node, kube: Kube, subject: Subject) -> tuple[str, float]:
     """Create a Pod, time it to Ready, check it got an address of the subject's pool, delete
-    it and wait until it is gone; the seconds to Ready."""
+    it and wait until it is gone; (its name, the seconds to Ready)."""
     name = unique("bench")
     manifest = pod_manifest(name, node.runtime.pause.ref)
     began = time.monotonic()
@@ -96,7 +97,14 @@ def start_one(node: Node, kube: Kube, subject: Subject) -> float:
         raise RuntimeError(f"pod {name} got {address}, not from {subject.name}'s pool "
                            f"{subject.pool}: the conflist swap did not take")
     delete_pod(kube, name)
-    return elapsed
+    return name, elapsed
+
+
+def plugin_add_ms(node: Node, pod: str) -> float | None:
+    """vpc-attach's own time for the Pod's ADD (`durationMs` of its log line), if it ran."""
+    lines = [line for line in verb_lines(node, "ADD")
+             if line.get("pod") == f"default/{pod}" and line.get("outcome") == "ok"]
+    return float(lines[-1]["durationMs"]) if lines else None
 
 
 def run(node: Node, pods: int) -> list[Subject]:
@@ -113,9 +121,12 @@ def run(node: Node, pods: int) -> list[Subject]:
             order = subjects if index % 2 == 0 else subjects[::-1]
             for subject in order:
                 node.set_conflist(subject.conflist)
-                seconds = start_one(node, kube, subject)
+                pod, seconds = start_one(node, kube, subject)
                 if index >= WARMUP:
                     subject.samples.append(seconds)
+                    took = plugin_add_ms(node, pod) if subject.name == VETH else None
+                    if took is not None:
+                        subject.plugin_ms.append(took)
             log.info("round %d/%d: %s", index + 1, WARMUP + pods,
                      ", ".join(f"{s.name} {s.samples[-1] * 1000:.0f} ms"
                                for s in subjects if s.samples))
@@ -133,6 +144,9 @@ def report(subjects: list[Subject], machine: dict[str, Any]) -> dict[str, Any]:
             "rows": {name: {k: round(v, 4) for k, v in summary.as_dict().items()}
                      for name, summary in summaries.items()},
             "samples_s": {s.name: [round(x, 4) for x in s.samples] for s in subjects},
+            "vpc_attach_add_in_plugin_ms": (
+                {k: round(v, 1) for k, v in summarize(veth.plugin_ms).as_dict().items()}
+                if veth.plugin_ms else None),
             "ratio_median": round(median_ratio or 0.0, 3),
             "ratio_p95": round(p95_ratio or 0.0, 3),
             "target_ratio": TARGET_RATIO,
@@ -161,6 +175,11 @@ def markdown(results: dict[str, Any]) -> str:
     lines += ["", f"vpc-attach / ptp: median {results['ratio_median']:.2f}x, p95 "
               f"{results['ratio_p95']:.2f}x — {verdict} the target of ≤ "
               f"{results['target_ratio']:.2f}x (median).", ""]
+    own = results.get("vpc_attach_add_in_plugin_ms")
+    if own:
+        lines += [f"vpc-attach's own ADD (through the agent, `durationMs` of its log line): "
+                  f"median {own['median']:.1f} ms, p95 {own['p95']:.1f} ms (n = {own['n']:.0f}).",
+                  ""]
     return "\n".join(lines)
 
 
