@@ -154,7 +154,7 @@ class Publisher:
                     raise RuntimeError("Publisher.publish runs inside Publisher.ahead")
                 vrf_id, advertisement = self._ahead.result()
                 bgp.ensure_advertisement(ctx, self.router, vrf_id, plan, rollback, deadline,
-                                         read=bgp.Read(advertisement))
+                                         advertisement)
                 if self.router.srv6_locator and self.router.node_id:
                     sid = naming.srv6_sid(self.router.srv6_locator, self.router.node_id, vrf_id)
             if ctx.inv.conf.publish.endpoint_slice:

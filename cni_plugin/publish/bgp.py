@@ -9,7 +9,6 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from cni_plugin.core import naming
@@ -414,13 +413,6 @@ def _advertisement_spec(router: Router, vrf_id: int, target: str,
             "function": "End.DT46"}
 
 
-@dataclass(frozen=True)
-class Read:
-    """An object as read a moment ago (None: it did not exist)."""
-
-    obj: dict[str, Any] | None
-
-
 def read_advertisement(ctx: PublishContext, deadline: Deadline) -> dict[str, Any] | None:
     """The attachment's BGPAdvertisement, or None."""
     conf = ctx.inv.conf
@@ -429,11 +421,12 @@ def read_advertisement(ctx: PublishContext, deadline: Deadline) -> dict[str, Any
 
 
 def ensure_advertisement(ctx: PublishContext, router: Router, vrf_id: int, plan: Addressing,
-                         rollback: Rollback, deadline: Deadline, *,
-                         read: Read | None = None) -> None:
+                         rollback: Rollback, deadline: Deadline,
+                         read: dict[str, Any] | None) -> None:
     """Merge this container into the attachment's BGPAdvertisement (create it if missing).
-    `read`: the object as read a moment ago, used for the first attempt (a write based on it
-    is conditional: a stale read costs a conflict and a re-read, nothing else)."""
+    `read`: the object as `read_advertisement` found it a moment ago (None: absent), used for
+    the first attempt (a write based on it is conditional: a stale read costs a conflict and a
+    re-read, nothing else)."""
     ours = container_annotations(ctx, plan)
     if not ours:
         return  # nothing to advertise (an L2-only tap)
@@ -460,9 +453,10 @@ def ensure_advertisement(ctx: PublishContext, router: Router, vrf_id: int, plan:
 
     written = {k: v for k, v in _advertisement_spec(router, vrf_id, target, []).items()
                if k in SHARED_SPEC_KEYS}
-    for _ in range(MAX_ATTEMPTS):
-        existing = read.obj if read is not None else ctx.client.get(path, deadline)
-        read = None
+    existing = read
+    for attempt in range(MAX_ATTEMPTS):
+        if attempt:
+            existing = ctx.client.get(path, deadline)
         if existing is not None:
             had_ours = all(existing["metadata"].get("annotations", {}).get(k) == v
                            for k, v in ours.items())
