@@ -67,6 +67,7 @@ class Subject:
     conflist: dict[str, Any]
     pool: ipaddress.IPv4Network
     samples: list[float] = field(default_factory=list)
+    pods: list[str] = field(default_factory=list)  # the measured Pods' names
     plugin_ms: list[float] = field(default_factory=list)  # vpc-attach's ADD, from its log
 
 
@@ -100,11 +101,12 @@ def start_one(node: Node, kube: Kube, subject: Subject) -> tuple[str, float]:
     return name, elapsed
 
 
-def plugin_add_ms(node: Node, pod: str) -> float | None:
-    """vpc-attach's own time for the Pod's ADD (`durationMs` of its log line), if it ran."""
-    lines = [line for line in verb_lines(node, "ADD")
-             if line.get("pod") == f"default/{pod}" and line.get("outcome") == "ok"]
-    return float(lines[-1]["durationMs"]) if lines else None
+def plugin_add_ms(node: Node, pods: list[str]) -> list[float]:
+    """vpc-attach's own time for each of these Pods' ADD (`durationMs` of its log line, read
+    once at the end), for those it attached."""
+    took = {line["pod"]: float(line["durationMs"]) for line in verb_lines(node, "ADD")
+            if line.get("outcome") == "ok"}
+    return [took[f"default/{pod}"] for pod in pods if f"default/{pod}" in took]
 
 
 def run(node: Node, pods: int) -> list[Subject]:
@@ -124,13 +126,12 @@ def run(node: Node, pods: int) -> list[Subject]:
                 pod, seconds = start_one(node, kube, subject)
                 if index >= WARMUP:
                     subject.samples.append(seconds)
-                    took = plugin_add_ms(node, pod) if subject.name == VETH else None
-                    if took is not None:
-                        subject.plugin_ms.append(took)
+                    subject.pods.append(pod)
             log.info("round %d/%d: %s", index + 1, WARMUP + pods,
                      ", ".join(f"{s.name} {s.samples[-1] * 1000:.0f} ms"
                                for s in subjects if s.samples))
         node.set_conflist(veth_conflist)
+    subjects[0].plugin_ms = plugin_add_ms(node, subjects[0].pods)
     return subjects
 
 
