@@ -92,8 +92,11 @@ class NetConf(_Strict):
     cni_version: str = Field(alias="cniVersion")
     name: str
     type: str
-    vpc: str
-    vpcattachment: str
+    # Both given, or both absent with vpcFromPod: true (the Pod's annotation names them; a
+    # sentinel value in `vpc` would be ambiguous: "fromPod" is itself a valid base62 VPC id).
+    vpc: str = ""
+    vpcattachment: str = ""
+    vpc_from_pod: bool = Field(default=False, alias="vpcFromPod")
     attachment: Literal["veth", "tap", "existing"] = "veth"
     mtu: int | None = Field(default=None, ge=68, le=65535)
     isolation: Literal["vrf", "table"] = "vrf"
@@ -163,6 +166,14 @@ class NetConf(_Strict):
     @model_validator(mode="after")
     def _coherent(self) -> NetConf:
         # Raised directly (not ValueError) so the message names the key, not "top level".
+        for key in ("vpc", "vpcattachment"):
+            if self.vpc_from_pod and getattr(self, key):
+                raise CniError(INVALID_CONFIG, f"invalid config key {key!r}",
+                               "with vpcFromPod the Pod's annotation "
+                               "vpc-attach.datum.net/attachment names the VPC and attachment")
+            if not self.vpc_from_pod and not getattr(self, key):
+                raise CniError(INVALID_CONFIG, f"missing config key {key!r}",
+                               "or set vpcFromPod: true to take it from the Pod's annotation")
         if self.attachment == "veth" and self.ipam is None:
             raise CniError(INVALID_CONFIG, "missing config key 'ipam'",
                            "attachment 'veth' needs an IPAM block")
@@ -173,6 +184,16 @@ class NetConf(_Strict):
             raise CniError(INVALID_CONFIG, "invalid config key 'tap'",
                            f"tap options need attachment 'tap', not {self.attachment!r}")
         return self
+
+    def choosing(self, vpc: str, vpcattachment: str) -> NetConf:
+        """This config with the VPC and attachment a Pod chose (validated like the keys)."""
+        try:
+            return self.model_copy(update={"vpc": _base62_below(vpc, VPC_LIMIT),
+                                           "vpcattachment": _base62_below(vpcattachment,
+                                                                          ATTACHMENT_LIMIT)})
+        except ValueError as exc:
+            raise CniError(INVALID_CONFIG, f"invalid VPC attachment {vpc}/{vpcattachment}",
+                           str(exc)) from None
 
     @property
     def tap_options(self) -> TapOptions:

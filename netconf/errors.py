@@ -26,6 +26,7 @@ IPAM_EXHAUSTED = 102  # vpc-attach-ipam: no free address left in the pool
 CHECK_MISMATCH = 103  # CHECK found a difference from prevResult
 PUBLISH_FAILURE = 104  # the API server refused for a non-transient reason (401 is code 11)
 INTERFACE_CONFLICT = 105  # the interface exists and belongs to nobody we know
+TENANCY_DENIED = 106  # no VPCBinding admits the Pod's namespace to the VPC attachment
 INTERNAL_ERROR = 199  # a bug: an unexpected exception (never a traceback on stdout)
 
 

@@ -23,6 +23,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_LOG_MAX_BYTES = 10 * 1024 * 1024
 DEFAULT_LOG_BACKUPS = 3
 MAX_LOG_BACKUPS = 100
+TENANCY_MODES = ("enforce", "audit", "off")  # SPEC §14; unset: enforce with a kubeconfig
 
 # setting -> (host-file / stanza key, environment variable)
 _SOURCES: dict[str, tuple[str, str | None]] = {
@@ -36,6 +37,7 @@ _SOURCES: dict[str, tuple[str, str | None]] = {
     "lock_dir": ("lockDir", "VPC_ATTACH_LOCK_DIR"),
     "log_max_bytes": ("logMaxBytes", "VPC_ATTACH_LOG_MAX_BYTES"),
     "log_backups": ("logBackups", "VPC_ATTACH_LOG_BACKUPS"),
+    "tenancy": ("tenancy", "VPC_ATTACH_TENANCY"),
 }
 
 
@@ -53,6 +55,15 @@ class HostSettings:
     lock_dir: str = DEFAULT_LOCK_DIR
     log_max_bytes: int = DEFAULT_LOG_MAX_BYTES  # 0: never rotated
     log_backups: int = DEFAULT_LOG_BACKUPS
+    tenancy: str | None = None  # see `tenancy_mode`
+
+    @property
+    def tenancy_mode(self) -> str:
+        """How VPCBindings are applied: as set, else `enforce` with a kubeconfig; a node with
+        no kubeconfig has no bindings to read and is always `off`."""
+        if not self.kubeconfig:
+            return "off"
+        return self.tenancy or "enforce"
 
 
 def read_host_file(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -112,6 +123,9 @@ def _check(settings: HostSettings) -> None:
         raise CniError(INVALID_CONFIG, f"invalid timeoutSeconds {settings.timeout_seconds!r}",
                        "expected a number of seconds in (0, 600]")
     object.__setattr__(settings, "timeout_seconds", timeout)
+    if settings.tenancy is not None and settings.tenancy not in TENANCY_MODES:
+        raise CniError(INVALID_CONFIG, f"invalid tenancy {settings.tenancy!r}",
+                       f"expected one of {', '.join(TENANCY_MODES)}")
     object.__setattr__(settings, "log_max_bytes",
                        _count(settings.log_max_bytes, "logMaxBytes", 0, 2**40))
     object.__setattr__(settings, "log_backups",

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from cni_plugin.agent.events import ATTACHED, FAILED, NOTE_LIMIT, pod_event
+from cni_plugin.agent.events import ATTACHED, FAILED, pod_event
 from cni_plugin.core.request import Request
+from cni_plugin.kube.events import NOTE_LIMIT
 
 ARGS = "IgnoreUnknown=1;K8S_POD_NAMESPACE=team-a;K8S_POD_NAME=web-0;K8S_POD_UID=u-1"
 STANZA: dict[str, Any] = {"cniVersion": "1.1.0", "name": "vpc21", "type": "vpc-attach",

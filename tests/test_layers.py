@@ -1,8 +1,9 @@
 """The import graph of the product: layers point down only, and no module circle exists.
 
-netconf ← cni_plugin.core ← domain (kernel, kube, ipam, publish, attachment) ← verbs ← dispatch
-← transports (cli, ipam_cli, agent, install, doctor). Every import counts, including the ones inside
-functions and under TYPE_CHECKING. `python tests/test_layers.py [ROOT]` prints the graph.
+netconf ← cni_plugin.core ← domain (kernel, kube, ipam, publish, attachment, tenancy) ← verbs
+← dispatch ← transports (cli, ipam_cli, agent, install, doctor). Every import counts, including
+the ones inside functions and under TYPE_CHECKING. `python tests/test_layers.py [ROOT]` prints
+the graph.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ LAYERS: dict[str, int] = {
     "cni_plugin": 1,  # the package itself; its modules are placed below
     "cni_plugin.core": 1,
     "cni_plugin.kernel": 2, "cni_plugin.kube": 2, "cni_plugin.ipam": 2,
-    "cni_plugin.publish": 2, "cni_plugin.attachment": 2,
+    "cni_plugin.publish": 2, "cni_plugin.attachment": 2, "cni_plugin.tenancy": 2,
     "cni_plugin.verbs": 3,
     "cni_plugin.dispatch": 4,
     "cni_plugin.cli": 5, "cni_plugin.ipam_cli": 5, "cni_plugin.agent": 5,
@@ -35,6 +36,8 @@ DOMAIN_USES: dict[str, set[str]] = {
     "cni_plugin.ipam": set(),
     "cni_plugin.attachment": {"cni_plugin.kernel"},
     "cni_plugin.publish": {"cni_plugin.kube"},
+    # Tenancy reads the cluster through publishing's ClusterSource and resources.
+    "cni_plugin.tenancy": {"cni_plugin.kube", "cni_plugin.publish"},
 }
 
 

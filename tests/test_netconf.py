@@ -146,7 +146,7 @@ def test_any_capitalisation_of_a_known_key_means_the_same(key: str, flips: list[
               "timeoutSeconds": 3, "args": {}, "runtimeConfig": {}, "capabilities": {},
               "dns": {}, "nodeName": "w", "kubeconfig": "/k", "logFile": "/l",
               "logLevel": "info", "agentSocket": "/s", "prevResult": {}, "tap": None,
-              "publish": {"bgp": False}}
+              "publish": {"bgp": False}, "vpcFromPod": False}
     value = values.get(key, BASE.get(key))
     spelled = swap_case_randomly(key, flips)
     data = {k: v for k, v in conf(**{key: value}).items() if k != key}

@@ -56,7 +56,7 @@ def test_racing_first_uses_start_one_watch(kubeconfig: str,
 
     class CountingWatch:
         def __init__(self, _creds: object, path: str, _selector: str,
-                     _observe: object = None) -> None:
+                     _observe: object = None, _absent_ok: bool = False) -> None:
             self.path = path
 
         def start(self) -> CountingWatch:
@@ -88,7 +88,7 @@ def test_knowing_the_nodes_router_starts_the_watch_of_its_vrf_instances(
 
     class SyncedWatch:
         def __init__(self, _creds: object, path: str, selector: str,
-                     _observe: object = None) -> None:
+                     _observe: object = None, _absent_ok: bool = False) -> None:
             self.path, self.selector = path, selector
 
         def start(self) -> SyncedWatch:

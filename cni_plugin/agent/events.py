@@ -1,16 +1,17 @@
 """Kubernetes Events on the Pod (SPEC §12), written by the agent after it answered an ADD.
 
 `VPCAttached` (Normal) after a successful ADD, `VPCAttachFailed` (Warning, with the CNI code)
-after a failed one, `events.k8s.io/v1`, reported by `vpc-attach.datum.net/agent` on this
-node. They never delay or fail a verb: answered ADDs are queued (bounded) and one thread writes
-them; a write that fails is logged and dropped. The same Event repeated for a Pod updates that
-Event's series (a merge patch) instead of creating another object, as client-go's recorder does.
+after a failed one, `VPCAttachDenied` (Warning) when no VPCBinding admitted it (code 106, or
+allowed under `tenancy: audit`), `events.k8s.io/v1`, reported by
+`vpc-attach.datum.net/agent` on this node. They never delay or fail a verb: answered ADDs are
+queued (bounded) and one thread writes them; a write that fails is logged and dropped. The same
+Event repeated for a Pod updates that Event's series (a merge patch) instead of creating another
+object, as client-go's recorder does.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import logging
 import threading
@@ -23,24 +24,20 @@ from typing import Any
 from cni_plugin.agent.warm import WarmCluster
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Request
-from cni_plugin.kube.client import MERGE_PATCH, ApiError, KubeClient, Resource
+from cni_plugin.kube.client import MERGE_PATCH, ApiError, KubeClient
+from cni_plugin.kube.events import EVENTS, micro_time, pod_event_body, truncated
 from cni_plugin.publish.resources import PODS
 from netconf.config import lookup_ci
-from netconf.errors import CniError
+from netconf.errors import TENANCY_DENIED, CniError
 from netconf.host import resolve_host_settings
 
 log = logging.getLogger(__name__)
-EVENTS = Resource("events.k8s.io", "v1", "events", "Event")
-REPORTING_CONTROLLER = "vpc-attach.datum.net/agent"
-ACTION = "Attach"
-ATTACHED, FAILED = "VPCAttached", "VPCAttachFailed"
+ATTACHED, FAILED, DENIED = "VPCAttached", "VPCAttachFailed", "VPCAttachDenied"
 MAX_QUEUED = 1024  # beyond this many unwritten Events (API server down), new ones are dropped
 WRITE_SECONDS = 10.0
 # A repeat within this long of the last one extends its series; later, a new Event starts.
 SERIES_WINDOW_SECONDS = 30 * 60
 MAX_SERIES = 4096
-NOTE_LIMIT = 1024  # bytes, the API server's limit on `note`
-NAME_LIMIT = 128  # the API server's limit on reportingInstance
 
 
 @dataclass(frozen=True)
@@ -99,13 +96,16 @@ def pod_event(request: Request, status: int, payload: Mapping[str, Any] | None
         addresses = [str(ip.get("address")) for ip in (payload or {}).get("ips") or []
                      if isinstance(ip, dict)]
         note = f"{what} attached as {ifname}: {', '.join(addresses) or 'no addresses'}"
+    elif (payload or {}).get("code") == TENANCY_DENIED:  # the message names what was refused
+        reason, kind = DENIED, "Warning"
+        note = f"{(payload or {}).get('msg', '')} ({(payload or {}).get('details', '')})"
     else:
         reason, kind = FAILED, "Warning"
         code = (payload or {}).get("code", "?")
         message = (payload or {}).get("msg", "")
         note = f"{what} on {ifname}: ADD failed with CNI error {code}: {message}"
     return PodEvent(host.kubeconfig, host.node_name, namespace, pod,
-                    args.get("K8S_POD_UID") or None, reason, kind, _truncated(note))
+                    args.get("K8S_POD_UID") or None, reason, kind, truncated(note))
 
 
 def _config(stdin: bytes) -> dict[str, Any]:
@@ -121,19 +121,6 @@ def _cni_args(text: str) -> dict[str, str]:
     return {key.strip(): value.strip() for key, value in pairs}
 
 
-def _truncated(note: str) -> str:
-    data = note.encode()
-    if len(data) <= NOTE_LIMIT:
-        return note
-    return data[:NOTE_LIMIT - 3].decode(errors="ignore") + "..."
-
-
-def _micro_time(seconds: float) -> str:
-    """A MicroTime: RFC 3339 in UTC with microseconds."""
-    moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 class EventRecorder:
     """The queue of Events to write and the thread writing them."""
 
@@ -147,6 +134,10 @@ class EventRecorder:
         self._series: OrderedDict[tuple[str, ...], _Series] = OrderedDict()  # writer's own
         self._warned: set[str] = set()  # kubeconfigs whose refusal was logged at warning
 
+    def audited(self, event: PodEvent) -> None:
+        """An ADD allowed under `tenancy: audit` that no binding admitted: queue its Event."""
+        self._queue_event(event)
+
     def answered(self, request: Request, status: int, payload: Mapping[str, Any] | None
                  ) -> None:
         """An ADD was answered: queue its Event (never blocks, never raises)."""
@@ -157,8 +148,10 @@ class EventRecorder:
         except Exception:  # a bug here must not touch the verb thread
             log.exception("events: cannot describe an answered ADD")
             return
-        if event is None:
-            return
+        if event is not None:
+            self._queue_event(event)
+
+    def _queue_event(self, event: PodEvent) -> None:
         with self._cond:
             if len(self._queue) >= self.max_queued:
                 log.info("events: %d unwritten; dropping %s for %s/%s", len(self._queue),
@@ -222,7 +215,7 @@ class EventRecorder:
         series = self._series.get(event.key)
         if series is None or time.monotonic() - series.last > SERIES_WINDOW_SECONDS:
             return False
-        body = {"series": {"count": series.count + 1, "lastObservedTime": _micro_time(time.time())}}
+        body = {"series": {"count": series.count + 1, "lastObservedTime": micro_time(time.time())}}
         try:
             client.request("PATCH", EVENTS.path(event.namespace, series.name), deadline,
                            body=body, content_type=MERGE_PATCH)
@@ -237,21 +230,11 @@ class EventRecorder:
         return True
 
     def _create(self, client: KubeClient, event: PodEvent, deadline: Deadline) -> None:
-        now = time.time()
-        name = f"{event.pod}.{time.time_ns():x}"  # like client-go's recorder
-        regarding: dict[str, str] = {"apiVersion": "v1", "kind": "Pod",
-                                     "namespace": event.namespace, "name": event.pod}
         uid = event.uid or self._pod_uid(client, event, deadline)
-        if uid:
-            regarding["uid"] = uid  # `kubectl describe pod` selects Events by it
-        body = {"apiVersion": "events.k8s.io/v1", "kind": "Event",
-                "metadata": {"name": name, "namespace": event.namespace},
-                "eventTime": _micro_time(now), "type": event.type, "reason": event.reason,
-                "action": ACTION, "note": event.note, "regarding": regarding,
-                "reportingController": REPORTING_CONTROLLER,
-                "reportingInstance": event.node[:NAME_LIMIT]}
+        body = pod_event_body(event.namespace, event.pod, uid, event.node, event.reason,
+                              event.type, event.note)
         client.request("POST", EVENTS.path(event.namespace), deadline, body=body)
-        self._series[event.key] = _Series(name, 1)
+        self._series[event.key] = _Series(body["metadata"]["name"], 1)
         while len(self._series) > MAX_SERIES:
             self._series.popitem(last=False)
 

@@ -70,6 +70,12 @@ class AgentMetrics:
             "undo, by whether everything was undone.", ("outcome",), registry=self.registry)
         for outcome in ("complete", "incomplete"):
             self.rollbacks.labels(outcome)  # exported at 0 before the first one
+        self.tenancy_denials = Counter(
+            "vpc_attach_tenancy_denials_total", "ADDs no VPCBinding admitted, by the node's "
+            "tenancy mode (enforce: refused with code 106; audit: allowed).", ("mode",),
+            registry=self.registry)
+        for mode in ("enforce", "audit"):
+            self.tenancy_denials.labels(mode)
         retired = Gauge("vpc_attach_retired_links_pending", "Retired links the reaper has "
                         "still to delete.", registry=self.registry)
         retired.set_function(retired_links_pending)
@@ -87,6 +93,10 @@ class AgentMetrics:
         """One exchange with the API server (a `kube.client.ApiObserver`)."""
         self.api_requests.labels(method, code).inc()
         self.api_duration.labels(method).observe(seconds)
+
+    def tenancy_denied(self, mode: str) -> None:
+        """An ADD no binding admitted, under mode."""
+        self.tenancy_denials.labels(mode).inc()
 
     def rollback_finished(self, complete: bool) -> None:
         """A rollback ended (a `core.rollback.RollbackObserver`)."""

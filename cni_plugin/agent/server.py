@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from cni_plugin import dispatch
 from cni_plugin.agent.client import socket_path
-from cni_plugin.agent.events import EventRecorder
+from cni_plugin.agent.events import DENIED, EventRecorder, PodEvent
 from cni_plugin.agent.protocol import (
     REFUSAL,
     ProtocolError,
@@ -35,6 +35,8 @@ from cni_plugin.agent.reaper import Reaper
 from cni_plugin.agent.warm import WarmCluster
 from cni_plugin.core import oplog
 from cni_plugin.core.request import Request
+from cni_plugin.kube.events import truncated
+from cni_plugin.tenancy import Denial
 from cni_plugin.verbs.environment import Environment
 from netconf.errors import INTERNAL_ERROR, CniError
 from netconf.host import resolve_host_settings
@@ -69,13 +71,25 @@ class Agent:
         self.events = events
         self.verbs = dispatch.plugin_verbs(Environment(
             cluster=cluster, delete_retired_later=reaper.submit,
-            rollback_finished=metrics.rollback_finished if metrics is not None else None))
+            rollback_finished=metrics.rollback_finished if metrics is not None else None,
+            tenancy_denied=self._denied))
         self.stopping = threading.Event()
         self._inflight = 0
         self._cond = threading.Condition()
         self._listener = _bind(path)
         self._inode = os.stat(path).st_ino
         self._beat = time.monotonic()
+
+    def _denied(self, denial: Denial) -> None:
+        """An ADD no VPCBinding admitted: counted; under audit its Event is queued here (a
+        refused one's comes with its answer, code 106)."""
+        if self.metrics is not None:
+            self.metrics.tenancy_denied(denial.mode)
+        if self.events is not None and denial.mode == "audit" and denial.namespace and \
+                denial.pod and denial.node:
+            self.events.audited(PodEvent(denial.kubeconfig, denial.node, denial.namespace,
+                                         denial.pod, denial.uid, DENIED, "Warning",
+                                         truncated(denial.note)))
 
     def accepting(self) -> bool:
         """Whether the accept loop runs (for /healthz; the socket itself is probed too)."""

@@ -1,6 +1,6 @@
 """The agent's warm cluster source: keep-alive API clients pooled across verb threads, and
-watch caches of this node's BGPRouters, its router's BGPVRFInstances and its Pods (so an ADD
-does not ask the API server what it can know already)."""
+watch caches of this node's BGPRouters, its router's BGPVRFInstances and its Pods, and of every
+VPCBinding and namespace (so an ADD does not ask the API server what it can know already)."""
 
 from __future__ import annotations
 
@@ -10,32 +10,40 @@ import threading
 from typing import Any
 
 from cni_plugin.core.deadline import Deadline
-from cni_plugin.kube.client import ApiObserver, KubeClient
+from cni_plugin.kube.client import ApiError, ApiObserver, KubeClient
 from cni_plugin.kube.config import KubeCredentials, load_kubeconfig
-from cni_plugin.publish.resources import PODS, ROUTERS, VRF_INSTANCES
+from cni_plugin.publish.resources import BINDINGS, NAMESPACES, PODS, ROUTERS, VRF_INSTANCES
+from netconf.errors import TRY_AGAIN_LATER, CniError
 
 log = logging.getLogger(__name__)
 WATCH_SECONDS = 300  # the server ends each watch after this; we resume from the last version
 RETRY_SECONDS = 2.0
 # Idle API clients kept per kubeconfig: about the verbs that publish at once.
 MAX_IDLE_CLIENTS = 16  # at shutdown; what is left is swept by the next agent or a GC
+# An ADD waits at most this long (within its deadline) for the tenancy caches' first sync.
+TENANCY_SYNC_SECONDS = 5.0
 
 
 class WatchCache:
     """A list+watch of one collection narrowed by a field selector, kept in memory.
 
     `items()` is None until the first list succeeded and whenever the watch is broken, so
-    callers fall back to asking the API server: a cache is never trusted when stale.
+    callers fall back to asking the API server: a cache is never trusted when stale. With
+    `absent_ok`, a collection whose CRD is not installed (404) is in sync and `missing`, and
+    is listed again every RETRY_SECONDS until it appears.
     """
 
     def __init__(self, creds: KubeCredentials, path: str, field_selector: str,
-                 observe: ApiObserver | None = None) -> None:
+                 observe: ApiObserver | None = None, absent_ok: bool = False) -> None:
         self._creds = creds
         self._observe = observe
         self._path = path
         self._selector = field_selector
+        self._absent_ok = absent_ok
         self._objects: dict[str, dict[str, Any]] = {}
         self._synced = False
+        self.missing = False
+        self._in_sync = threading.Event()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"watch {path}", daemon=True)
@@ -55,32 +63,50 @@ class WatchCache:
         with self._lock:
             return self._objects.get(f"{namespace}/{name}") if self._synced else None
 
+    def wait_synced(self, seconds: float) -> bool:
+        """Whether the cache is in sync, waiting up to seconds for it."""
+        return self._in_sync.wait(max(0.0, seconds)) and self.items() is not None
+
     def stop(self) -> None:
         """End the watch thread."""
         self._stop.set()
 
     def describe(self) -> str:
         """What is watched, for a readiness reason."""
-        return f"{self._path}?fieldSelector={self._selector}"
+        return f"{self._path}?fieldSelector={self._selector}" if self._selector else self._path
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 self._list_and_watch()
+            except ApiError as exc:
+                if not (self._absent_ok and exc.status == 404):
+                    self._interrupted(exc)
+                else:  # no CRD: known to be empty, and looked for again in a while
+                    with self._lock:
+                        self._objects, self._synced, self.missing = {}, True, True
+                    self._in_sync.set()
+                    self._stop.wait(RETRY_SECONDS)
+                    continue
             except Exception as exc:  # any failure: distrust the cache and start over
-                log.info("watch %s?%s interrupted: %s", self._path, self._selector, exc)
-            with self._lock:
-                self._synced = False
+                self._interrupted(exc)
             self._stop.wait(RETRY_SECONDS)
+
+    def _interrupted(self, exc: Exception) -> None:
+        log.info("watch %s interrupted: %s", self.describe(), exc)
+        with self._lock:
+            self._synced = False
+            self._in_sync.clear()
 
     def _list_and_watch(self) -> None:
         client = KubeClient(self._creds, self._observe)
+        query = {"fieldSelector": self._selector} if self._selector else {}
         try:
-            listing = client.request("GET", self._path, Deadline(30),
-                                     query={"fieldSelector": self._selector})
+            listing = client.request("GET", self._path, Deadline(30), query=query)
             with self._lock:
                 self._objects = {_key(o): o for o in listing.get("items") or []}
-                self._synced = True
+                self._synced, self.missing = True, False
+                self._in_sync.set()
             version = str(listing["metadata"]["resourceVersion"])
             while not self._stop.is_set():  # each watch resumes where the last one ended
                 version = self._watch(client, version)
@@ -89,8 +115,10 @@ class WatchCache:
 
     def _watch(self, client: KubeClient, version: str) -> str:
         """Apply events until the server ends the watch; the last resourceVersion seen."""
-        query = {"resourceVersion": version, "fieldSelector": self._selector,
-                 "timeoutSeconds": str(WATCH_SECONDS), "allowWatchBookmarks": "true"}
+        query = {"resourceVersion": version, "timeoutSeconds": str(WATCH_SECONDS),
+                 "allowWatchBookmarks": "true"}
+        if self._selector:
+            query["fieldSelector"] = self._selector
         for event in client.watch(self._path, query, WATCH_SECONDS + 30):
             if self._stop.is_set():
                 break
@@ -109,6 +137,24 @@ class WatchCache:
                 else:
                     self._objects[_key(obj)] = obj
         return str(version) if version else None
+
+
+class CachedTenancy:
+    """A `TenancyView` over the agent's watches of VPCBindings and namespaces."""
+
+    def __init__(self, bindings: WatchCache, namespaces: WatchCache) -> None:
+        self._bindings = bindings
+        self._namespaces = namespaces
+
+    def bindings(self) -> list[dict[str, Any]] | None:
+        """Every VPCBinding (None: the CRD is not installed)."""
+        if self._bindings.missing:
+            return None
+        return self._bindings.items() or []
+
+    def namespace(self, name: str) -> dict[str, Any] | None:
+        """A namespace from the watch."""
+        return self._namespaces.get("", name)
 
 
 def _key(obj: dict[str, Any]) -> str:
@@ -166,20 +212,38 @@ class WarmCluster:
                 return
         client.close()
 
-    def _watch(self, kubeconfig: str, path: str, selector: str) -> WatchCache:
+    def _watch(self, kubeconfig: str, path: str, selector: str,
+               absent_ok: bool = False) -> WatchCache:
         key = (kubeconfig, path, selector)
         creds = self._credentials(kubeconfig)
         with self._lock:  # created under the lock: racing first uses start one watch, not two
             cache = self._watches.get(key)
             if cache is None:
-                cache = self._watches[key] = WatchCache(creds, path, selector,
-                                                        self._observe).start()
+                cache = self._watches[key] = WatchCache(creds, path, selector, self._observe,
+                                                        absent_ok).start()
         return cache
 
     def prime(self, kubeconfig: str, namespace: str, node: str) -> None:
-        """Start the watches of this node's routers and Pods now, not on the first Pod."""
+        """Start the watches of this node's routers and Pods, and of the VPCBindings and
+        namespaces, now, not on the first Pod."""
         self.routers(kubeconfig, namespace, node)
         self.pod(kubeconfig, node, "", "")
+        self._tenancy_caches(kubeconfig)
+
+    def _tenancy_caches(self, kubeconfig: str) -> tuple[WatchCache, WatchCache]:
+        return (self._watch(kubeconfig, BINDINGS.path(), "", absent_ok=True),
+                self._watch(kubeconfig, NAMESPACES.path(), ""))
+
+    def tenancy(self, kubeconfig: str, deadline: Deadline) -> CachedTenancy:
+        """The VPCBindings and namespaces from their watches (started on first use), once in
+        sync; code 11 when they are not in sync within the deadline (never a guess)."""
+        caches = self._tenancy_caches(kubeconfig)
+        for cache in caches:
+            if not cache.wait_synced(min(deadline.remaining(floor=0), TENANCY_SYNC_SECONDS)):
+                raise CniError(TRY_AGAIN_LATER, "the node agent's watch of "
+                               f"{cache.describe()} is not in sync with the API server",
+                               "VPCBindings are checked from it; the runtime retries")
+        return CachedTenancy(*caches)
 
     def kubeconfigs(self) -> list[str]:
         """The kubeconfigs verbs have used (readiness asks the API server with each)."""

@@ -33,6 +33,19 @@ def host_link_name(vpc: str, attachment: str) -> str:
     return f"G{pad_base62(vpc, VPC_WIDTH)}{pad_base62(attachment, ATTACHMENT_WIDTH)}H"
 
 
+def parse_host_link_name(name: str) -> tuple[str, str] | None:
+    """(vpc, attachment) as canonical base62 from a host link name, or None if not one."""
+    width = 1 + VPC_WIDTH + ATTACHMENT_WIDTH + 1
+    if len(name) != width or name[0] != "G" or name[-1] != "H":
+        return None
+    try:
+        vpc = encode_base62(decode_base62(name[1:1 + VPC_WIDTH]))
+        attachment = encode_base62(decode_base62(name[1 + VPC_WIDTH:-1]))
+    except ValueError:
+        return None
+    return vpc, attachment
+
+
 def is_host_link_of(name: str, vpc: str) -> bool:
     """Whether name is the host side of an attachment of this VPC (G{vpc:9}{att:3}H)."""
     prefix = f"G{pad_base62(vpc, VPC_WIDTH)}"

@@ -24,13 +24,14 @@ from cni_plugin.doctor.checks import leftovers as check_leftovers
 from cni_plugin.doctor.checks import networks as check_networks
 from cni_plugin.doctor.checks import rbac as check_rbac
 from cni_plugin.doctor.checks import router as check_router
+from cni_plugin.doctor.checks import tenancy as check_tenancy
 
 DEFAULT_CNI_CONF_DIR = "/etc/cni/net.d"
 DEFAULT_CNI_BIN_DIR = "/opt/cni/bin"
 # In this order: later checks use what earlier ones learned (settings, networks, API client).
 CHECKS: tuple[Callable[[Node], list[Finding]], ...] = (
     check_host_settings, check_networks, check_kernel, check_agent, check_api, check_rbac,
-    check_router, check_leftovers)
+    check_router, check_tenancy, check_leftovers)
 
 
 def diagnose(node: Node) -> list[Finding]:

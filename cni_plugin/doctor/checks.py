@@ -31,7 +31,7 @@ from cni_plugin.ipam.plugin.store import PoolState, pool_directories
 from cni_plugin.kernel import isolation, links, netns
 from cni_plugin.kube.client import ApiError, KubeClient
 from cni_plugin.kube.config import load_kubeconfig
-from cni_plugin.publish.resources import ACCESS_REVIEWS, GROUP, ROUTERS
+from cni_plugin.publish.resources import ACCESS_REVIEWS, BINDINGS, GROUP, ROUTERS
 from netconf.config import NetConf, parse_netconf
 from netconf.errors import CniError
 from netconf.host import HostSettings, read_host_file, resolve_with_sources
@@ -54,6 +54,8 @@ CLUSTER_ROLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("discovery.k8s.io", "endpointslices", ("get", "list", "create", "update", "patch",
                                             "delete")),
     ("", "pods", ("get", "list", "watch")),
+    ("vpc-attach.datum.net", "vpcbindings", ("get", "list", "watch")),
+    ("", "namespaces", ("get", "list", "watch")),
     ("events.k8s.io", "events", ("create", "patch")),
     ("authorization.k8s.io", "selfsubjectaccessreviews", ("create",)),
 )
@@ -112,7 +114,7 @@ def host_settings(node: Node) -> list[Finding]:
     names = {"node_name": "nodeName", "kubeconfig": "kubeconfig", "namespace": "namespace",
              "log_file": "logFile", "log_level": "logLevel", "log_max_bytes": "logMaxBytes",
              "log_backups": "logBackups", "agent_socket": "agentSocket",
-             "timeout_seconds": "timeoutSeconds", "lock_dir": "lockDir"}
+             "timeout_seconds": "timeoutSeconds", "lock_dir": "lockDir", "tenancy": "tenancy"}
     for setting, key in names.items():
         value = getattr(node.settings, setting)
         source = sources[setting]
@@ -378,6 +380,34 @@ def router(node: Node) -> list[Finding]:
                     f"{namespace!r}" + (f": {', '.join(names)}" if names else ""),
                     "create one (docs/quickstart.md) with spec.targetRef {kind: Node, name: "
                     f"{name}}}" if not names else "delete all but one")]
+
+
+def tenancy(node: Node) -> list[Finding]:
+    """The tenancy mode (SPEC §14), and whether the VPCBinding CRD it reads is installed."""
+    mode = node.settings.tenancy_mode
+    why = "" if node.settings.tenancy else (" (no kubeconfig)" if mode == "off" else
+                                            " (the default with a kubeconfig)")
+    found = [Finding("tenancy.mode", OK, f"{mode}{why}")]
+    if mode == "off":
+        return found
+    if node.client is None:
+        return [*found, Finding("tenancy.crd", SKIP, "the API server is not reachable")]
+    try:
+        listed = node.client.request("GET", BINDINGS.path(), Deadline(API_SECONDS),
+                                     query={"limit": "500"})
+    except (CniError, ApiError) as exc:
+        missing = isinstance(exc, ApiError) and exc.status == 404
+        return [*found, Finding(
+            "tenancy.crd", FAIL if mode == "enforce" else WARN,
+            "the VPCBinding CRD is not installed: every ADD is denied" if missing else
+            f"cannot list VPCBindings: {exc}",
+            "kubectl apply -f packaging/crds/vpc-attach.datum.net_vpcbindings.yaml" if missing
+            else "kubectl apply -f packaging/rbac/")]
+    count = len(listed.get("items") or [])
+    return [*found, Finding("tenancy.crd", OK if count else WARN, f"VPCBinding CRD installed, "
+                            f"{count} binding(s)" + ("" if count else ": every ADD is denied"),
+                            "" if count else "create the VPCBindings your namespaces need "
+                            "(docs/configuration.md)")]
 
 
 def leftovers(node: Node) -> list[Finding]:

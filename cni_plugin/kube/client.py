@@ -60,7 +60,9 @@ class ApiError(Exception):
         """What the request was about, e.g. 'update BGPAdvertisement galactic-system/3e-3e'."""
         parts = self.path.split("?", 1)[0].strip("/").split("/")
         namespace = parts[parts.index("namespaces") + 1] if "namespaces" in parts[:-1] else ""
-        plural_at = next((i for i, part in enumerate(parts) if part in _KINDS), None)
+        # The object's plural: "namespaces" only when no collection inside one follows it.
+        plural_at = next((i for i, part in enumerate(parts) if part in _KINDS and not (
+            part == "namespaces" and i + 2 < len(parts))), None)
         if plural_at is None:
             return f"{self.method} {self.path}"
         name = parts[plural_at + 1] if plural_at + 1 < len(parts) else ""

@@ -11,6 +11,9 @@ VRF_INSTANCES = Resource(GROUP, VERSION, "bgpvrfinstances", "BGPVRFInstance")
 ADVERTISEMENTS = Resource(GROUP, VERSION, "bgpadvertisements", "BGPAdvertisement")
 ENDPOINT_SLICES = Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice")
 PODS = Resource("", "v1", "pods", "Pod")
+NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+BINDINGS = Resource("vpc-attach.datum.net", "v1alpha1", "vpcbindings", "VPCBinding",
+                    namespaced=False)
 ACCESS_REVIEWS = Resource("authorization.k8s.io", "v1", "selfsubjectaccessreviews",
                           "SelfSubjectAccessReview", namespaced=False)
 

@@ -1,4 +1,5 @@
-"""Where publishing gets its API clients and its view of this node's BGPRouters and Pods.
+"""Where publishing gets its API clients and its view of this node's BGPRouters and Pods (and
+tenancy its view of VPCBindings and namespaces).
 
 The executable uses `ColdCluster` (a fresh client per verb, no caches); the node agent passes
 its warm implementation (cni_plugin/agent/warm.py): pooled keep-alive clients and watch caches.
@@ -8,8 +9,19 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from cni_plugin.core.deadline import Deadline
 from cni_plugin.kube.client import KubeClient
 from cni_plugin.kube.config import load_kubeconfig
+
+
+class TenancyView(Protocol):
+    """Synced watch caches of every VPCBinding and every namespace."""
+
+    def bindings(self) -> list[dict[str, Any]] | None:
+        """Every VPCBinding; None when the VPCBinding CRD is not installed."""
+
+    def namespace(self, name: str) -> dict[str, Any] | None:
+        """A namespace, or None when it does not exist."""
 
 
 class ClusterSource(Protocol):
@@ -30,6 +42,10 @@ class ClusterSource(Protocol):
 
     def pod(self, kubeconfig: str, node: str, namespace: str, name: str) -> dict[str, Any] | None:
         """This node's Pod from a synced cache, or None (ask the API)."""
+
+    def tenancy(self, kubeconfig: str, deadline: Deadline) -> TenancyView | None:
+        """Synced caches of VPCBindings and namespaces (code 11 when they are kept but do not
+        sync within the deadline: never a guess), or None when none are kept (ask the API)."""
 
 
 class ColdCluster:
@@ -53,5 +69,9 @@ class ColdCluster:
         return None
 
     def pod(self, kubeconfig: str, node: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """No cache."""
+        return None
+
+    def tenancy(self, kubeconfig: str, deadline: Deadline) -> TenancyView | None:
         """No cache."""
         return None

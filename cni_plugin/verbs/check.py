@@ -6,8 +6,15 @@ from cni_plugin import attachment
 from cni_plugin.core.request import Invocation, Request
 from cni_plugin.ipam import delegate
 from cni_plugin.publish import published_differences
+from cni_plugin.tenancy import resolve_recorded
 from cni_plugin.verbs.environment import Environment
-from netconf.errors import CHECK_MISMATCH, INCOMPATIBLE_VERSION, INVALID_CONFIG, CniError
+from netconf.errors import (
+    CHECK_MISMATCH,
+    INCOMPATIBLE_VERSION,
+    INVALID_CONFIG,
+    UNKNOWN_CONTAINER,
+    CniError,
+)
 from netconf.versions import CHECK_MIN_VERSION, at_least
 
 
@@ -20,6 +27,11 @@ def check(request: Request, env: Environment) -> None:
     prev = inv.conf.prev()
     if prev is None:
         raise CniError(INVALID_CONFIG, "missing config key 'prevResult'", "CHECK needs it")
+    chosen = resolve_recorded(inv)  # vpcFromPod: what ADD recorded, never the annotation
+    if chosen is None:
+        raise CniError(UNKNOWN_CONTAINER, f"no attachment recorded for container "
+                       f"{inv.env.container_id!r} on {inv.env.ifname}")
+    inv = chosen
     diffs: list[str] = []
     if inv.conf.attachment != "existing":
         diffs.extend(attachment.differences(inv, prev))

@@ -9,6 +9,7 @@ from cni_plugin import attachment
 from cni_plugin.core.request import Invocation, Request
 from cni_plugin.ipam import delegate
 from cni_plugin.publish import unpublish
+from cni_plugin.tenancy import choice, resolve_recorded
 from cni_plugin.verbs.environment import Environment
 from netconf.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, INVALID_CONFIG, CniError
 
@@ -30,7 +31,23 @@ def delete(request: Request, env: Environment) -> None:
                     exc.msg, exc.details)
         return
     with inv.container_lock():  # never interleaved with an ADD of the same container
-        _undo_add(inv, env)
+        chosen = resolve_recorded(inv)  # vpcFromPod: what ADD recorded, never the annotation
+        if chosen is None:
+            _release_unrecorded(inv)
+            return
+        _undo_add(chosen, env)
+        if chosen.conf.vpc_from_pod:
+            choice.remove_record(chosen)  # only once everything above succeeded
+
+
+def _release_unrecorded(inv: Invocation) -> None:
+    """A vpcFromPod DEL with no record: ADD made no link or object (it records first), but an
+    IPAM allocation keyed by the container may be left by a node that lost /run: release it."""
+    log.info("DEL: no recorded attachment for %s/%s; releasing IPAM only",
+             inv.env.container_id, inv.env.ifname)
+    ipam = delegate.of(inv)
+    if ipam is not None:
+        ipam.run("DEL", inv.stdin, inv.deadline)
 
 
 def _undo_add(inv: Invocation, env: Environment) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from cni_plugin.attachment import RetiredLinks
 from cni_plugin.core.rollback import RollbackObserver
 from cni_plugin.publish.source import ClusterSource, ColdCluster
+from cni_plugin.tenancy import DenialObserver
 
 
 @dataclass(frozen=True)
@@ -19,3 +20,5 @@ class Environment:
     delete_retired_later: RetiredLinks | None = None
     # The agent's metrics: told how each ADD's rollback ended (complete or not).
     rollback_finished: RollbackObserver | None = None
+    # The agent's: told of each ADD no VPCBinding admitted (it counts them, writes audit Events).
+    tenancy_denied: DenialObserver | None = None

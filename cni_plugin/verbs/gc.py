@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +13,7 @@ from cni_plugin.ipam import delegate
 from cni_plugin.kernel import links
 from cni_plugin.kernel.rtnl import Rtnl
 from cni_plugin.publish import collect_stale_slices, collect_unused_instance
+from cni_plugin.tenancy import choice
 from cni_plugin.verbs.environment import Environment
 from netconf.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CniError
 from netconf.versions import GC_STATUS_MIN_VERSION, at_least
@@ -41,6 +43,32 @@ def gc(request: Request, env: Environment) -> None:
         raise CniError(INCOMPATIBLE_VERSION, "config version does not allow GC")
     valid = valid_attachments(inv.raw)
     failures: list[CniError] = []
+    for chosen in _chosen_attachments(inv) if inv.conf.vpc_from_pod else [inv]:
+        _collect(chosen, env, valid, failures)
+    try:
+        _forward_ipam(inv)
+    except CniError as exc:
+        log.warning("GC: %s (%s)", exc.msg, exc.details)
+        failures.append(exc)
+    if failures:
+        raise failures[0]
+    if inv.conf.vpc_from_pod:
+        choice.remove_records_except(inv.host.lock_dir, inv.conf.name, valid)
+
+
+def _chosen_attachments(inv: Invocation) -> list[Invocation]:
+    """vpcFromPod: one invocation per attachment recorded for this network on this node; the
+    records of containers no longer valid are dropped once GC is done with them."""
+    found = []
+    for _cid, _ifname, vpc, att in choice.records_of(inv.host.lock_dir, inv.conf.name):
+        chosen = dataclasses.replace(inv, conf=inv.conf.choosing(vpc, att))
+        if chosen not in found:
+            found.append(chosen)
+    return found
+
+
+def _collect(inv: Invocation, env: Environment, valid: set[tuple[str, str]],
+             failures: list[CniError]) -> None:
     with attachment.host_netlink(inv.deadline) as ipr:
         if inv.conf.attachment != "existing":
             _collect_links(ipr, inv, valid)
@@ -48,16 +76,13 @@ def gc(request: Request, env: Environment) -> None:
         attached = attachment.vpc_owners(ipr, inv.conf.vpc)
     steps: list[Callable[[], None]] = [
         lambda: collect_stale_slices(inv, env.cluster, valid),
-        lambda: collect_unused_instance(inv, env.cluster, valid, attached),
-        lambda: _forward_ipam(inv)]
+        lambda: collect_unused_instance(inv, env.cluster, valid, attached)]
     for step in steps:
         try:
             step()
         except CniError as exc:
             log.warning("GC: %s (%s)", exc.msg, exc.details)
             failures.append(exc)
-    if failures:
-        raise failures[0]
 
 
 def _collect_links(ipr: Rtnl, inv: Invocation, valid: set[tuple[str, str]]) -> None:
