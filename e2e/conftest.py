@@ -7,6 +7,7 @@ touched. Fixtures that need root skip with the reason when not run as root.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,10 +80,17 @@ def netns() -> Iterator[str]:
 
 
 @pytest.fixture
-def vpc() -> Iterator[str]:
-    """A random VPC id; its links and rules are removed after the test."""
+def vpc(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A random VPC id; its links and rules are removed after the test. A test on the control
+    plane (it uses `kube`) gets a VPCBinding admitting every namespace to the VPC for its
+    duration, since the plugin enforces bindings wherever it has a kubeconfig (SPEC §14); the
+    tenancy tests use VPCs of their own."""
     value = plugin.random_vpc()
-    yield value
+    with contextlib.ExitStack() as stack:
+        if "kube" in request.fixturenames:
+            from e2e.harness.tenancy import bound
+            stack.enter_context(bound(request.getfixturevalue("kube"), value))
+        yield value
     kernel.remove_vpc_objects([value])
 
 

@@ -21,6 +21,7 @@ from e2e.harness.kube import Kube
 from e2e.harness.nodes import api_port, in_node, node_namespace
 from e2e.harness.plugin import VIA_AGENT, Plugin, base_conf, host_local
 from e2e.harness.publishing import BGP_NS, advertisement, create_pod, make_node
+from e2e.harness.tenancy import bound
 from netconf import base62
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster]
@@ -31,6 +32,8 @@ def test_24_concurrent_adds_across_4_nodes(kube: Kube, cluster: Any, plugin: Plu
                                            tmp_path: Path) -> None:
     vpcs = [base62.encode_base62(secrets.randbelow(2**40) + 2**30) for _ in range(VPCS)]
     with contextlib.ExitStack() as stack:
+        for vpc in vpcs:
+            stack.enter_context(bound(kube, vpc))
         nodes = []
         for index in range(NODES):
             netns = stack.enter_context(node_namespace(api_port(cluster.server)))

@@ -48,6 +48,7 @@ from e2e.harness.kube import Kube
 from e2e.harness.plugin import Answer, Plugin, base_conf
 from e2e.harness.publishing import BGP_NS, create_router
 from e2e.harness.report import report
+from e2e.harness.tenancy import create_binding, delete_binding
 from e2e.harness.wait import wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster]
@@ -282,6 +283,8 @@ class Case:
         self.record: dict[str, Any] = {"faults_injected": 0, "leaked": [], "changed": [],
                                        "late": [], "rollback_incomplete": False}
         self.cleanups: list[Callable[[], object]] = []  # for what a test adds to the case
+        binding = create_binding(self.kube, self.vpc)  # tenancy is not what these cases test
+        self.cleanups.append(lambda: delete_binding(self.kube, binding))
 
     # Arranging --------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from cni_plugin.publish.resources import BINDINGS, NAMESPACES, PODS
 from cni_plugin.publish.source import ClusterSource, TenancyView
 from cni_plugin.tenancy import choice
 from cni_plugin.tenancy.bindings import Decision, decide
-from netconf.errors import INVALID_CONFIG, TENANCY_DENIED, CniError
+from netconf.errors import INVALID_CONFIG, STATUS_NOT_AVAILABLE, TENANCY_DENIED, CniError
 
 log = logging.getLogger(__name__)
 DENIED_REASON = "VPCAttachDenied"
@@ -192,6 +192,33 @@ def _write_event(inv: Invocation, api: _Api, denial: Denial) -> None:
     except (ApiError, CniError) as exc:
         log.info("tenancy: could not record %s on Pod %s/%s: %s", DENIED_REASON,
                  denial.namespace, denial.pod, exc)
+
+
+def tenancy_status(inv: Invocation, source: ClusterSource) -> None:
+    """STATUS under `enforce`: code 50 when the VPCBindings cannot be read (the CRD is not
+    installed, or RBAC refuses), since every ADD would be denied or fail."""
+    kubeconfig = inv.host.kubeconfig
+    if inv.host.tenancy_mode != "enforce" or not kubeconfig:
+        return
+    try:
+        view = source.tenancy(kubeconfig, inv.deadline)
+        if view is not None:
+            missing = view.bindings() is None
+        else:
+            with _api(source, kubeconfig) as api:
+                missing = api.client().request("GET", BINDINGS.path(), inv.deadline,
+                                               query={"limit": "1"}) is None
+    except ApiError as exc:
+        missing = exc.status == 404
+        if not missing:
+            error = api_failure(exc, "list VPCBindings")
+            raise CniError(STATUS_NOT_AVAILABLE, error.msg, error.details) from None
+    except CniError as exc:
+        raise CniError(STATUS_NOT_AVAILABLE, exc.msg, exc.details) from None
+    if missing:
+        raise CniError(STATUS_NOT_AVAILABLE, "the VPCBinding CRD is not installed (tenancy: "
+                       "enforce): every ADD would be denied",
+                       "kubectl apply -f packaging/crds/vpc-attach.datum.net_vpcbindings.yaml")
 
 
 def resolve_recorded(inv: Invocation) -> Invocation | None:

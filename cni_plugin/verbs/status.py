@@ -7,6 +7,7 @@ from cni_plugin.core.request import Invocation, Request
 from cni_plugin.ipam import delegate
 from cni_plugin.kernel import isolation
 from cni_plugin.publish import publishing_status
+from cni_plugin.tenancy import tenancy_status
 from cni_plugin.verbs.environment import Environment
 from netconf.errors import INCOMPATIBLE_VERSION, STATUS_NOT_AVAILABLE, CniError
 from netconf.versions import GC_STATUS_MIN_VERSION, at_least
@@ -23,6 +24,7 @@ def status(request: Request, env: Environment) -> None:
                 raise CniError(STATUS_NOT_AVAILABLE, "this kernel has no VRF support",
                                "configure \"isolation\": \"table\" or load the vrf module")
     publishing_status(inv, env.cluster)
+    tenancy_status(inv, env.cluster)
     try:
         ipam = delegate.of(inv)
         if ipam is not None:
