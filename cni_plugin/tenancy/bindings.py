@@ -102,7 +102,7 @@ class Binding:
             uses = spec.get("allowedUses")
             if not isinstance(attachments, list) or not attachments or \
                     not isinstance(uses, list) or not set(uses) <= set(USES):
-                raise MalformedBinding(f"{name}: attachments or allowedUses malformed")
+                raise MalformedBinding("attachments or allowedUses malformed")
             every = ALL_ATTACHMENTS in attachments
             return cls(name, _id(spec.get("vpc")),
                        None if every else frozenset(_id(a) for a in attachments),
@@ -131,6 +131,14 @@ def _id(value: Any) -> int:
         return decode_base62(value)
     except ValueError as exc:
         raise MalformedBinding(str(exc)) from None
+
+
+def _names_vpc(obj: Mapping[str, Any], vpc: int) -> bool:
+    spec = obj.get("spec")
+    try:
+        return isinstance(spec, Mapping) and _id(spec.get("vpc")) == vpc
+    except MalformedBinding:
+        return False
 
 
 @dataclass(frozen=True)
@@ -162,7 +170,8 @@ def decide(objects: Sequence[Mapping[str, Any]], vpc: str, attachment: str,
         try:
             binding = Binding.from_object(obj)
         except MalformedBinding as exc:
-            considered.append(f"{exc} (ignored)")
+            if _names_vpc(obj, vpc_id):
+                considered.append(f"{exc} (ignored)")
             continue
         why = binding.refusal(vpc_id, attachment_id, labels, kind)
         if why is None:
