@@ -30,6 +30,7 @@ from e2e.harness.nodes import api_port, in_node, node_namespace
 from e2e.harness.plugin import Plugin, with_prev
 from e2e.harness.publishing import BGP_NS, create_pod, create_router
 from e2e.harness.rbac import identity_without
+from e2e.harness.tenancy import bound
 from e2e.harness.wait import wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster]
@@ -117,7 +118,7 @@ def node(kube: Kube, cluster: Any, cni_bin: Path, tmp_path: Path) -> Iterator[Do
         doctor_node = DoctorNode(netns, name, router, tmp_path, cni_bin, host, stanza, agent)
         doctor_node.write_host()
         doctor_node.write_conflist("vpc-jU", stanza)
-        with agent:
+        with agent, bound(kube, "jU"):
             wait_until("the node's agent to be ready", doctor_node.ready, 60)
             try:
                 yield doctor_node
@@ -140,7 +141,7 @@ def test_a_healthy_node_passes_with_its_attachment_counted(
         result = plugin.ok("ADD", conf, container_id="doc-ctr", netns=pod_netns, CNI_ARGS=args)
         try:
             status, found = node.report()
-            assert status == 0, found
+            assert status == 0, [f for fs in found.values() for f in fs if f["status"] != "ok"]
             statuses = {check: {f["status"] for f in findings}
                         for check, findings in found.items()}
             vrf = statuses.pop("kernel.vrf")
@@ -152,6 +153,8 @@ def test_a_healthy_node_passes_with_its_attachment_counted(
                 f"{node.name} (host file {node.host_file})"
             assert f"{node.router} targets node {node.name!r}" in \
                 found["bgp.router"][0]["detail"]
+            assert found["tenancy.mode"][0]["detail"] == "enforce (the default with a kubeconfig)"
+            assert "VPCBinding CRD installed" in found["tenancy.crd"][0]["detail"]
             table = node.doctor()
             assert table.returncode == 0 and table.stdout.endswith("no problems\n")
             print("\n" + table.stdout)  # for the operations guide and the issue
