@@ -93,6 +93,16 @@ def main() -> int:
                "VPC_ATTACH_LOCK_DIR": str(work / "locks"),
                "VPC_ATTACH_LOG_FILE": str(work / "vpc-attach.log"),
                "VPC_ATTACH_HOST_CONFIG": str(work / "host.json")}
+        # Tenancy (SPEC §14): the plugin attaches namespace default to VPC 21 only once a
+        # VPCBinding admits it.
+        from cni_plugin.publish.resources import BINDINGS
+        binding = {"apiVersion": "vpc-attach.datum.net/v1alpha1", "kind": "VPCBinding",
+                   "metadata": {"name": "demo-vpc21"},
+                   "spec": {"vpc": "21", "attachments": ["21"], "allowedUses": ["veth"],
+                            "namespaceSelector": {"matchLabels": {
+                                "kubernetes.io/metadata.name": "default"}}}}
+        kube.create(BINDINGS.path(), binding)
+        print("VPCBinding:\n" + json.dumps(binding, indent=2))
         print("network config:\n" + json.dumps(conf, indent=2))
         add = _run(plugin, input=json.dumps(conf), env={**env, "CNI_COMMAND": "ADD"})
         print(f"\nADD exit {add.returncode}:\n" + json.dumps(json.loads(add.stdout), indent=2))

@@ -9,6 +9,7 @@ from e2e.bench import population
 from e2e.bench.run import CONCURRENCY, LARGE, SMALL, SMALL_OBJECTS, Run, log
 from e2e.bench.subjects import Subject
 from e2e.harness.cluster import Cluster, down
+from e2e.harness.tenancy import create_binding
 
 
 def start_clusters(run: Run) -> None:
@@ -28,6 +29,16 @@ def start_clusters(run: Run) -> None:
             population.foreign_objects(admin, count)
         log(f"control plane {name} up with {count} foreign objects of each kind "
             f"({time.monotonic() - began:.0f} s)")
+
+
+def bind_vpcs(run: Run, made: list[Subject]) -> None:
+    """A VPCBinding of every measured VPC in each control plane (the plugin enforces bindings
+    wherever it has a kubeconfig, SPEC §14): the check is part of what an ADD costs."""
+    vpcs = sorted({subject.vpc for subject in made if subject.vpc})
+    for cluster in run.clusters.values():
+        with cluster.admin() as admin:
+            for vpc in vpcs:
+                create_binding(admin, vpc, name=f"bench-{vpc.lower()}")
 
 
 def create_pods(run: Run, made: list[Subject]) -> None:

@@ -62,6 +62,7 @@ class Bench:
         concurrent = [s for s in sequential if s.key in plan.CONCURRENT]
         plan.plan_rows(run, all_subjects)
         planes.create_pods(run, all_subjects)
+        planes.bind_vpcs(run, all_subjects)
         bursts_after = bursts.burst_rounds(self.options.runs, self.options.bursts)
         total = self.options.warmup + self.options.runs
         run.load_before = machine.load_average()

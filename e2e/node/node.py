@@ -144,6 +144,7 @@ class Node:
                     directory / "overlay", image_ref, server))
                 deploy.apply(admin, objects)
                 node.create_router(admin)
+                node.create_binding(admin)
                 deploy.wait_agent_ready(admin, node.node_name, alive=node.check_alive)
                 node.wait_schedulable(admin)
         except BaseException:
@@ -187,6 +188,11 @@ class Node:
         router["metadata"]["namespace"] = self.cluster.bgp_namespace
         router["spec"]["targetRef"]["name"] = self.node_name
         admin.apply(router)
+
+    def create_binding(self, admin: Kube) -> None:
+        """The example VPCBinding (packaging/examples/vpcbinding.yaml): Pods of `default` may
+        use the example network; other namespaces are denied until a test binds them."""
+        admin.apply(yaml.safe_load((EXAMPLES / "vpcbinding.yaml").read_text()))
 
     def check_alive(self) -> None:
         """Raise ProcessExited if a node process died (with its log tail)."""
