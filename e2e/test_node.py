@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from e2e.harness import kernel
+from e2e.harness import kernel, tenancy
 from e2e.harness.faults import Denials, Fault, FaultProxy, ProxiedCluster, Rule, start_proxy
 from e2e.harness.kube import Kube
 from e2e.harness.report import report
@@ -34,6 +34,7 @@ from e2e.node.observe import (
     delete_pod,
     get_pod,
     pod_addresses,
+    pod_events,
     pod_manifest,
     pod_slices,
     sandbox,
@@ -320,6 +321,37 @@ def test_a_failing_add_is_the_pods_event_and_the_pod_recovers(
         pod = wait_running(admin, name, timeout=RETRY_S)
     assert _owned_slices(admin, pod["metadata"]["uid"])
     delete_pod(admin, name)
+    assert _wait_nothing_left(node, admin, baseline) == {}
+
+
+def test_a_namespace_without_a_binding_is_denied_until_one_is_created(
+        real_node: NodeUnderTest, node: Node, admin: Kube, baseline: Snapshot) -> None:
+    """The example network is bound to namespace default only (packaging/examples/
+    vpcbinding.yaml): a Pod of another namespace fails its sandbox with code 106 and a
+    `VPCAttachDenied` Event, and nothing is made for it anywhere; once a VPCBinding admits the
+    namespace, kubelet's retry starts it."""
+    with tenancy.namespace(admin) as ns:
+        name = unique("tenant")
+        create_pod(admin, pod_manifest(name, _pause(node), namespace=ns))
+        wait_until(f"{name}'s VPCAttachDenied event", lambda: any(
+            event.get("reason") == "VPCAttachDenied" for event in pod_events(admin, name, ns)),
+            RETRY_S, interval=0.5)
+        failures = sandbox_failures(admin, name, ns)
+        assert any("no VPCBinding admits it" in message for message in failures), failures
+        denied = [line for line in verb_lines(node, "ADD") if line["pod"] == f"{ns}/{name}"]
+        assert denied and all(line["code"] == 106 for line in denied), denied
+        assert snapshot(node, admin).added_since(baseline) == {}, "nothing made for it"
+        selector = {"matchLabels": {"kubernetes.io/metadata.name": ns}}
+        with tenancy.bound(admin, "21", attachments=["21"], selector=selector,
+                           uses=("veth",)):
+            pod = wait_running(admin, name, ns, timeout=RETRY_S)
+            assert ipaddress.ip_address(pod["status"]["podIP"]) in VPC_V4
+            real_node.figures["denied_then_admitted"] = [
+                f"{e.get('type')} {e.get('reason')}: {e.get('message')}"
+                for e in sorted(pod_events(admin, name, ns),
+                                key=lambda e: e.get("eventTime") or e.get("firstTimestamp")
+                                or "")]
+            delete_pod(admin, name, ns)
     assert _wait_nothing_left(node, admin, baseline) == {}
 
 
