@@ -190,9 +190,10 @@ class Node:
         admin.apply(router)
 
     def create_binding(self, admin: Kube) -> None:
-        """The example VPCBinding (packaging/examples/vpcbinding.yaml): Pods of `default` may
-        use the example network; other namespaces are denied until a test binds them."""
-        admin.apply(yaml.safe_load((EXAMPLES / "vpcbinding.yaml").read_text()))
+        """The example VPCBindings (packaging/examples/vpcbinding.yaml): Pods of `default` may
+        use the example networks; other namespaces are denied until a test binds them."""
+        for binding in yaml.safe_load_all((EXAMPLES / "vpcbinding.yaml").read_text()):
+            admin.apply(binding)
 
     def check_alive(self) -> None:
         """Raise ProcessExited if a node process died (with its log tail)."""
