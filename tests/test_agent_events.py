@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from cni_plugin.agent.events import ATTACHED, FAILED, pod_event
+from cni_plugin.agent.events import ATTACHED, DENIED, FAILED, pod_event
 from cni_plugin.core.request import Request
 from cni_plugin.kube.events import NOTE_LIMIT
 
@@ -46,6 +46,16 @@ def test_a_failed_add_is_a_warning_with_the_cni_code_even_when_the_config_is_bro
     assert event is not None and (event.reason, event.type) == (FAILED, "Warning")
     assert event.note == "VPC ? attachment ? on net1: ADD failed with CNI error 6: " \
         "cannot decode network config"
+
+
+def test_an_add_no_binding_admitted_is_a_denial_with_the_bindings_considered(
+        tmp_path: Path) -> None:
+    error = {"cniVersion": "1.1.0", "code": 106, "msg": "namespace 'team-a' may not attach to "
+             "VPC jU attachment G (veth): no VPCBinding admits it",
+             "details": "VPCBindings of VPC jU: blue: namespace not selected"}
+    event = pod_event(request(tmp_path), 1, error)
+    assert event is not None and (event.reason, event.type) == (DENIED, "Warning")
+    assert event.note == f"{error['msg']} ({error['details']})"
 
 
 def test_config_args_and_stanza_settings_win(tmp_path: Path) -> None:
