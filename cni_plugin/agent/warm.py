@@ -43,6 +43,7 @@ class WatchCache:
         self._objects: dict[str, dict[str, Any]] = {}
         self._synced = False
         self.missing = False
+        self.problem = "not listed yet"  # why the cache is not in sync, when it is not
         self._in_sync = threading.Event()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -94,6 +95,7 @@ class WatchCache:
 
     def _interrupted(self, exc: Exception) -> None:
         log.info("watch %s interrupted: %s", self.describe(), exc)
+        self.problem = exc.msg if isinstance(exc, CniError) else f"{type(exc).__name__}: {exc}"
         with self._lock:
             self._synced = False
             self._in_sync.clear()
@@ -240,9 +242,10 @@ class WarmCluster:
         caches = self._tenancy_caches(kubeconfig)
         for cache in caches:
             if not cache.wait_synced(min(deadline.remaining(floor=0), TENANCY_SYNC_SECONDS)):
-                raise CniError(TRY_AGAIN_LATER, "the node agent's watch of "
-                               f"{cache.describe()} is not in sync with the API server",
-                               "VPCBindings are checked from it; the runtime retries")
+                raise CniError(TRY_AGAIN_LATER, "Kubernetes API unavailable to the node "
+                               f"agent's watch of {cache.describe()}: not in sync",
+                               f"{cache.problem}; VPCBindings are checked from it, never "
+                               "guessed: the runtime retries")
         return CachedTenancy(*caches)
 
     def kubeconfigs(self) -> list[str]:
