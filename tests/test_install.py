@@ -210,6 +210,20 @@ def test_log_rotation_settings_reach_the_host_file_only_when_set(
     assert status != EXIT_OK and "--log-backups 'lots' is not a whole number" in err
 
 
+def test_the_tenancy_mode_reaches_the_host_file_only_when_set(
+        host: Host, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, _ = run(host.base_args(), capsys)
+    assert status == EXIT_OK
+    host_file = host.path("/etc/vpc-attach/host.json")
+    assert "tenancy" not in json.loads(host_file.read_text())
+    assert resolve_host_settings({}, {HOST_CONFIG_ENV: str(host_file)}).tenancy_mode == "enforce"
+    monkeypatch.setenv("VPC_ATTACH_TENANCY", "audit")
+    status, _, _ = run(host.base_args("--force"), capsys)
+    assert status == EXIT_OK and json.loads(host_file.read_text())["tenancy"] == "audit"
+    status, _, err = run(host.base_args("--tenancy", "lenient", "--force"), capsys)
+    assert status != EXIT_OK and "invalid tenancy 'lenient'" in err
+
+
 def test_kubeconfig_references_the_refreshed_token_file(host: Host,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     status, _, _ = run(host.base_args(), capsys)

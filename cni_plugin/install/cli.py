@@ -49,6 +49,7 @@ _ENVIRONMENT: dict[str, tuple[str, ...]] = {
     "agent_socket": ("VPC_ATTACH_AGENT_SOCKET",),
     "log_max_bytes": ("VPC_ATTACH_LOG_MAX_BYTES",),
     "log_backups": ("VPC_ATTACH_LOG_BACKUPS",),
+    "tenancy": ("VPC_ATTACH_TENANCY",),
 }
 
 
@@ -156,6 +157,8 @@ def _parser(command: str) -> argparse.ArgumentParser:
                           "VPC_ATTACH_LOG_MAX_BYTES; default: unset, the plugin's 10 MiB)")
     settings.add_argument("--log-backups", help="rotated log files kept (env "
                           "VPC_ATTACH_LOG_BACKUPS; default: unset, the plugin's 3)")
+    settings.add_argument("--tenancy", help="VPCBindings: enforce|audit|off (env "
+                          "VPC_ATTACH_TENANCY; default: unset, enforce with a kubeconfig)")
 
     kube = parser.add_argument_group("Kubernetes credentials")
     kube.add_argument("--serviceaccount-dir", default=SERVICEACCOUNT_DIR,
@@ -225,7 +228,8 @@ def install(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO,
         or DEFAULT_AGENT_SOCKET,
         namespace=_setting(args, "namespace", environ, DEFAULT_NAMESPACE) or DEFAULT_NAMESPACE,
         log_max_bytes=_whole(_setting(args, "log_max_bytes", environ, None), "--log-max-bytes"),
-        log_backups=_whole(_setting(args, "log_backups", environ, None), "--log-backups"))
+        log_backups=_whole(_setting(args, "log_backups", environ, None), "--log-backups"),
+        tenancy=_setting(args, "tenancy", environ, None))
     targets.append(settings.target(args.host_config))
     targets += credentials()
     if args.conflist:  # last: once it is there the runtime starts calling the plugin

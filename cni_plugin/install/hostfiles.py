@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cni_plugin.install.errors import InstallError
 from cni_plugin.install.targets import FileTarget
-from netconf.host import LOG_LEVELS, MAX_LOG_BACKUPS
+from netconf.host import LOG_LEVELS, MAX_LOG_BACKUPS, TENANCY_MODES
 
 CONFLIST_SUFFIXES = (".conflist", ".conf", ".json")  # what runtimes load from the conf dir
 
@@ -25,6 +25,7 @@ class HostSettingsFile:
     namespace: str
     log_max_bytes: int | None = None  # unset: the plugin's default (10 MiB)
     log_backups: int | None = None  # unset: the plugin's default (3)
+    tenancy: str | None = None  # unset: enforce wherever there is a kubeconfig
 
     def target(self, path: str) -> FileTarget:
         """The file, as deterministic JSON (a second run writes the same bytes)."""
@@ -34,11 +35,15 @@ class HostSettingsFile:
         if self.log_backups is not None and not 0 <= self.log_backups <= MAX_LOG_BACKUPS:
             raise InstallError(f"invalid log backups {self.log_backups}",
                                f"expected 0 to {MAX_LOG_BACKUPS}")
+        if self.tenancy is not None and self.tenancy not in TENANCY_MODES:
+            raise InstallError(f"invalid tenancy {self.tenancy!r}",
+                               f"expected one of {', '.join(TENANCY_MODES)}")
         if self.log_max_bytes is not None and self.log_max_bytes < 0:
             raise InstallError(f"invalid log max bytes {self.log_max_bytes}")
         values = {"nodeName": self.node_name, "kubeconfig": self.kubeconfig,
                   "logFile": self.log_file, "logLevel": self.log_level,
-                  "agentSocket": self.agent_socket, "namespace": self.namespace}
+                  "agentSocket": self.agent_socket, "namespace": self.namespace,
+                  "tenancy": self.tenancy}
         data: dict[str, str | int] = {key: value for key, value in values.items() if value}
         for key, number in (("logMaxBytes", self.log_max_bytes),
                             ("logBackups", self.log_backups)):
