@@ -33,6 +33,7 @@ from e2e.harness.publishing import (
     make_node,
     vrf_instance,
 )
+from e2e.harness.rbac import identity_without
 from e2e.harness.report import report
 from e2e.harness.tenancy import bound, create_binding, delete_binding, namespace
 from e2e.harness.wait import wait_until
@@ -347,3 +348,25 @@ def test_the_crd_rejects_a_changed_vpc_and_malformed_specs(kube: Kube) -> None:
     del body["spec"]["namespaceSelector"]
     with pytest.raises(ApiError):
         kube.create(BINDINGS.path(), body, dry_run=True)
+
+
+def test_an_identity_that_cannot_read_bindings_fails_status_and_add_before_any_change(
+        kube: Kube, cluster: Any, plugin: Plugin, netns: str, tenant_vpc: str,
+        tmp_path: Path) -> None:
+    """Under `enforce` an unreadable VPCBinding list is STATUS code 50 (every ADD would fail)
+    and ADD code 104 naming the refusal, with nothing made."""
+    node = make_node(kube, cluster, plugin)
+    conf = _conf(tenant_vpc, "2", tmp_path)
+    with namespace(kube) as ns, bound(kube, tenant_vpc), identity_without(
+            kube, cluster, tmp_path, {("vpc-attach.datum.net", "vpcbindings")}) as kubeconfig:
+        pod = f"t-{secrets.token_hex(3)}"
+        create_pod(kube, pod, node.name, ns)
+        env = {"VPC_ATTACH_KUBECONFIG": str(kubeconfig)}
+        status = plugin.call("STATUS", conf, **env)
+        assert status.code == 50 and "vpcbindings" in status.body["msg"].lower(), status.stdout
+        answer = _add(plugin, node, conf, pod, ns, netns, "t-rbac", **env)
+        assert answer.code in (11, 104), answer.stdout  # refused in-process; the agent's watch
+        assert "vpcbinding" in answer.body["msg"].lower(), answer.stdout
+        assert naming.host_link_name(tenant_vpc, "2") not in links_in()
+        assert IpamFiles.read(tmp_path / "ipam").records == {}
+        assert plugin.call("STATUS", conf, VPC_ATTACH_TENANCY="audit", **env).status == 0
