@@ -370,3 +370,34 @@ def test_an_identity_that_cannot_read_bindings_fails_status_and_add_before_any_c
         assert naming.host_link_name(tenant_vpc, "2") not in links_in()
         assert IpamFiles.read(tmp_path / "ipam").records == {}
         assert plugin.call("STATUS", conf, VPC_ATTACH_TENANCY="audit", **env).status == 0
+
+
+def test_gc_of_a_shared_network_collects_the_attachments_its_records_name(
+        kube: Kube, cluster: Any, plugin: Plugin, tmp_path: Path) -> None:
+    """GC of a `vpcFromPod` network: every attachment ADD recorded for it on this node is
+    looked at, the ones of containers the runtime no longer lists are removed with their
+    records, the valid one stays."""
+    node = make_node(kube, cluster, plugin)
+    vpcs = [plugin_module.random_vpc() for _ in range(2)]
+    shared = _conf("1", "1", tmp_path)
+    del shared["vpc"], shared["vpcattachment"]
+    shared["vpcFromPod"] = True
+    with contextlib.ExitStack() as stack:
+        stack.callback(remove_vpc_objects, vpcs)
+        ns = stack.enter_context(namespace(kube))
+        for vpc in vpcs:
+            stack.enter_context(bound(kube, vpc))
+        nets = [stack.enter_context(temporary_netns("vpa-ten")) for _ in range(2)]
+        pods = [_annotated_pod(kube, node, ns, f"{vpc}/4") for vpc in vpcs]
+        for n, pod in enumerate(pods):
+            assert _add(plugin, node, shared, pod, ns, nets[n], f"gc-{n}").status == 0
+        records = plugin.lock_dir / "attachments"
+        assert sorted(p.name for p in records.iterdir()) == ["gc-0@eth0.json", "gc-1@eth0.json"]
+        valid = [{"containerID": "gc-0", "ifname": "eth0"}]
+        plugin.ok("GC", {**shared, "cni.dev/valid-attachments": valid})
+        assert naming.host_link_name(vpcs[0], "4") in links_in(), "the valid one stays"
+        assert naming.host_link_name(vpcs[1], "4") not in links_in()
+        assert sorted(p.name for p in records.iterdir()) == ["gc-0@eth0.json"]
+        plugin.ok("DEL", shared, container_id="gc-0", netns=nets[0],
+                  CNI_ARGS=node.cni_args(pods[0], None, ns))
+        assert naming.host_link_name(vpcs[0], "4") not in links_in()
