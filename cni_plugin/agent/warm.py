@@ -152,6 +152,8 @@ class CachedTenancy:
         """Every VPCBinding (None: the CRD is not installed)."""
         if self._bindings.missing:
             return None
+        # Out of sync since `tenancy` checked: nothing admits, and a denial is confirmed
+        # against the API server before it is answered.
         return self._bindings.items() or []
 
     def namespace(self, name: str) -> dict[str, Any] | None:
