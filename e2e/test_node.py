@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from cni_plugin.core import naming
+from cni_plugin.tenancy.choice import ANNOTATION as ATTACHMENT_ANNOTATION
 from e2e.harness import kernel, tenancy
 from e2e.harness.faults import Denials, Fault, FaultProxy, ProxiedCluster, Rule, start_proxy
 from e2e.harness.kube import Kube
@@ -513,4 +515,40 @@ def test_a_deployment_behind_ptp_publishes_each_pod_and_withdraws_them(
         admin.delete(f"{path}/{name}")
         wait_until("the Deployment's Pods gone", lambda: not admin.list(
             "/api/v1/namespaces/default/pods", labels=f"app={name}"), DEPLOYMENT_S)
+        node.set_conflist(veth)
+
+
+def test_one_conflist_serves_two_tenants_each_pod_naming_its_attachment(
+        node: Node, admin: Kube, baseline: Snapshot) -> None:
+    """The node's conflist with `vpcFromPod` (no Multus): Pods of two namespaces, each bound to
+    a VPC of its own, get the attachment their annotation names; DEL removes exactly that."""
+    veth = json.loads(next(node.cni_conf_dir.glob("*.conflist")).read_text())
+    shared = json.loads(json.dumps(veth))
+    ours = next(p for p in shared["plugins"] if p["type"] == "vpc-attach")
+    del ours["vpc"], ours["vpcattachment"]
+    ours["vpcFromPod"] = True
+    chosen = {"a": "aA1", "b": "bB2"}  # tenant -> VPC
+    node.set_conflist(shared)
+    try:
+        with contextlib.ExitStack() as stack:
+            names = []
+            for tenant, vpc in chosen.items():
+                ns = stack.enter_context(tenancy.namespace(admin, {"tenant": tenant}))
+                stack.enter_context(tenancy.bound(admin, vpc, selector={
+                    "matchLabels": {"tenant": tenant}}, uses=("veth",)))
+                manifest = pod_manifest(unique(f"tenant-{tenant}"), _pause(node), namespace=ns)
+                manifest["metadata"]["annotations"] = {ATTACHMENT_ANNOTATION: f"{vpc}/5"}
+                create_pod(admin, manifest)
+                names.append((manifest["metadata"]["name"], ns))
+            for name, ns in names:
+                pod = wait_running(admin, name, ns, timeout=RETRY_S)
+                assert ipaddress.ip_address(pod["status"]["podIP"]) in VPC_V4
+            assert {naming.host_link_name(vpc, "5") for vpc in chosen.values()} <= \
+                kernel.links_in()
+            for name, ns in names:
+                delete_pod(admin, name, ns)
+            assert not {naming.host_link_name(vpc, "5") for vpc in chosen.values()} & \
+                kernel.links_in()
+        assert _wait_nothing_left(node, admin, baseline) == {}
+    finally:
         node.set_conflist(veth)
