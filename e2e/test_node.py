@@ -557,3 +557,4 @@ def test_one_conflist_serves_two_tenants_each_pod_naming_its_attachment(
         assert {kind: items for kind, items in left.items() if items} == {}
     finally:
         node.set_conflist(veth)
+        kernel.remove_vpc_objects(list(chosen.values()))  # the rules this test's VPCs left
