@@ -92,7 +92,8 @@ def main() -> int:
                "VPC_ATTACH_KUBECONFIG": str(cluster.plugin_kubeconfig),
                "VPC_ATTACH_LOCK_DIR": str(work / "locks"),
                "VPC_ATTACH_LOG_FILE": str(work / "vpc-attach.log"),
-               "VPC_ATTACH_HOST_CONFIG": str(work / "host.json")}
+               "VPC_ATTACH_HOST_CONFIG": str(work / "host.json"),
+               "VPC_ATTACH_IPAM_DATA_ROOT": str(work / "ipam")}
         print("network config:\n" + json.dumps(conf, indent=2))
         add = _run(plugin, input=json.dumps(conf), env={**env, "CNI_COMMAND": "ADD"})
         print(f"\nADD exit {add.returncode}:\n" + json.dumps(json.loads(add.stdout), indent=2))

@@ -58,7 +58,8 @@ class WatchedPlugin(Plugin):
             directory.mkdir()
         super().__init__(cni_bin=cni_bin, lock_dir=work / "locks",
                          environ={"TMPDIR": str(self.tmpdir),
-                                  "VPC_ATTACH_AGENT_SOCKET": str(work / "no-agent.sock")},
+                                  "VPC_ATTACH_AGENT_SOCKET": str(work / "no-agent.sock"),
+                                  "VPC_ATTACH_IPAM_DATA_ROOT": str(work)},
                          prefix=[*WATCH_TMP, str(self.tmp_view)])
 
     def call(self, command: str, conf: dict[str, Any], **kw: Any) -> Answer:
