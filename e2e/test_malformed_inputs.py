@@ -212,7 +212,7 @@ CASES: dict[str, Case] = {
                                   "VPC_ATTACH_TIMEOUT_SECONDS"), conf={"timeoutSeconds": 5}),
     "namespace-not-a-dns-label": Case(7, ("'namespace'",), conf={"namespace": "Galactic_NS"},
                                       env=ALLOW_STANZA),
-    "timeout-zero": Case(7, ("'timeoutSeconds'",), conf={"timeoutSeconds": 0},
+    "timeout-zero": Case(7, ("timeoutSeconds",), conf={"timeoutSeconds": 0},
                          env=ALLOW_STANZA),
     "stanza-host-settings-not-allow-or-deny": Case(
         7, ("stanzaHostSettings",), env={"VPC_ATTACH_STANZA_HOST_SETTINGS": "yes"}),

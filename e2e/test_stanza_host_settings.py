@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import json
 import secrets
-import socket
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +28,10 @@ from e2e.harness import plugin as plugin_module
 from e2e.harness.kernel import links_in
 from e2e.harness.plugin import Answer, Plugin, base_conf, host_local
 from e2e.harness.report import report
+from e2e.harness.victims import Listener, Victims, planted_victims
 
 pytestmark = pytest.mark.root
 
-PRECIOUS = "root:$6$do-not-touch:19000:0:99999:7:::\n" * 8
 # host-file key -> (its environment variable, what a tenant would set it to)
 HOST_KEYS: dict[str, tuple[str, Any]] = {
     "nodeName": ("VPC_ATTACH_NODE_NAME", "another-node"),
@@ -52,65 +49,10 @@ HOST_KEYS: dict[str, tuple[str, Any]] = {
 }
 
 
-class Listener:
-    """A Unix socket in a scratch directory that accepts, counts and never answers."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.accepted: list[socket.socket] = []
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.bind(str(path))
-        self._sock.listen(16)
-        self._sock.settimeout(0.1)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.accepted.append(self._sock.accept()[0])
-            except TimeoutError:
-                continue
-
-    def close(self) -> None:
-        """Stop accepting and close every connection."""
-        self._stop.set()
-        self._thread.join(5)
-        for conn in self.accepted:
-            conn.close()
-        self._sock.close()
-
-
-@dataclass
-class Victims:
-    """What a tenant's config points the plugin at: a file with content and a listener."""
-
-    directory: Path
-    file: Path
-    listener: Listener
-    answers: dict[str, Any] = field(default_factory=dict)
-
-    def assert_untouched(self) -> None:
-        """Same content and mode, nothing beside them, never connected to."""
-        assert self.file.read_text() == PRECIOUS
-        assert self.file.stat().st_mode & 0o777 == 0o600
-        assert sorted(p.name for p in self.directory.iterdir()) == ["agent.sock", "precious.conf"]
-        assert self.listener.accepted == [], "the plugin connected to the tenant's socket"
-
-
 @pytest.fixture
 def victims(tmp_path: Path) -> Iterator[Victims]:
-    directory = tmp_path / "victim"
-    directory.mkdir()
-    precious = directory / "precious.conf"
-    precious.write_text(PRECIOUS)
-    precious.chmod(0o600)
-    listener = Listener(directory / "agent.sock")
-    try:
-        yield Victims(directory, precious, listener)
-    finally:
-        listener.close()
+    with planted_victims(tmp_path / "victim") as planted:
+        yield planted
 
 
 @pytest.fixture(scope="module")
