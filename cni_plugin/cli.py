@@ -50,9 +50,9 @@ def _cni(full: str | None) -> None:
 
         os.environ.pop(HANDED_OVER, None)  # not for IPAM delegates
     else:
-        from cni_plugin.agent.client import forward, socket_path
+        from cni_plugin.agent.client import forward, route
 
-        answer = forward(environ, stdin, socket_path(environ, stdin))
+        answer = forward(environ, stdin, *route(environ, stdin))
     if answer is not None:
         status, text = answer
         sys.stdout.buffer.write(text)

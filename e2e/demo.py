@@ -92,7 +92,8 @@ def main() -> int:
                "VPC_ATTACH_KUBECONFIG": str(cluster.plugin_kubeconfig),
                "VPC_ATTACH_LOCK_DIR": str(work / "locks"),
                "VPC_ATTACH_LOG_FILE": str(work / "vpc-attach.log"),
-               "VPC_ATTACH_HOST_CONFIG": str(work / "host.json")}
+               "VPC_ATTACH_HOST_CONFIG": str(work / "host.json"),
+               "VPC_ATTACH_IPAM_DATA_ROOT": str(work / "ipam")}
         # Tenancy (SPEC §14): the plugin attaches namespace default to VPC 21 only once a
         # VPCBinding admits it.
         from cni_plugin.publish.resources import BINDINGS

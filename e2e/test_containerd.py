@@ -120,7 +120,8 @@ def runtime(tmp_path_factory: pytest.TempPathFactory, cluster: Any, kube: Kube,
     host_file.write_text(json.dumps({
         "nodeName": node, "kubeconfig": str(cluster.plugin_kubeconfig),
         "logFile": str(log_file), "lockDir": str(base / "locks"),
-        "agentSocket": AGENT_SOCKET["path"]}))
+        "agentSocket": AGENT_SOCKET["path"],
+        "ipamDataRoot": str(tmp_path_factory.getbasetemp())}))  # every test's tmp_path
     conf_dir = base / "net.d"
     containerd = Containerd(base / "containerd",
                             CniSettings(installed_bin, conf_dir, max_conf_num=2),

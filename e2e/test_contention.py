@@ -57,11 +57,11 @@ def test_64_nodes_add_the_same_attachment_at_once(kube: Kube, cluster: Any, plug
                 "interfaces": [{"name": "eth0", "sandbox": "/proc/1/ns/net"}]}
         conf = {"cniVersion": "1.1.0", "name": "contention", "type": "vpc-attach", "vpc": vpc,
                 "vpcattachment": "1", "attachment": "existing", "prevResult": prev,
-                "timeoutSeconds": TIMEOUT_SECONDS,
                 "publish": {"bgp": True, "endpointSlice": False}}
         began = time.monotonic()
         answer = node.plugin.call("ADD", conf, container_id=f"ctr-node-{index}",
-                                  netns="/proc/1/ns/net", CNI_ARGS=node.cni_args(f"p{index}"))
+                                  netns="/proc/1/ns/net", CNI_ARGS=node.cni_args(f"p{index}"),
+                                  VPC_ATTACH_TIMEOUT_SECONDS=str(TIMEOUT_SECONDS))
         return answer, time.monotonic() - began
 
     with ThreadPoolExecutor(max_workers=NODES) as pool:

@@ -109,7 +109,8 @@ def node(kube: Kube, cluster: Any, cni_bin: Path, tmp_path: Path) -> Iterator[Do
         (tmp_path / "agent").mkdir()
         host = {"nodeName": name, "kubeconfig": str(cluster.plugin_kubeconfig),
                 "agentSocket": str(tmp_path / "agent" / "agent.sock"),
-                "lockDir": str(tmp_path / "locks"), "logFile": str(tmp_path / "vpc-attach.log")}
+                "lockDir": str(tmp_path / "locks"), "logFile": str(tmp_path / "vpc-attach.log"),
+                "ipamDataRoot": str(tmp_path)}
         stanza = {"type": "vpc-attach", "vpc": "jU", "vpcattachment": "1", "isolation": "table",
                   "ipam": {"type": "vpc-attach-ipam", "dataDir": str(tmp_path / "ipam"),
                            "ipv6_subnet": "fd00:d0c::/48"}}

@@ -53,7 +53,7 @@ from e2e.harness.wait import wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster]
 
-TIMEOUT_S = 6.0  # the stanza's timeoutSeconds: short, so that deadline cases are fast
+TIMEOUT_S = 6.0  # the node's timeoutSeconds: short, so that deadline cases are fast
 # An answer may come this much after the deadline: the deadline starts once the plugin has
 # parsed its input, after the interpreter started (~0.3 s in-process, ~0.02 s for the agent's
 # thin client, more on a loaded 2-core machine), and the process must still print and exit.
@@ -244,7 +244,8 @@ def _report(figures: Figures, base: Path, config: pytest.Config) -> None:
 def case(matrix: Matrix, plugin: Plugin, tmp_path: Path) -> Iterator[Case]:
     """One case: a fresh VPC, Pod and netns on this node, the plugin pointed at the proxy."""
     plugin.environ.update({"VPC_ATTACH_NODE_NAME": matrix.node,
-                           "VPC_ATTACH_KUBECONFIG": str(matrix.proxied.kubeconfig)})
+                           "VPC_ATTACH_KUBECONFIG": str(matrix.proxied.kubeconfig),
+                           "VPC_ATTACH_TIMEOUT_SECONDS": str(TIMEOUT_S)})
     with temporary_netns("vpa-fm") as netns:
         subject = Case(matrix, plugin, tmp_path, netns)
         try:
@@ -273,7 +274,6 @@ class Case:
         ipam = {"type": "vpc-attach-ipam", "dataDir": str(self.ipam_dir),
                 "ipv6_subnet": "fd00:fa::/48", "ipv4_subnet": "10.250.0.0/24"}
         self.conf = base_conf(self.vpc, ATT, ipam=ipam,
-                              timeoutSeconds=TIMEOUT_S,
                               publish={"bgp": True, "endpointSlice": True,
                                        "endpointSliceFamilies": ["IPv6", "IPv4"]})
         self.names = {"v6": slice_name(self.pod, self.vpc, ATT, "IPv6"),
@@ -749,7 +749,7 @@ def test_gc_keeps_the_instance_of_a_valid_layer_2_tap(case: Case) -> None:
     another network of the VPC is collected with nothing valid; after the tap's DEL, GC
     deletes it."""
     tap_id = f"fm-tap-{secrets.token_hex(6)}"
-    tap_conf = base_conf(case.vpc, "9", attachment="tap", timeoutSeconds=TIMEOUT_S,
+    tap_conf = base_conf(case.vpc, "9", attachment="tap",
                          publish={"bgp": True, "endpointSlice": False},
                          name=f"{case.conf['name']}-tap")
     tap = naming.host_link_name(case.vpc, "9")

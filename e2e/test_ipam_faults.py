@@ -22,7 +22,7 @@ from e2e.harness import kernel
 from e2e.harness.cnibin import installed
 from e2e.harness.ipam_files import IpamFiles, pool_dirs
 from e2e.harness.kernel import links_in
-from e2e.harness.plugin import Plugin, base_conf, with_prev
+from e2e.harness.plugin import IPAM_DATA_ROOT, Plugin, base_conf, with_prev
 from e2e.harness.tinyfs import Resource, TinyFs, tiny_tmpfs
 
 pytestmark = pytest.mark.root
@@ -56,7 +56,7 @@ def ipam(command: str, conf: dict[str, Any], container_id: str = "", ifname: str
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CNI_", "VPC_ATTACH_"))}
     env.update({"CNI_COMMAND": command, "CNI_CONTAINERID": container_id, "CNI_IFNAME": ifname,
                 "CNI_NETNS": f"/var/run/netns/{container_id}", "CNI_PATH": "/opt/cni/bin",
-                **extra})
+                "VPC_ATTACH_IPAM_DATA_ROOT": IPAM_DATA_ROOT, **extra})
     proc = subprocess.run([installed("vpc-attach-ipam")], input=json.dumps(conf).encode(),
                           env=env, capture_output=True, timeout=60, check=False)
     stdout = proc.stdout.decode()

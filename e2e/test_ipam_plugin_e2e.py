@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from cni_plugin.core.locks import file_lock
+from e2e.harness.plugin import IPAM_DATA_ROOT
 from netconf.versions import LEGACY_RESULT_VERSIONS, SUPPORTED_VERSIONS
 
 TYPE = "vpc-attach-ipam"
@@ -63,7 +64,7 @@ def env_for(command: str, container_id: str, ifname: str, extra: dict[str, str])
     base = {k: v for k, v in os.environ.items() if not k.startswith(("CNI_", "VPC_ATTACH_"))}
     return {**base, "CNI_COMMAND": command, "CNI_CONTAINERID": container_id,
             "CNI_IFNAME": ifname, "CNI_NETNS": f"/var/run/netns/{container_id}",
-            "CNI_PATH": "/opt/cni/bin", **extra}
+            "CNI_PATH": "/opt/cni/bin", "VPC_ATTACH_IPAM_DATA_ROOT": IPAM_DATA_ROOT, **extra}
 
 
 @pytest.fixture

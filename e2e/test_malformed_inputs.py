@@ -65,6 +65,10 @@ def link_names(lines: str) -> set[str]:
             if line.count(":") >= 2}
 
 
+# A node that lets stanzas set host settings (SPEC §14): they are then checked as stanza keys.
+ALLOW_STANZA = {"VPC_ATTACH_STANZA_HOST_SETTINGS": "allow"}
+
+
 @dataclass(frozen=True)
 class Workdir:
     """Paths that keep the host's own settings, locks and IPAM state out of every case."""
@@ -200,8 +204,18 @@ CASES: dict[str, Case] = {
     "ipam-without-type": Case(7, ("'ipam'",), conf={"ipam": {"subnet": "fd00::/64"}}),
     "ipam-type-is-a-path": Case(7, ("'ipam'",), conf={"ipam": {"type": "../../bin/sh"}}),
     "ipam-type-not-in-cni-path": Case(7, ("ipam.type", "host-local")),
-    "namespace-not-a-dns-label": Case(7, ("'namespace'",), conf={"namespace": "Galactic_NS"}),
-    "timeout-zero": Case(7, ("'timeoutSeconds'",), conf={"timeoutSeconds": 0}),
+    # host settings in the stanza (SPEC §14): refused naming where they belong; checked as
+    # stanza keys where the node allows them
+    "namespace-in-stanza": Case(7, ("'namespace' is a host setting", "VPC_ATTACH_NAMESPACE"),
+                                conf={"namespace": "bgp"}),
+    "timeout-in-stanza": Case(7, ("'timeoutSeconds' is a host setting",
+                                  "VPC_ATTACH_TIMEOUT_SECONDS"), conf={"timeoutSeconds": 5}),
+    "namespace-not-a-dns-label": Case(7, ("'namespace'",), conf={"namespace": "Galactic_NS"},
+                                      env=ALLOW_STANZA),
+    "timeout-zero": Case(7, ("timeoutSeconds",), conf={"timeoutSeconds": 0},
+                         env=ALLOW_STANZA),
+    "stanza-host-settings-not-allow-or-deny": Case(
+        7, ("stanzaHostSettings",), env={"VPC_ATTACH_STANZA_HOST_SETTINGS": "yes"}),
     "publish-on-without-node-name": Case(7, ("node name",), conf={"publish": REMOVE}),
     # the environment (code 4 naming the variable)
     "cni-command-missing": Case(4, ("CNI_COMMAND",), env={"CNI_COMMAND": REMOVE}),
@@ -250,7 +264,8 @@ BUG_CASES: dict[str, tuple[Case, str]] = {
         "BUG netconf/runtime.py validate_ifname counts characters, not bytes (IFNAMSIZ): "
         "an 18-byte name is accepted (the call goes on to IPAM)"),
     "namespace-trailing-newline": (
-        Case(7, ("'namespace'",), conf={"namespace": "galactic-system\n"}),
+        Case(7, ("'namespace'",), conf={"namespace": "galactic-system\n"},
+             env=ALLOW_STANZA),
         "BUG netconf/config.py DNS_LABEL '$' matches before a final newline: the namespace "
         "is accepted"),
     "capitalised-cniversion-key": (

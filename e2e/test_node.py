@@ -11,6 +11,7 @@ and the plugin's own log lines (what the runtime sent it).
 from __future__ import annotations
 
 import contextlib
+import copy
 import ipaddress
 import json
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from e2e.harness import kernel, tenancy
 from e2e.harness.faults import Denials, Fault, FaultProxy, ProxiedCluster, Rule, start_proxy
 from e2e.harness.kube import Kube
 from e2e.harness.report import report
+from e2e.harness.victims import planted_victims
 from e2e.harness.wait import wait_until
 from e2e.node import Node, deploy
 from e2e.node import down as node_down
@@ -558,3 +560,43 @@ def test_one_conflist_serves_two_tenants_each_pod_naming_its_attachment(
     finally:
         node.set_conflist(veth)
         kernel.remove_vpc_objects(list(chosen.values()))  # the rules this test's VPCs left
+
+
+# -- a tenant's config naming host settings (SPEC §14) ----------------------------------------
+
+
+def test_a_conflist_naming_host_settings_is_refused_and_touches_nothing(
+        real_node: NodeUnderTest, node: Node, admin: Kube, tmp_path: Path) -> None:
+    """The node's conflist as a tenant could write it (a NAD's config is the same stanza):
+    containerd's STATUS gets code 7 naming the key, so the node reports its network not ready
+    with that message; the file its logFile names and the socket its agentSocket names are
+    never touched; the refusals are in the node's own log; the node recovers with its own."""
+    veth = json.loads(next(node.cni_conf_dir.glob("*.conflist")).read_text())
+    seen = len(verb_lines(node, "STATUS"))
+    with planted_victims(tmp_path / "victim") as victims:
+        tenant = copy.deepcopy(veth)
+        tenant["plugins"][0] = {
+            "logFile": str(victims.file), **tenant["plugins"][0], "logMaxBytes": 1,
+            "logBackups": 1, "agentSocket": str(victims.listener.path),
+            "kubeconfig": str(node.cluster.admin_kubeconfig), "nodeName": "another-node"}
+        node.set_conflist(tenant)
+        try:
+            wait_until("a STATUS refused with code 7 in the node's log", lambda: any(
+                line["code"] == 7 for line in verb_lines(node, "STATUS")[seen:]),
+                SETTLE_S, interval=0.5)
+            refused = [line for line in verb_lines(node, "STATUS")[seen:] if line["code"] == 7]
+            # libcni hands the stanza on with its keys sorted: the first named is agentSocket
+            assert all("config key 'agentSocket' is a host setting" in line["error"]
+                       for line in refused), [line["error"] for line in refused]
+            wait_until("the node reporting its network not ready", lambda: "NetworkPluginNot"
+                       "Ready" in _ready_condition(node, admin)["message"], SETTLE_S,
+                       interval=0.5)
+            ready = _ready_condition(node, admin)
+            assert ready["status"] == "False" and "host setting" in ready["message"], ready
+            victims.assert_untouched()
+        finally:
+            node.set_conflist(veth)
+        node.wait_schedulable(admin, SETTLE_S * 2)
+        victims.assert_untouched()
+    real_node.figures["tenant_host_keys"] = {"status_refusals": len(refused),
+                                             "victims_untouched": True}

@@ -22,8 +22,8 @@ def test_each_verb_writes_one_json_line_without_credentials(
     log = tmp_path / "vpc-attach.log"
     uid = create_pod(kube, "logged", node.name)
     args = node.cni_args("logged", uid)
-    conf = base_conf(vpc, "1", ipam=host_local(tmp_path / "ipam", "fd00:10a::/64"),
-                     logFile=str(log))
+    plugin.environ["VPC_ATTACH_LOG_FILE"] = str(log)  # the node's log (SPEC §14)
+    conf = base_conf(vpc, "1", ipam=host_local(tmp_path / "ipam", "fd00:10a::/64"))
     conf.pop("publish")
     added = plugin.call("ADD", conf, container_id="ctr-logged", netns=netns, CNI_ARGS=args)
     assert added.status == 0 and json.loads(added.stdout)["cniVersion"] == "1.1.0"

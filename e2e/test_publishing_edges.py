@@ -84,9 +84,9 @@ def test_unreachable_api_is_code_11_before_any_change(node: Node, netns: str, vp
     text = Path(cluster.plugin_kubeconfig).read_text()
     port = cluster.server.rsplit(":", 1)[1]
     dead.write_text(text.replace(f":{port}", ":1"))  # nothing listens on port 1
-    conf = _conf(vpc, "2", tmp_path, timeoutSeconds=2)
+    conf = _conf(vpc, "2", tmp_path)
     answer = node.plugin.call("ADD", conf, container_id="ctr-dead", netns=netns,
-                              VPC_ATTACH_KUBECONFIG=str(dead),
+                              VPC_ATTACH_KUBECONFIG=str(dead), VPC_ATTACH_TIMEOUT_SECONDS="2",
                               CNI_ARGS=node.cni_args("nobody"))
     assert answer.code == 11 and "unavailable" in answer.body["msg"], answer.stdout
     assert links_in(netns) == {"lo"}

@@ -34,6 +34,7 @@ from e2e.harness.plugin import (
     with_prev,
 )
 from e2e.harness.standalone import WATCH_TMP, outside_tmp, stage_standalone
+from e2e.harness.victims import planted_victims
 
 pytestmark = pytest.mark.root
 
@@ -58,7 +59,8 @@ class WatchedPlugin(Plugin):
             directory.mkdir()
         super().__init__(cni_bin=cni_bin, lock_dir=work / "locks",
                          environ={"TMPDIR": str(self.tmpdir),
-                                  "VPC_ATTACH_AGENT_SOCKET": str(work / "no-agent.sock")},
+                                  "VPC_ATTACH_AGENT_SOCKET": str(work / "no-agent.sock"),
+                                  "VPC_ATTACH_IPAM_DATA_ROOT": str(work)},
                          prefix=[*WATCH_TMP, str(self.tmp_view)])
 
     def call(self, command: str, conf: dict[str, Any], **kw: Any) -> Answer:
@@ -204,6 +206,24 @@ def test_staged_launcher_forwards_itself_and_hands_the_rest_to_the_build(
                 agent.scrape()
     finally:
         (bundle / "vpc-attach.away").rename(executable)
+
+
+def test_a_tenant_config_naming_host_settings_is_refused_by_the_staged_launcher(
+        standalone: Path, reference_plugins: Path, netns: str, vpc: str, work: Path) -> None:
+    """SPEC §14 on the launcher's path: the launcher must not connect to the config's socket,
+    and the build it hands the verb to must not log to the config's file, on ADD or DEL."""
+    bin_dir = stage_standalone(standalone, work)
+    plugin = WatchedPlugin(cnibin.populate(bin_dir, reference_plugins, ours=bin_dir), work)
+    with planted_victims(work / "victim") as victims:
+        conf = {**base_conf(vpc, "7", ipam=host_local(work / "ipam", "fd00:57::/64")),
+                "logFile": str(victims.file), "logMaxBytes": "1", "logBackups": "1",
+                "agentSocket": str(victims.listener.path)}
+        added = plugin.call("ADD", conf, netns=netns, container_id="tenant-pod")
+        assert added.code == 7 and "'logFile' is a host setting" in added.body["msg"]
+        deleted = plugin.call("DEL", conf, netns=netns, container_id="tenant-pod")
+        assert (deleted.status, deleted.stdout) == (0, "")
+        victims.assert_untouched()
+    assert links_in(netns) == {"lo"} and not (work / "ipam").exists()
 
 
 def test_the_build_runs_doctor(standalone: Path, work: Path) -> None:

@@ -194,9 +194,9 @@ def test_pod_interface_of_someone_else_is_refused_before_anything_is_kept(
 
 def test_publishing_without_kubeconfig_fails_with_code_7_before_any_change(
         plugin: Plugin, netns: str, vpc: str, tmp_path: Path) -> None:
-    conf = _conf(vpc, tmp_path, publish={"bgp": True, "endpointSlice": True},
-                 nodeName="worker-1")
-    answer = plugin.call("ADD", conf, container_id="pod-k", netns=netns)
+    conf = _conf(vpc, tmp_path, publish={"bgp": True, "endpointSlice": True})
+    answer = plugin.call("ADD", conf, container_id="pod-k", netns=netns,
+                         VPC_ATTACH_NODE_NAME="worker-1")
     assert answer.code == 7 and "kubeconfig" in answer.body["msg"]
     assert links_in(netns) == {"lo"}
     assert not (tmp_path / "ipam").exists(), "IPAM must not even be asked"
@@ -255,10 +255,11 @@ def test_status_and_gc(plugin: Plugin, netns: str, vpc: str, tmp_path: Path) -> 
 def test_lock_timeout_after_ipam_is_code_11_and_releases_the_allocation(
         plugin: Plugin, netns: str, vpc: str, tmp_path: Path) -> None:
     import fcntl
-    conf = _conf(vpc, tmp_path, timeoutSeconds=1.5)
+    conf = _conf(vpc, tmp_path)
     with open(plugin.lock_dir / "host.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # another invocation "holds" the host-wide lock
-        answer = plugin.call("ADD", conf, container_id="pod-l", netns=netns)
+        answer = plugin.call("ADD", conf, container_id="pod-l", netns=netns,
+                             VPC_ATTACH_TIMEOUT_SECONDS="1.5")
     assert answer.code == 11 and "lock" in answer.body["msg"], answer.stdout
     assert links_in(netns) == {"lo"}
     assert naming.host_link_name(vpc, "7") not in links_in()

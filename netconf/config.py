@@ -101,11 +101,11 @@ class NetConf(_Strict):
     mtu: int | None = Field(default=None, ge=68, le=65535)
     isolation: Literal["vrf", "table"] = "vrf"
     tap: TapOptions | None = None
-    namespace: str | None = None
     publish: PublishOptions = Field(default_factory=PublishOptions)
     ipam: dict[str, Any] | None = None
-    # Host settings that a stanza may override (SPEC §4 precedence).
+    # Host settings: code 7 before this model sees them unless the node allows them (SPEC §14).
     node_name: str | None = Field(default=None, alias="nodeName")
+    namespace: str | None = None
     kubeconfig: str | None = None
     log_file: str | None = Field(default=None, alias="logFile")
     log_level: str | None = Field(default=None, alias="logLevel")
@@ -113,6 +113,7 @@ class NetConf(_Strict):
     log_backups: int | None = Field(default=None, ge=0, alias="logBackups")
     agent_socket: str | None = Field(default=None, alias="agentSocket")
     timeout_seconds: float | None = Field(default=None, gt=0, le=600, alias="timeoutSeconds")
+    lock_dir: str | None = Field(default=None, alias="lockDir")
     # Standard CNI keys.
     args: dict[str, Any] | None = None
     runtime_config: dict[str, Any] | None = Field(default=None, alias="runtimeConfig")

@@ -1,7 +1,9 @@
-"""Host settings: where a node's identity and credentials come from (SPEC §4).
+"""Host settings: where a node's identity and credentials come from (SPEC §4, §14).
 
-Precedence, highest first: the stanza, the VPC_ATTACH_* environment, the host file written by
-the installer, defaults. Resolving them reads at most one local file and never the network.
+They come from the VPC_ATTACH_* environment (the runtime's), then the host file written by the
+installer, then defaults. A network config is tenant input: one that sets a host setting is
+code 7, unless the node allows it (`stanzaHostSettings: allow`), when the stanza comes first.
+Resolving them reads at most one local file and never the network.
 """
 
 from __future__ import annotations
@@ -24,12 +26,17 @@ DEFAULT_LOG_MAX_BYTES = 10 * 1024 * 1024
 DEFAULT_LOG_BACKUPS = 3
 MAX_LOG_BACKUPS = 100
 TENANCY_MODES = ("enforce", "audit", "off")  # SPEC §14; unset: enforce with a kubeconfig
+STANZA_HOST_SETTINGS_KEY = "stanzaHostSettings"
+STANZA_HOST_SETTINGS_ENV = "VPC_ATTACH_STANZA_HOST_SETTINGS"
+IPAM_DATA_ROOT_KEY = "ipamDataRoot"
+IPAM_DATA_ROOT_ENV = "VPC_ATTACH_IPAM_DATA_ROOT"
+DEFAULT_IPAM_DATA_ROOT = "/var/lib/cni/vpc-attach-ipam"
 
 # setting -> (host-file / stanza key, environment variable)
 _SOURCES: dict[str, tuple[str, str | None]] = {
     "node_name": ("nodeName", "VPC_ATTACH_NODE_NAME"),
     "kubeconfig": ("kubeconfig", "VPC_ATTACH_KUBECONFIG"),
-    "namespace": ("namespace", None),
+    "namespace": ("namespace", "VPC_ATTACH_NAMESPACE"),
     "log_file": ("logFile", "VPC_ATTACH_LOG_FILE"),
     "log_level": ("logLevel", "VPC_ATTACH_LOG_LEVEL"),
     "agent_socket": ("agentSocket", "VPC_ATTACH_AGENT_SOCKET"),
@@ -39,6 +46,10 @@ _SOURCES: dict[str, tuple[str, str | None]] = {
     "log_backups": ("logBackups", "VPC_ATTACH_LOG_BACKUPS"),
     "tenancy": ("tenancy", "VPC_ATTACH_TENANCY"),
 }
+# Settings of the node alone: never taken from a network config, whatever it allows.
+_NODE_ONLY: dict[str, str] = {STANZA_HOST_SETTINGS_KEY: STANZA_HOST_SETTINGS_ENV,
+                              IPAM_DATA_ROOT_KEY: IPAM_DATA_ROOT_ENV,
+                              "tenancy": "VPC_ATTACH_TENANCY"}
 
 
 @dataclass(frozen=True)
@@ -82,18 +93,17 @@ def read_host_file(environ: Mapping[str, str]) -> dict[str, Any]:
     return data
 
 
-def resolve_host_settings(stanza: Mapping[str, Any], environ: Mapping[str, str]) -> HostSettings:
-    """Apply stanza > environment > host file > defaults.
-
-    `stanza` maps host-file keys (nodeName, kubeconfig, ...) to values set in the plugin stanza.
-    """
-    return resolve_with_sources(stanza, environ, read_host_file(environ))[0]
+def resolve_host_settings(config: Mapping[str, Any], environ: Mapping[str, str]) -> HostSettings:
+    """The node's settings for an invocation of network config `config` (code 7 when the
+    config sets a host setting the node does not let it set)."""
+    return resolve_with_sources(config, environ, read_host_file(environ))[0]
 
 
-def resolve_with_sources(stanza: Mapping[str, Any], environ: Mapping[str, str],
+def resolve_with_sources(config: Mapping[str, Any], environ: Mapping[str, str],
                          host_file: Mapping[str, Any]) -> tuple[HostSettings, dict[str, str]]:
     """The settings, and where each came from: its stanza key, environment variable, host
     file key, or "default" (for `vpc-attach doctor`)."""
+    stanza = stanza_host_values(config, environ, host_file)
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for setting, (key, env_name) in _SOURCES.items():
@@ -109,6 +119,69 @@ def resolve_with_sources(stanza: Mapping[str, Any], environ: Mapping[str, str],
     settings = HostSettings(**values)
     _check(settings)
     return settings, sources
+
+
+def stanza_host_values(config: Mapping[str, Any], environ: Mapping[str, str],
+                       host_file: Mapping[str, Any]) -> dict[str, Any]:
+    """The host settings a network config sets, by host-file key; code 7 naming the first one
+    unless the node allows stanza host settings (keys match case-insensitively)."""
+    allowed = stanza_host_settings_allowed(environ, host_file)  # a bad value is code 7 always
+    known = {key.lower(): key for key, _ in (*_SOURCES.values(), *_NODE_ONLY.items())}
+    found = {known[key.lower()]: value for key, value in config.items()
+             if isinstance(key, str) and key.lower() in known}
+    for key, value in found.items():
+        if (key in _NODE_ONLY or not allowed) \
+                and not _is_node_value(key, value, environ, host_file):
+            raise _not_in_stanza(key, environ)
+    return {key: value for key, value in found.items() if key not in _NODE_ONLY}
+
+
+def _is_node_value(key: str, value: Any, environ: Mapping[str, str],
+                   host_file: Mapping[str, Any]) -> bool:
+    """Whether a config's host key repeats exactly what the node set (it then chooses nothing:
+    configs written before SPEC §14, e.g. `"namespace": "galactic-system"`, keep working)."""
+    setting = next((name for name, (k, _) in _SOURCES.items() if k == key), None)
+    if setting is None or value is None:
+        return False
+    env_name = _SOURCES[setting][1]
+    node = (environ.get(env_name) if env_name else None) or host_file.get(key) \
+        or getattr(HostSettings(), setting)
+    return node is not None and str(node) == str(value)
+
+
+def stanza_host_settings_allowed(environ: Mapping[str, str], host_file: Mapping[str, Any]) -> bool:
+    """Whether this node lets network configs set host settings (`allow`; default `deny`)."""
+    value = environ.get(STANZA_HOST_SETTINGS_ENV) or host_file.get(STANZA_HOST_SETTINGS_KEY)
+    if value in (None, "", "deny"):
+        return False
+    if value == "allow":
+        return True
+    raise CniError(INVALID_CONFIG, f"invalid {STANZA_HOST_SETTINGS_KEY} {value!r}",
+                   f"expected 'allow' or 'deny' (host file key {STANZA_HOST_SETTINGS_KEY}, "
+                   f"environment {STANZA_HOST_SETTINGS_ENV})")
+
+
+def _not_in_stanza(key: str, environ: Mapping[str, str]) -> CniError:
+    env_name = _NODE_ONLY.get(key) or next(env for k, env in _SOURCES.values() if k == key)
+    host_file = environ.get(HOST_CONFIG_ENV) or DEFAULT_HOST_CONFIG
+    why = "a network config may not choose where vpc-attach writes, what it connects to or " \
+          "who it is"
+    if key not in _NODE_ONLY:
+        why += f"; a single-tenant node may allow it with {STANZA_HOST_SETTINGS_KEY}: allow"
+    return CniError(INVALID_CONFIG, f"config key {key!r} is a host setting: set it in the host "
+                    f"file {host_file} or the environment variable {env_name}, not in the "
+                    "network config", why)
+
+
+def ipam_data_root(environ: Mapping[str, str], host_file: Mapping[str, Any]) -> str:
+    """The directory `vpc-attach-ipam`'s dataDir must be in (code 7 unless absolute)."""
+    root = environ.get(IPAM_DATA_ROOT_ENV) or host_file.get(IPAM_DATA_ROOT_KEY) \
+        or DEFAULT_IPAM_DATA_ROOT
+    if not isinstance(root, str) or not root.startswith("/"):
+        raise CniError(INVALID_CONFIG, f"invalid {IPAM_DATA_ROOT_KEY} {root!r}",
+                       f"expected an absolute path (host file key {IPAM_DATA_ROOT_KEY}, "
+                       f"environment {IPAM_DATA_ROOT_ENV})")
+    return root
 
 
 def _check(settings: HostSettings) -> None:

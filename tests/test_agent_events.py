@@ -58,12 +58,20 @@ def test_an_add_no_binding_admitted_is_a_denial_with_the_bindings_considered(
     assert event.note == f"{error['msg']} ({error['details']})"
 
 
-def test_config_args_and_stanza_settings_win(tmp_path: Path) -> None:
-    stanza = {**STANZA, "nodeName": "from-stanza",
+def test_config_args_win_and_stanza_host_settings_only_where_the_node_allows(
+        tmp_path: Path) -> None:
+    stanza = {**STANZA, "nodeName": "from-stanza", "kubeconfig": "/tenant/admin.kubeconfig",
               "args": {"cni": {"K8S_POD_NAME": "web-1", "K8S_POD_UID": "u-2"}}}
-    event = pod_event(request(tmp_path, stanza), 0, {"ips": []})
-    assert event is not None and (event.pod, event.uid, event.node) == \
+    allowed = pod_event(request(tmp_path, stanza,
+                                extra={"VPC_ATTACH_STANZA_HOST_SETTINGS": "allow"}),
+                        0, {"ips": []})
+    assert allowed is not None and (allowed.pod, allowed.uid, allowed.node) == \
         ("web-1", "u-2", "from-stanza")
+    # Refused (the ADD answered code 7): the Event says so with the node's own identity.
+    error = {"code": 7, "msg": "config key 'nodeName' is a host setting"}
+    refused = pod_event(request(tmp_path, stanza), 1, error)
+    assert refused is not None and (refused.node, refused.kubeconfig) == ("worker-1", "/k")
+    assert refused.reason == FAILED and "host setting" in refused.note
 
 
 @pytest.mark.parametrize(("args", "environ"), [

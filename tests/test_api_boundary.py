@@ -65,10 +65,10 @@ def test_check_answers_a_refused_read_as_code_104_not_an_internal_error(
     environ = {"CNI_COMMAND": "CHECK", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/run/netns/p",
                "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin",
                "CNI_ARGS": "K8S_POD_NAMESPACE=team-a;K8S_POD_NAME=web",
-               "VPC_ATTACH_HOST_CONFIG": str(tmp_path / "absent.json")}
+               "VPC_ATTACH_HOST_CONFIG": str(tmp_path / "absent.json"),
+               "VPC_ATTACH_NODE_NAME": "node-1", "VPC_ATTACH_KUBECONFIG": kubeconfig}
     conf = {"cniVersion": "1.1.0", "name": "n", "type": "vpc-attach", "vpc": "10",
-            "vpcattachment": "10", "nodeName": "node-1", "kubeconfig": kubeconfig,
-            "ipam": {"type": "host-local"}}
+            "vpcattachment": "10", "ipam": {"type": "host-local"}}
     inv = Invocation.parse(Request(environ=environ, stdin=json.dumps(conf).encode()))
     prev = Result.from_wire({"cniVersion": "1.1.0", "ips": [{"address": "fd00::5/64"}]})
     with pytest.raises(CniError) as caught:

@@ -76,14 +76,28 @@ def test_configs_referencing_vpc_attach_are_validated(tmp_path: Path) -> None:
     _write_conflist(tmp_path, "10-good.conflist", good)
     _write_conflist(tmp_path, "20-bad.conflist", {**good, "mtuu": 1500})
     _write_conflist(tmp_path, "30-missing.conflist", {**good, "ipam": {"type": "host-local"}})
+    _write_conflist(tmp_path, "35-host-key.conflist", {**good, "logFile": "/etc/shadow"})
+    _write_conflist(tmp_path, "36-outside-root.conflist",
+                    {**good, "ipam": {**good["ipam"], "dataDir": "/srv/elsewhere"}})
     (tmp_path / "net.d" / "40-other.conf").write_text('{"type": "bridge"}')
-    node = _node(tmp_path)
+    node = _node(tmp_path, VPC_ATTACH_IPAM_DATA_ROOT=str(tmp_path))
     found = check_networks(node)
-    assert [f.status for f in found] == [OK, FAIL, FAIL]
+    assert [f.status for f in found] == [OK, FAIL, FAIL, FAIL, FAIL]
     assert "unknown config key 'mtuu'" in found[1].detail
     assert "'host-local' not found in CNI_PATH" in found[2].detail
+    assert "config key 'logFile' is a host setting" in found[3].detail
+    assert "'ipam.dataDir'" in found[4].detail and "ipamDataRoot" in found[4].detail
     assert [conf.name for _, conf in node.networks] == ["10-good"]
     assert node.ipam_data_dirs == [str(tmp_path / "ipam")]
+
+
+def test_a_node_that_allows_stanza_host_settings_is_warned_about(tmp_path: Path) -> None:
+    found = {f.check: f for f in host_settings(
+        _node(tmp_path, VPC_ATTACH_STANZA_HOST_SETTINGS="allow"))}
+    assert found["settings.stanzaHostSettings"].status == WARN
+    assert "settings.stanzaHostSettings" not in {f.check for f in host_settings(
+        _node(tmp_path))}
+    assert found["settings.ipamDataRoot"].detail == "/var/lib/cni/vpc-attach-ipam"
 
 
 def test_no_config_referencing_vpc_attach_is_only_a_warning(tmp_path: Path) -> None:

@@ -1,4 +1,6 @@
-"""Host settings precedence (SPEC §4): stanza > VPC_ATTACH_* env > host file > defaults."""
+"""Host settings (SPEC §4, §14): VPC_ATTACH_* env > host file > defaults; a network config that
+sets one is code 7 naming it, unless the node allows stanza host settings (then it comes
+first)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from netconf.host import (
     DEFAULT_NAMESPACE,
     DEFAULT_TIMEOUT_SECONDS,
     HOST_CONFIG_ENV,
+    STANZA_HOST_SETTINGS_ENV,
     HostSettings,
     read_host_file,
     resolve_host_settings,
@@ -28,7 +31,7 @@ from netconf.host import (
 STRING_SETTINGS: dict[str, tuple[str, str | None, tuple[str, str, str]]] = {
     "node_name": ("nodeName", "VPC_ATTACH_NODE_NAME", ("stanza-node", "env-node", "file-node")),
     "kubeconfig": ("kubeconfig", "VPC_ATTACH_KUBECONFIG", ("/s/kube", "/e/kube", "/f/kube")),
-    "namespace": ("namespace", None, ("stanza-ns", "env-ns", "file-ns")),
+    "namespace": ("namespace", "VPC_ATTACH_NAMESPACE", ("stanza-ns", "env-ns", "file-ns")),
     "log_file": ("logFile", "VPC_ATTACH_LOG_FILE", ("/s/log", "/e/log", "/f/log")),
     "log_level": ("logLevel", "VPC_ATTACH_LOG_LEVEL", ("debug", "warning", "error")),
     "agent_socket": ("agentSocket", "VPC_ATTACH_AGENT_SOCKET", ("/s/sock", "/e/sock",
@@ -55,8 +58,13 @@ def write(path: Path, data: Any) -> Path:
     return path
 
 
-def resolve(stanza: dict[str, Any], env: dict[str, str], host_path: Path) -> HostSettings:
-    return resolve_host_settings(stanza, {**env, HOST_CONFIG_ENV: str(host_path)})
+ALLOW = {STANZA_HOST_SETTINGS_ENV: "allow"}
+
+
+def resolve(stanza: dict[str, Any], env: dict[str, str], host_path: Path,
+            allow: bool = False) -> HostSettings:
+    environ = {**env, HOST_CONFIG_ENV: str(host_path), **(ALLOW if allow else {})}
+    return resolve_host_settings(stanza, environ)
 
 
 def test_defaults_apply_when_nothing_is_configured(host_file: Path) -> None:
@@ -71,11 +79,13 @@ def test_defaults_apply_when_nothing_is_configured(host_file: Path) -> None:
 
 
 @pytest.mark.parametrize("setting", sorted(STRING_SETTINGS))
-def test_stanza_beats_env_beats_host_file_beats_default(setting: str, host_file: Path) -> None:
+def test_allowed_stanza_beats_env_beats_host_file_beats_default(setting: str,
+                                                                host_file: Path) -> None:
     key, env_name, (from_stanza, from_env, from_file) = STRING_SETTINGS[setting]
     write(host_file, {key: from_file})
     env = {env_name: from_env} if env_name else {}
-    assert getattr(resolve({key: from_stanza}, env, host_file), setting) == from_stanza
+    assert getattr(resolve({key: from_stanza}, env, host_file, allow=True), setting) == \
+        from_stanza
     assert getattr(resolve({}, env, host_file), setting) == (from_env if env_name else from_file)
     assert getattr(resolve({}, {}, host_file), setting) == from_file
     default = getattr(HostSettings(), setting)
@@ -87,23 +97,25 @@ def test_empty_values_fall_through_to_the_next_source(setting: str, host_file: P
     key, env_name, (_, from_env, from_file) = STRING_SETTINGS[setting]
     write(host_file, {key: from_file})
     env = {env_name: ""} if env_name else {}
-    assert getattr(resolve({key: None}, env, host_file), setting) == from_file
-    assert getattr(resolve({key: ""}, env, host_file), setting) == from_file
+    assert getattr(resolve({key: None}, env, host_file, allow=True), setting) == from_file
+    assert getattr(resolve({key: ""}, env, host_file, allow=True), setting) == from_file
     if env_name:
-        assert getattr(resolve({key: ""}, {env_name: from_env}, host_file), setting) == from_env
+        assert getattr(resolve({key: ""}, {env_name: from_env}, host_file, allow=True),
+                       setting) == from_env
 
 
 def test_timeout_precedence_and_string_values_from_env(host_file: Path) -> None:
     write(host_file, {"timeoutSeconds": 20})
     env = {"VPC_ATTACH_TIMEOUT_SECONDS": "12.5"}
-    assert resolve({"timeoutSeconds": 3}, env, host_file).timeout_seconds == 3.0
+    assert resolve({"timeoutSeconds": 3}, env, host_file, allow=True).timeout_seconds == 3.0
     assert resolve({}, env, host_file).timeout_seconds == 12.5
     assert resolve({}, {}, host_file).timeout_seconds == 20.0
 
 
-def test_namespace_has_no_environment_variable(host_file: Path) -> None:
+def test_namespace_comes_from_its_environment_variable(host_file: Path) -> None:
+    write(host_file, {"namespace": "from-file"})
     settings = resolve({}, {"VPC_ATTACH_NAMESPACE": "from-env"}, host_file)
-    assert settings.namespace == DEFAULT_NAMESPACE
+    assert settings.namespace == "from-env"
 
 
 def test_unknown_keys_in_the_host_file_are_ignored(host_file: Path) -> None:
@@ -128,15 +140,16 @@ def test_each_setting_comes_from_the_first_non_empty_source(
         environ = {env_name: pick(env) or ""} if env_name and env is not None else {}
         sources = (pick(stanza), pick(env) if env_name else None, pick(file))
         expected = next((v for v in sources if v), getattr(HostSettings(), setting))
-        assert getattr(resolve({key: pick(stanza)}, environ, path), setting) == expected
+        assert getattr(resolve({key: pick(stanza)}, environ, path, allow=True),
+                       setting) == expected
 
 
 # --- through a real invocation (stanza keys as the runtime sends them) -------------------------
 
 
-def test_stanza_keys_of_the_config_win_over_env_and_host_file(host_file: Path) -> None:
+def test_allowed_stanza_keys_win_over_env_and_host_file(host_file: Path) -> None:
     write(host_file, {"nodeName": "file-node", "kubeconfig": "/f/kube", "namespace": "file-ns",
-                      "logLevel": "error", "timeoutSeconds": 20})
+                      "logLevel": "error", "timeoutSeconds": 20, "stanzaHostSettings": "allow"})
     environ = {**CNI_ENV, HOST_CONFIG_ENV: str(host_file), "VPC_ATTACH_NODE_NAME": "env-node",
                "VPC_ATTACH_LOG_LEVEL": "warning"}
     stanza = {**STANZA, "nodeName": "stanza-node", "namespace": "stanza-ns",
@@ -151,13 +164,13 @@ def test_stanza_keys_of_the_config_win_over_env_and_host_file(host_file: Path) -
 
 
 def test_status_answers_within_its_own_short_deadline(host_file: Path) -> None:
-    environ = {**CNI_ENV, HOST_CONFIG_ENV: str(host_file), "CNI_COMMAND": "STATUS"}
-    stanza = {**STANZA, "timeoutSeconds": 20}
-    inv = Invocation.parse(Request(environ, json.dumps(stanza).encode()))
+    environ = {**CNI_ENV, HOST_CONFIG_ENV: str(host_file), "CNI_COMMAND": "STATUS",
+               "VPC_ATTACH_TIMEOUT_SECONDS": "20"}
+    inv = Invocation.parse(Request(environ, json.dumps(STANZA).encode()))
     assert inv.host.timeout_seconds == 20.0
     assert inv.whole.seconds == inv.deadline.seconds == STATUS_TIMEOUT_S < 20.0
-    short = Invocation.parse(Request(environ, json.dumps({**stanza, "timeoutSeconds": 2})
-                                     .encode()))
+    short = Invocation.parse(Request({**environ, "VPC_ATTACH_TIMEOUT_SECONDS": "2"},
+                                     json.dumps(STANZA).encode()))
     assert short.whole.seconds == 2.0
 
 
@@ -218,14 +231,14 @@ def test_invalid_setting_from_any_source_is_code_7_naming_it(
         named: str) -> None:
     write(host_file, file)
     with pytest.raises(CniError) as info:
-        resolve(stanza, env, host_file)
+        resolve(stanza, env, host_file, allow=True)
     assert info.value.code == INVALID_CONFIG
     assert named in info.value.msg
 
 
 @pytest.mark.parametrize("level", ["debug", "INFO", "Warning", "error"])
 def test_log_level_is_case_insensitive(host_file: Path, level: str) -> None:
-    assert resolve({"logLevel": level}, {}, host_file).log_level == level
+    assert resolve({"logLevel": level}, {}, host_file, allow=True).log_level == level
 
 
 def test_non_string_log_level_in_host_file_is_code_7(host_file: Path) -> None:
@@ -251,8 +264,9 @@ def test_log_rotation_settings_follow_the_usual_precedence(
         host_file: Path, setting: str, key: str, env_name: str) -> None:
     write(host_file, {key: 7})
     env = {env_name: "5"}
-    assert getattr(resolve({key: 3}, env, host_file), setting) == 3
-    assert getattr(resolve({key: 0}, env, host_file), setting) == 0  # 0 is a value, not unset
+    assert getattr(resolve({key: 3}, env, host_file, allow=True), setting) == 3
+    # 0 is a value, not unset
+    assert getattr(resolve({key: 0}, env, host_file, allow=True), setting) == 0
     assert getattr(resolve({}, env, host_file), setting) == 5
     assert getattr(resolve({}, {}, host_file), setting) == 7
 
@@ -280,9 +294,9 @@ def test_any_whole_number_of_bytes_from_the_environment_is_taken(number: int) ->
     assert settings.log_max_bytes == number
 
 
-def test_stanza_log_rotation_keys_are_accepted_through_a_real_invocation(
+def test_allowed_stanza_log_rotation_keys_are_accepted_through_a_real_invocation(
         host_file: Path) -> None:
-    environ = {**CNI_ENV, HOST_CONFIG_ENV: str(host_file)}
+    environ = {**CNI_ENV, HOST_CONFIG_ENV: str(host_file), **ALLOW}
     stanza = {**STANZA, "logMaxBytes": 4096, "logBackups": 1}
     inv = Invocation.parse(Request(environ, json.dumps(stanza).encode()))
     assert (inv.host.log_max_bytes, inv.host.log_backups) == (4096, 1)

@@ -9,6 +9,7 @@ import errno
 import ipaddress
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +44,12 @@ from netconf.errors import (
     UNSUPPORTED_FIELD,
     CniError,
 )
+from netconf.host import IPAM_DATA_ROOT_ENV
 from netconf.versions import LEGACY_RESULT_VERSIONS, SUPPORTED_VERSIONS
 
 TYPE = "vpc-attach-ipam"
 ETH0 = "eth0"
+DATA_ROOT = tempfile.gettempdir()  # this node's ipamDataRoot: every tmp_path is below it
 
 
 def run_ipam(req: Request) -> tuple[int, dict[str, Any] | None]:
@@ -798,7 +801,8 @@ def test_allocator_keeps_one_distinct_block_per_live_attachment(
 def request(command: str, conf: dict[str, Any] | bytes, container_id: str = "c1",
             ifname: str = ETH0, **env: str) -> Request:
     environ = {"CNI_COMMAND": command, "CNI_CONTAINERID": container_id, "CNI_IFNAME": ifname,
-               "CNI_NETNS": "/var/run/netns/x", "CNI_PATH": "/opt/cni/bin", **env}
+               "CNI_NETNS": "/var/run/netns/x", "CNI_PATH": "/opt/cni/bin",
+               IPAM_DATA_ROOT_ENV: DATA_ROOT, **env}
     stdin = conf if isinstance(conf, bytes) else json.dumps(conf).encode()
     return Request(environ=environ, stdin=stdin)
 

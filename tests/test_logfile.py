@@ -129,7 +129,12 @@ def test_one_writer_per_path_per_process_with_the_latest_limits(tmp_path: Path) 
 @pytest.mark.parametrize(("environ", "stanza", "host", "expected"), [
     ({}, {}, {}, (10 * 1024 * 1024, 3)),
     ({"VPC_ATTACH_LOG_MAX_BYTES": "2048", "VPC_ATTACH_LOG_BACKUPS": "7"}, {}, {}, (2048, 7)),
-    ({"VPC_ATTACH_LOG_MAX_BYTES": "2048"}, {"logMaxBytes": 512}, {}, (512, 3)),
+    ({"VPC_ATTACH_LOG_MAX_BYTES": "2048"}, {"logMaxBytes": 512}, {}, (2048, 3)),  # refused
+    ({"VPC_ATTACH_LOG_MAX_BYTES": "2048", "VPC_ATTACH_STANZA_HOST_SETTINGS": "allow"},
+     {"logMaxBytes": 512}, {}, (512, 3)),
+    ({"VPC_ATTACH_LOG_MAX_BYTES": "2048"}, {"logMaxBytes": 512},
+     {"stanzaHostSettings": "allow"}, (512, 3)),
+    ({"VPC_ATTACH_STANZA_HOST_SETTINGS": "yes"}, {"logMaxBytes": 512}, {}, (10 * 1024**2, 3)),
     ({}, {}, {"logMaxBytes": 4096, "logBackups": 0}, (4096, 0)),
     ({"VPC_ATTACH_LOG_BACKUPS": "many"}, {}, {"logBackups": 2}, (10 * 1024 * 1024, 3)),
 ])

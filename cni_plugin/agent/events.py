@@ -29,7 +29,7 @@ from cni_plugin.kube.events import EVENTS, micro_time, pod_event_body, truncated
 from cni_plugin.publish.resources import PODS
 from netconf.config import lookup_ci
 from netconf.errors import TENANCY_DENIED, CniError
-from netconf.host import resolve_host_settings
+from netconf.host import HostSettings, resolve_host_settings
 
 log = logging.getLogger(__name__)
 ATTACHED, FAILED, DENIED = "VPCAttached", "VPCAttachFailed", "VPCAttachDenied"
@@ -80,11 +80,8 @@ def pod_event(request: Request, status: int, payload: Mapping[str, Any] | None
     namespace, pod = args.get("K8S_POD_NAMESPACE"), args.get("K8S_POD_NAME")
     if not namespace or not pod:
         return None
-    stanza = {key: value for key in ("nodeName", "kubeconfig")
-              if isinstance(value := lookup_ci(config, key), str)}
-    try:
-        host = resolve_host_settings(stanza, request.environ)
-    except CniError:
+    host = _host(config, request.environ)
+    if host is None:
         return None
     if not host.kubeconfig or not host.node_name:
         return None
@@ -106,6 +103,17 @@ def pod_event(request: Request, status: int, payload: Mapping[str, Any] | None
         note = f"{what} on {ifname}: ADD failed with CNI error {code}: {message}"
     return PodEvent(host.kubeconfig, host.node_name, namespace, pod,
                     args.get("K8S_POD_UID") or None, reason, kind, truncated(note))
+
+
+def _host(config: dict[str, Any], environ: Mapping[str, str]) -> HostSettings | None:
+    """Whose identity posts the Event: the config's host settings where the node allows them;
+    the node's own when it refused them (that refusal is what the Event reports)."""
+    for source in (config, {}):
+        try:
+            return resolve_host_settings(source, environ)
+        except CniError:
+            continue
+    return None
 
 
 def _config(stdin: bytes) -> dict[str, Any]:

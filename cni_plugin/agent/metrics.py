@@ -31,6 +31,7 @@ from cni_plugin.ipam.plugin.config import DEFAULT_DATA_DIR, PLUGIN_TYPES
 from cni_plugin.ipam.plugin.store import PoolState, pool_directories
 from netconf.config import lookup_ci
 from netconf.errors import CniError
+from netconf.host import ipam_data_root, read_host_file
 
 log = logging.getLogger(__name__)
 VERBS = ("ADD", "DEL", "CHECK", "STATUS", "GC", "VERSION")
@@ -113,7 +114,7 @@ class IpamPools(Collector):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._data_dirs = {DEFAULT_DATA_DIR}
+        self._data_dirs = {DEFAULT_DATA_DIR, _node_data_root()}
 
     def learn(self, stdin: bytes) -> None:
         """Remember the data directory of a request's vpc-attach-ipam block, if it has one."""
@@ -144,6 +145,14 @@ class IpamPools(Collector):
         for label, count in sorted(counts.items()):
             family.add_metric([label], count)
         yield family
+
+
+def _node_data_root() -> str:
+    """The agent's node's ipamDataRoot (where a dataDir left unset allocates)."""
+    try:
+        return ipam_data_root(os.environ, read_host_file(os.environ))
+    except CniError:
+        return DEFAULT_DATA_DIR  # the verbs report the bad setting
 
 
 def ipam_data_dir(stdin: bytes) -> str | None:

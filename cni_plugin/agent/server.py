@@ -201,7 +201,8 @@ class Agent:
             if self.metrics is not None:
                 code = 0 if status == 0 else (payload or {}).get("code", INTERNAL_ERROR)
                 self.metrics.verb_answered(request.command, int(code), seconds)
-                self.metrics.pools.learn(request.stdin)
+                if request.command == "ADD" and status == 0:  # its dataDir passed the root check
+                    self.metrics.pools.learn(request.stdin)
             if self.events is not None:
                 self.events.answered(request, status, payload)
         except Exception:

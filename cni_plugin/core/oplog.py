@@ -18,6 +18,7 @@ from typing import Any
 
 from cni_plugin.core.logfile import LogFile, log_file
 from cni_plugin.core.request import Request
+from netconf.errors import CniError
 from netconf.host import (
     DEFAULT_HOST_CONFIG,
     DEFAULT_LOG_BACKUPS,
@@ -25,9 +26,12 @@ from netconf.host import (
     HOST_CONFIG_ENV,
     LOG_LEVELS,
     MAX_LOG_BACKUPS,
+    stanza_host_settings_allowed,
 )
 
 _configured: dict[str, Any] = {}
+# Any of these in a config's bytes (lower-cased) means it might set a log setting.
+_LOG_KEYS_BYTES = (b'"logfile"', b'"loglevel"', b'"logmaxbytes"', b'"logbackups"')
 _configure_lock = threading.Lock()  # the agent's verb threads share the root logger
 
 
@@ -46,17 +50,16 @@ class LogSettings:
 
 
 def settings(request: Request) -> LogSettings:
-    """The log settings: stanza > environment > host file, cheaply and leniently (the stanza
-    may not even parse; netconf.host validates the same settings for the verbs, and an invalid
-    size or count here means its default)."""
+    """The log settings: environment > host file, cheaply and leniently (netconf.host validates
+    the same settings for the verbs, and an invalid size or count here means its default). A
+    stanza's log keys count only where the node allows stanza host settings: elsewhere the
+    verb refuses them (code 7), and its log line goes to the node's log, not theirs."""
     stanza: dict[str, Any] = {}
-    try:
-        parsed = json.loads(request.stdin) if request.stdin else {}
-        if isinstance(parsed, dict):  # keys match case-insensitively, as the stanza's do
-            stanza = {str(k).lower(): v for k, v in parsed.items()}
-    except (ValueError, RecursionError):
-        pass
     host: dict[str, Any] | None = None
+    lowered = request.stdin.lower()
+    if any(key in lowered for key in _LOG_KEYS_BYTES):  # most configs name none: no parsing
+        host = _host_file(request)
+        stanza = _allowed_stanza(request, host)
 
     def setting(stanza_key: str, env_key: str) -> str | None:
         nonlocal host
@@ -91,6 +94,18 @@ def settings(request: Request) -> LogSettings:
                         2**40),
         backups=count("logBackups", "VPC_ATTACH_LOG_BACKUPS", DEFAULT_LOG_BACKUPS,
                       MAX_LOG_BACKUPS))
+
+
+def _allowed_stanza(request: Request, host: dict[str, Any]) -> dict[str, Any]:
+    """The config's keys, lower-cased, if this node lets a stanza set host settings; else {}."""
+    try:
+        if not stanza_host_settings_allowed(request.environ, host):
+            return {}
+        parsed = json.loads(request.stdin)
+    except (CniError, ValueError, RecursionError):
+        return {}  # not allowed, or the config does not parse: the node's settings only
+    # keys match case-insensitively, as the stanza's do
+    return {str(k).lower(): v for k, v in parsed.items()} if isinstance(parsed, dict) else {}
 
 
 def _host_file(request: Request) -> dict[str, Any]:

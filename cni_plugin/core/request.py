@@ -27,6 +27,7 @@ from netconf.runtime import RuntimeEnv, check_known_args
 # (not "network not ready") when that call hangs; an unreachable API is an answer, code 50.
 STATUS_TIMEOUT_S = 4.0
 
+NODE_ENV_PREFIX = "VPC_ATTACH_"
 MAC_PATTERN = re.compile(r"^([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}$")
 
 
@@ -66,16 +67,19 @@ class Invocation:
     deadline: Deadline = field(compare=False)  # for forward work
     whole: Deadline = field(compare=False)  # the invocation's, rollback included
     attempt: str = field(compare=False)  # random token of this invocation (created-by)
+    # The request's VPC_ATTACH_* settings (the node's): an IPAM delegate gets them too.
+    node_env: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @classmethod
     def parse(cls, request: Request) -> Invocation:
         """Validate env, config, CNI_ARGS and host settings (codes 1, 2, 4, 6, 7)."""
         env = RuntimeEnv.from_environ(request.environ)
         raw = decode_json(request.stdin)
+        # First: a host setting in the config is named as such, whatever else is wrong.
+        host = resolve_host_settings(raw, request.environ)
         conf = parse_netconf(raw)
         args = {**env.cni_args, **conf.cni_args()}  # config args.cni wins (SPEC §3)
         check_known_args(args)
-        host = resolve_host_settings(_stanza_host_keys(conf), request.environ)
         if env.netns and env.command in ("ADD", "CHECK"):
             _check_netns(env.netns, veth=conf.attachment == "veth")
         _check_runtime_mac(conf)
@@ -87,12 +91,14 @@ class Invocation:
         whole = Deadline(seconds)
         forward = whole.less_rollback_reserve() if env.command == "ADD" else whole
         return cls(env=env, conf=conf, raw=raw, stdin=request.stdin, host=host, pod=pod,
-                   deadline=forward, whole=whole, attempt=secrets.token_hex(6))
+                   deadline=forward, whole=whole, attempt=secrets.token_hex(6),
+                   node_env={k: v for k, v in request.environ.items()
+                             if k.startswith(NODE_ENV_PREFIX)})
 
     @property
     def namespace(self) -> str:
-        """Namespace of the BGP custom resources."""
-        return self.conf.namespace or self.host.namespace
+        """Namespace of the BGP custom resources (a host setting)."""
+        return self.host.namespace
 
     def lock_path(self, name: str) -> str:
         """Lock file for a host object name (a host link, or 'host' for shared state)."""
@@ -137,11 +143,3 @@ def _check_runtime_mac(conf: NetConf) -> None:
         raise CniError(INVALID_CONFIG, f"invalid config key 'runtimeConfig.mac': {mac!r}",
                        "expected a MAC address like 0a:58:0a:00:00:05")
 
-
-def _stanza_host_keys(conf: NetConf) -> dict[str, Any]:
-    return {
-        "nodeName": conf.node_name, "kubeconfig": conf.kubeconfig, "namespace": conf.namespace,
-        "logFile": conf.log_file, "logLevel": conf.log_level, "agentSocket": conf.agent_socket,
-        "timeoutSeconds": conf.timeout_seconds, "logMaxBytes": conf.log_max_bytes,
-        "logBackups": conf.log_backups,
-    }

@@ -26,7 +26,7 @@ from cni_plugin.agent.protocol import (
 )
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.ipam.delegate import find_plugin
-from cni_plugin.ipam.plugin.config import PLUGIN_TYPES, parse_network
+from cni_plugin.ipam.plugin.config import PLUGIN_TYPES, confine_data_dir, parse_network
 from cni_plugin.ipam.plugin.store import PoolState, pool_directories
 from cni_plugin.kernel import isolation, links, netns
 from cni_plugin.kube.client import ApiError, KubeClient
@@ -34,7 +34,14 @@ from cni_plugin.kube.config import load_kubeconfig
 from cni_plugin.publish.resources import ACCESS_REVIEWS, BINDINGS, GROUP, ROUTERS
 from netconf.config import NetConf, parse_netconf
 from netconf.errors import CniError
-from netconf.host import HostSettings, read_host_file, resolve_with_sources
+from netconf.host import (
+    HostSettings,
+    ipam_data_root,
+    read_host_file,
+    resolve_with_sources,
+    stanza_host_settings_allowed,
+    stanza_host_values,
+)
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 API_SECONDS = 5.0
@@ -122,6 +129,12 @@ def host_settings(node: Node) -> list[Finding]:
             source = f"host file {path}"
         shown = "(unset)" if value is None else str(value)
         findings.append(Finding(f"settings.{key}", OK, f"{shown} ({source})"))
+    findings.append(Finding("settings.ipamDataRoot", OK, ipam_data_root(node.environ, host_file)))
+    if stanza_host_settings_allowed(node.environ, host_file):  # validated by resolve above
+        findings.append(Finding(
+            "settings.stanzaHostSettings", WARN, "allow: network configs may set host settings "
+            "(where the plugin writes, connects to and who it is)", "only on a single-tenant "
+            "node: whoever writes a NetworkAttachmentDefinition controls them"))
     return findings
 
 
@@ -171,13 +184,14 @@ def _network_file(node: Node, path: str) -> list[Finding]:
 def _stanza(node: Node, path: str, config: dict[str, Any], plugin: dict[str, Any]) -> Finding:
     merged = {"cniVersion": config.get("cniVersion"), "name": config.get("name"), **plugin}
     try:
+        stanza_host_values(merged, node.environ, _host_file(node))
         conf = parse_netconf(merged)
         bin_path = (node.cni_bin_dir,)
         find_plugin("vpc-attach", bin_path)
         if conf.ipam is not None:
             find_plugin(str(conf.ipam["type"]), bin_path)
             if conf.ipam["type"] in PLUGIN_TYPES:
-                ipam = parse_network(merged)
+                ipam = confine_data_dir(parse_network(merged), node.environ)
                 node.ipam_data_dirs.append(ipam.data_dir)
     except CniError as exc:
         where = f" ({exc.details})" if exc.details else ""
@@ -188,6 +202,13 @@ def _stanza(node: Node, path: str, config: dict[str, Any], plugin: dict[str, Any
     return Finding("cni.conflist", OK, f"{path}: network {conf.name!r}, VPC {conf.vpc} "
                    f"attachment {conf.vpcattachment}, {conf.attachment}, isolation "
                    f"{conf.isolation}")
+
+
+def _host_file(node: Node) -> dict[str, Any]:
+    try:
+        return read_host_file(node.environ)
+    except CniError:
+        return {}  # reported by host_settings
 
 
 def kernel(node: Node) -> list[Finding]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Mapping
 from contextlib import suppress
 from typing import Any, Protocol
 
@@ -57,11 +58,12 @@ def _answer(plugin_type: str, command: str, returncode: int, stdout: bytes,
     return data if isinstance(data, dict) else None
 
 
-def _environ(env: RuntimeEnv, command: str) -> dict[str, str]:
+def _environ(env: RuntimeEnv, command: str,
+             node_env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The delegate's environment for command: PATH etc. from ours, but the invocation's CNI_*
-    values, not this process's."""
+    values and node settings (an agent's request carries the runtime's), not this process's."""
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
-    return {**inherited, **env.to_environ(), "CNI_COMMAND": command}
+    return {**inherited, **(node_env or {}), **env.to_environ(), "CNI_COMMAND": command}
 
 
 def _delegate_error(plugin_type: str, command: str, stdout: bytes, stderr: bytes) -> CniError:
@@ -107,36 +109,43 @@ class IpamBackend(Protocol):
         """Delegated DEL, CHECK, STATUS or GC (its CNI error re-raised on failure)."""
 
 
-def backend(plugin_type: str, env: RuntimeEnv) -> IpamBackend:
-    """The delegate named plugin_type for this invocation (code 7 when not in CNI_PATH)."""
+def backend(plugin_type: str, env: RuntimeEnv,
+            node_env: Mapping[str, str] | None = None) -> IpamBackend:
+    """The delegate named plugin_type for this invocation (code 7 when not in CNI_PATH);
+    node_env: the invocation's VPC_ATTACH_* settings, which it sees as ours."""
     path = find_plugin(plugin_type, env.cni_path)
     if plugin_type == OWN_IPAM:
-        return InProcessIpam(plugin_type, env)
-    return ExecIpam(plugin_type, path, env)
+        return InProcessIpam(plugin_type, env, node_env)
+    return ExecIpam(plugin_type, path, env, node_env)
 
 
 def of(inv: Invocation) -> IpamBackend | None:
     """The invocation's IPAM delegate, or None when the config has no ipam block."""
-    return backend(str(inv.conf.ipam["type"]), inv.env) if inv.conf.ipam is not None else None
+    if inv.conf.ipam is None:
+        return None
+    return backend(str(inv.conf.ipam["type"]), inv.env, inv.node_env)
 
 
 class ExecIpam:
     """An IPAM plugin executable, run as a child process."""
 
-    def __init__(self, plugin_type: str, path: str, env: RuntimeEnv) -> None:
+    def __init__(self, plugin_type: str, path: str, env: RuntimeEnv,
+                 node_env: Mapping[str, str] | None = None) -> None:
         self.plugin_type = plugin_type
         self.path = path
         self.env = env
+        self.node_env = node_env or {}
 
     def start_add(self, stdin: bytes, deadline: Deadline) -> PendingAdd:
         """Start the executable; its answer is collected by `result()`."""
-        return RunningAdd(self.plugin_type, self.path, _environ(self.env, "ADD"), stdin,
-                          deadline)
+        return RunningAdd(self.plugin_type, self.path,
+                          _environ(self.env, "ADD", self.node_env), stdin, deadline)
 
     def run(self, command: str, stdin: bytes, deadline: Deadline) -> None:
         """Run the executable to completion within the deadline."""
         try:
-            proc = subprocess.run([self.path], input=stdin, env=_environ(self.env, command),
+            proc = subprocess.run([self.path], input=stdin,
+                                  env=_environ(self.env, command, self.node_env),
                                   capture_output=True, timeout=deadline.remaining(), check=False)
         except subprocess.TimeoutExpired:
             raise _timed_out(self.plugin_type, command, deadline) from None
@@ -149,9 +158,11 @@ class ExecIpam:
 class InProcessIpam:
     """vpc-attach-ipam's verbs, called in this process."""
 
-    def __init__(self, plugin_type: str, env: RuntimeEnv) -> None:
+    def __init__(self, plugin_type: str, env: RuntimeEnv,
+                 node_env: Mapping[str, str] | None = None) -> None:
         self.plugin_type = plugin_type
         self.env = env
+        self.node_env = node_env or {}
 
     def start_add(self, stdin: bytes, deadline: Deadline) -> PendingAdd:
         """Allocate now (nothing to overlap)."""
@@ -172,7 +183,7 @@ class InProcessIpam:
             raise self._as_delegate(exc, command) from None
 
     def _request(self, command: str, stdin: bytes) -> Request:
-        return Request(environ=_environ(self.env, command), stdin=stdin)
+        return Request(environ=_environ(self.env, command, self.node_env), stdin=stdin)
 
     def _as_delegate(self, exc: CniError, command: str) -> CniError:
         # What the executable's error answer would have become.

@@ -18,7 +18,8 @@ CONCURRENT = ("go-ptp", "kernel-hl-agent", "full-agent", "full-inproc")
 def make_subjects(run: Run, bin_dir: Path) -> list[Subject]:
     """Everything measured, each with its own VPC, /24 and IPAM data dir."""
     ipam_dir = run.workdir / "ipam"
-    absent = {"VPC_ATTACH_HOST_CONFIG": str(run.workdir / "absent-host.json")}
+    absent = {"VPC_ATTACH_HOST_CONFIG": str(run.workdir / "absent-host.json"),
+              "VPC_ATTACH_IPAM_DATA_ROOT": str(ipam_dir)}  # where vpc-attach-ipam may write
     no_agent = {**absent, "VPC_ATTACH_AGENT_SOCKET": str(run.workdir / "no-agent.sock"),
                 "VPC_ATTACH_LOCK_DIR": str(run.workdir / "locks"),
                 "VPC_ATTACH_NODE_NAME": run.node}

@@ -7,6 +7,7 @@ import json
 import os
 import secrets
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,10 @@ NO_AGENT_SOCKET = "/nonexistent/vpc-attach-e2e/agent.sock"
 # The session's agent socket: set once by conftest's `agent` fixture, read by every Plugin.
 AGENT_SOCKET = {"path": NO_AGENT_SOCKET}
 INVOKE_TIMEOUT_S = 60
+# The tests' node confines vpc-attach-ipam's dataDir (SPEC §14's ipamDataRoot) to the temporary
+# directory every test's dataDir is made in; e2e/test_stanza_host_settings.py checks the
+# confinement itself with roots of its own.
+IPAM_DATA_ROOT = tempfile.gettempdir()
 
 
 @dataclass
@@ -56,6 +61,7 @@ class Plugin:
             "VPC_ATTACH_HOST_CONFIG": str(self.lock_dir / "absent-host.json"),
             "VPC_ATTACH_LOCK_DIR": str(self.lock_dir),
             "VPC_ATTACH_AGENT_SOCKET": AGENT_SOCKET["path"],
+            "VPC_ATTACH_IPAM_DATA_ROOT": IPAM_DATA_ROOT,
             **self.environ,
         }
         env.update(extra)

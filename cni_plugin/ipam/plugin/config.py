@@ -19,6 +19,7 @@ from pydantic import Field, ValidationError
 from cni_plugin.ipam.plugin.pool import DEFAULT_IPV6_BLOCK_PREFIX, IPAddress, IPNetwork, Pool
 from netconf.config import _Strict, config_version, lookup_ci
 from netconf.errors import INVALID_CONFIG, CniError
+from netconf.host import IPAM_DATA_ROOT_ENV, IPAM_DATA_ROOT_KEY, ipam_data_root, read_host_file
 from netconf.result import Route
 
 PLUGIN_TYPES = ("vpc-attach-ipam", "galactic-ipam")  # galactic-ipam: drop-in under its name
@@ -60,7 +61,7 @@ class IpamBlock(_Strict):
     ipv4_gateway: str | None = None
     address_families: list[str] | None = None
     routes: list[RouteEntry] | None = None
-    data_dir: str = Field(default=DEFAULT_DATA_DIR, alias="dataDir", min_length=1)
+    data_dir: str | None = Field(default=None, alias="dataDir", min_length=1)
     lock_timeout_seconds: float = Field(default=DEFAULT_LOCK_TIMEOUT_SECONDS, gt=0, le=600,
                                         alias="lockTimeoutSeconds")
 
@@ -83,7 +84,8 @@ class IpamConfig:
     fixed: tuple[FixedAddress, ...] = ()
     pools: tuple[Pool, ...] = ()  # active pools, IPv6 first, after `address_families`
     routes: tuple[Route, ...] = ()
-    data_dir: str = DEFAULT_DATA_DIR
+    data_dir: str = DEFAULT_DATA_DIR  # unset in the config: the node's ipamDataRoot
+    data_dir_given: bool = False
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT_SECONDS
 
     @property
@@ -122,13 +124,15 @@ def parse_ipam(ipam: Mapping[str, Any], cni_version: str, network: str) -> IpamC
         raise _shape_error(exc) from None
     if block.type not in PLUGIN_TYPES:
         raise _invalid("type", f"{block.type!r} is not one of {', '.join(PLUGIN_TYPES)}")
-    if not os.path.isabs(block.data_dir):
+    if block.data_dir is not None and not os.path.isabs(block.data_dir):
         raise _invalid("dataDir", f"{block.data_dir!r} is not an absolute path")
     mode = _mode(block)
     families = _families(block.address_families)
     routes = tuple(_route(i, entry) for i, entry in enumerate(block.routes or ()))
     base = IpamConfig(cni_version=cni_version, network=network, mode=mode, routes=routes,
-                      data_dir=block.data_dir, lock_timeout=block.lock_timeout_seconds)
+                      data_dir=block.data_dir or DEFAULT_DATA_DIR,
+                      data_dir_given=block.data_dir is not None,
+                      lock_timeout=block.lock_timeout_seconds)
     if mode == "addresses":
         return replace(base, fixed=_addresses(block.addresses or [], families))
     if mode == "static_ip":
@@ -136,6 +140,29 @@ def parse_ipam(ipam: Mapping[str, Any], cni_version: str, network: str) -> IpamC
             raise _invalid("address_families", "excludes IPv6, the family of 'ipam.static_ip'")
         return replace(base, fixed=(FixedAddress(_static_ip(block.static_ip or "")),))
     return replace(base, pools=_pools(block, families))
+
+
+class DataDirOutsideRoot(CniError):
+    """A dataDir outside the node's ipamDataRoot (code 7)."""
+
+
+def confine_data_dir(conf: IpamConfig, environ: Mapping[str, str]) -> IpamConfig:
+    """conf with its dataDir resolved (symlinks and `..`), which must be the node's
+    ipamDataRoot or below it (code 7 naming both otherwise): a network config is tenant input
+    and never chooses where this plugin writes (SPEC §14). Every write uses the resolved path."""
+    root = ipam_data_root(environ, read_host_file(environ))
+    real_root = os.path.realpath(root)
+    if not conf.data_dir_given:
+        return replace(conf, data_dir=real_root)
+    # A directory not made yet resolves through its nearest existing ancestor.
+    real = os.path.realpath(conf.data_dir)
+    if real != real_root and not real.startswith(real_root.rstrip("/") + "/"):
+        shown = "" if real == conf.data_dir else f" (it resolves to {real!r})"
+        raise DataDirOutsideRoot(
+            INVALID_CONFIG, f"invalid config key 'ipam.dataDir': {conf.data_dir!r} is not in "
+            f"the node's ipamDataRoot {root!r}{shown}", f"the node sets that root: host file key "
+            f"{IPAM_DATA_ROOT_KEY}, environment {IPAM_DATA_ROOT_ENV}")
+    return replace(conf, data_dir=real)
 
 
 def _shape_error(exc: ValidationError) -> CniError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import tempfile
 from collections.abc import Mapping
@@ -11,7 +12,13 @@ from typing import Any
 
 from cni_plugin.core.request import Request
 from cni_plugin.ipam.plugin import allocator
-from cni_plugin.ipam.plugin.config import FixedAddress, IpamConfig, parse_network
+from cni_plugin.ipam.plugin.config import (
+    DataDirOutsideRoot,
+    FixedAddress,
+    IpamConfig,
+    confine_data_dir,
+    parse_network,
+)
 from cni_plugin.ipam.plugin.store import Attachment
 from netconf.config import decode_json, lookup_ci
 from netconf.errors import (
@@ -25,6 +32,7 @@ from netconf.result import IPConfig, Result, Route
 from netconf.runtime import RuntimeEnv, check_known_args
 from netconf.versions import CHECK_MIN_VERSION, GC_STATUS_MIN_VERSION, at_least
 
+log = logging.getLogger(__name__)
 VALID_KEYS = ("cni.dev/valid-attachments", "cni.dev/attachments")
 DEFAULT_DST = {4: "0.0.0.0/0", 6: "::/0"}
 
@@ -44,6 +52,7 @@ class IpamInvocation:
         raw = decode_json(request.stdin)
         conf = parse_network(raw)
         check_known_args({**env.cni_args, **_config_cni_args(raw)})  # args.cni wins (SPEC §3)
+        conf = confine_data_dir(conf, request.environ)  # before anything touches the disk
         return cls(env=env, conf=conf, raw=raw)
 
     @property
@@ -74,7 +83,13 @@ def add(request: Request) -> Result:
 
 def delete(request: Request) -> None:
     """Release this (container, ifname)'s records; succeeds when there are none."""
-    inv = IpamInvocation.parse(request)
+    try:
+        inv = IpamInvocation.parse(request)
+    except DataDirOutsideRoot as exc:
+        # Nothing was ever allocated there (ADD refuses it too): DEL after a failed ADD
+        # succeeds (SPEC §3), touching nothing.
+        log.warning("DEL with a dataDir outside ipamDataRoot changes nothing: %s", exc.msg)
+        return
     allocator.release(inv.conf, inv.attachment)
 
 
