@@ -66,6 +66,7 @@ class Invocation:
     deadline: Deadline = field(compare=False)  # for forward work
     whole: Deadline = field(compare=False)  # the invocation's, rollback included
     attempt: str = field(compare=False)  # random token of this invocation (created-by)
+    environ: Mapping[str, str] = field(compare=False, default_factory=dict)  # host settings
 
     @classmethod
     def parse(cls, request: Request) -> Invocation:
@@ -87,7 +88,8 @@ class Invocation:
         whole = Deadline(seconds)
         forward = whole.less_rollback_reserve() if env.command == "ADD" else whole
         return cls(env=env, conf=conf, raw=raw, stdin=request.stdin, host=host, pod=pod,
-                   deadline=forward, whole=whole, attempt=secrets.token_hex(6))
+                   deadline=forward, whole=whole, attempt=secrets.token_hex(6),
+                   environ=request.environ)
 
     @property
     def namespace(self) -> str:

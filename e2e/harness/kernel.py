@@ -44,6 +44,27 @@ def temporary_netns(prefix: str) -> Iterator[str]:
         run_ip("netns", "del", name, check=False)
 
 
+RECORD_PRIORITY = "40000"
+
+
+def vpc_table(vpc: str, netns: str | None = None) -> str | None:
+    """The table recorded for a table-mode VPC (`iif G{vpc}V lookup T` at priority 40000)."""
+    record = naming.vrf_name(vpc)
+    args = ["-n", os.path.basename(netns)] if netns else []
+    for line in run_ip(*args, "-4", "rule", "show").splitlines():
+        if line.startswith(RECORD_PRIORITY + ":") and f"iif {record} " in line + " ":
+            return line.split("lookup")[1].split()[0]
+    return None
+
+
+def mark_rules(table: str, netns: str | None = None) -> list[str]:
+    """The `fwmark … lookup table` rules of both families."""
+    args = ["-n", os.path.basename(netns)] if netns else []
+    return [line for family in ("-4", "-6")
+            for line in run_ip(*args, family, "rule", "show").splitlines()
+            if "fwmark" in line and line.split("lookup")[1].split()[0] == table]
+
+
 def remove_vpc_objects(vpcs: Iterable[str]) -> list[str]:
     """Delete the host links and policy rules of these VPCs (what a test or the bench may have
     left behind); what was removed."""
@@ -62,4 +83,15 @@ def remove_vpc_objects(vpcs: Iterable[str]) -> list[str]:
             if iif.startswith(prefixes):
                 run_ip(family, "rule", "del", "iif", iif, check=False)
                 removed.append(f"rule {family} iif {iif}")
+    for vpc in vpcs:
+        table = vpc_table(vpc)
+        if table is None:
+            continue
+        for family in ("-4", "-6"):
+            for line in mark_rules(table):
+                mark = line.split("fwmark")[1].split()[0]
+                run_ip(family, "rule", "del", "fwmark", mark, "lookup", table, check=False)
+            run_ip(family, "route", "flush", "table", table, check=False)
+        run_ip("-4", "rule", "del", "iif", naming.vrf_name(vpc), "lookup", table, check=False)
+        removed.append(f"table {table}")
     return removed
