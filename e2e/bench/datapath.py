@@ -1,0 +1,214 @@
+"""`python -m e2e.bench.datapath [--attachments N] [--vpcs M] [--seconds S]` (as root):
+forwarding cost between two Pods of one VPC as other attachments come and go.
+
+A node network namespace of its own (nothing is installed in the host's), `isolation: table`,
+host protection in place. Rows: the two Pods alone; with N tap attachments of M other VPCs on
+the node (made first, so the measured VPC's rules come after theirs); after all N were
+deleted (retired). TCP throughput with iperf3 and RTT with ping, both directions through the
+node. A report, not a test: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from e2e.harness.cnibin import populate
+from e2e.harness.kernel import run_ip
+from e2e.harness.packets import in_netns
+from e2e.harness.plugin import Plugin, base_conf, with_prev
+from e2e.harness.wait import wait_until
+
+MEASURED_VPC = "zz"
+IPERF_PORT = 5201
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measurement."""
+
+    label: str
+    attachments: int
+    rules: int
+    gbits: float
+    rtt_us: float
+    rtt_stdev_us: float
+
+
+def _machine() -> str:
+    model = next((line.split(":", 1)[1].strip() for line in
+                  Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), "unknown CPU")
+    return f"nproc {os.cpu_count()}, {model}, Linux {platform.release()}"
+
+
+class Bench:
+    """The node, its Pods and the other attachments."""
+
+    def __init__(self, stack: ExitStack, work: Path, plugin_dir: Path) -> None:
+        self.stack = stack
+        self.work = work
+        self.node = f"vpab-dp-{secrets.token_hex(3)}"
+        self._netns(self.node)
+        lock_dir = work / "locks"
+        lock_dir.mkdir()
+        self.plugin = Plugin(cni_bin=plugin_dir, lock_dir=lock_dir, prefix=in_netns(self.node))
+        self.attached: list[tuple[dict[str, Any], str, str]] = []
+
+    def _netns(self, name: str) -> str:
+        run_ip("netns", "add", name)
+        self.stack.callback(run_ip, "netns", "del", name, check=False)
+        run_ip("-n", name, "link", "set", "lo", "up")
+        return f"/var/run/netns/{name}"
+
+    def add(self, conf: dict[str, Any], container: str, netns: str = "") -> dict[str, Any]:
+        """ADD, remembered for DEL."""
+        result: dict[str, Any] = self.plugin.ok("ADD", conf, container_id=container,
+                                                netns=netns)
+        self.attached.append((with_prev(conf, result), container, netns))
+        return result
+
+    def pod(self, att: str, v4: str, v6: str) -> str:
+        """A veth Pod of the measured VPC; its netns name."""
+        name = f"{self.node}-p{att}"
+        netns = f"/var/run/netns/{name}"
+        if not os.path.exists(netns):
+            self._netns(name)
+        self.add(base_conf(MEASURED_VPC, att, ipam={"type": "static", "addresses": [
+            {"address": f"{v4}/32", "gateway": "10.77.0.1"},
+            {"address": f"{v6}/128", "gateway": "fd77::1"}]}), name, netns)
+        return name
+
+    def others(self, count: int, vpcs: int) -> None:
+        """count tap attachments spread over vpcs other VPCs."""
+        for index in range(count):
+            vpc = f"o{index % vpcs}"
+            att = str(index // vpcs + 1)
+            self.add(base_conf(vpc, att, attachment="tap", ipam={"type": "static", "addresses": [
+                {"address": f"10.{100 + index // 250}.{index % 250}.2/32",
+                 "gateway": f"10.{100 + index // 250}.{index % 250}.1"}]}), f"tap-{index}")
+
+    def delete_others(self) -> None:
+        """DEL of every tap (their VPCs' state goes with the last one)."""
+        for conf, container, netns in [a for a in self.attached if not a[2]]:
+            self.plugin.ok("DEL", conf, container_id=container, netns=netns)
+            self.attached.remove((conf, container, netns))
+
+    def rules(self) -> int:
+        """Policy rules of both families in the node."""
+        return sum(len(run_ip("-n", self.node, family, "rule").splitlines())
+                   for family in ("-4", "-6"))
+
+    def close(self) -> None:
+        """DEL of everything still attached."""
+        for conf, container, netns in reversed(self.attached):
+            self.plugin.call("DEL", conf, container_id=container, netns=netns)
+
+
+def throughput(client: str, server: str, address: str, seconds: float) -> float:
+    """Gbit/s of one iperf3 TCP run client -> server."""
+    proc = subprocess.Popen(in_netns(server, "iperf3", "-s", "-1", "-p", str(IPERF_PORT)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until("iperf3 server", lambda: f":{IPERF_PORT} " in subprocess.run(
+            in_netns(server, "ss", "-Hltn"), capture_output=True, text=True,
+            check=False).stdout, 10)
+        done = subprocess.run(in_netns(client, "iperf3", "-c", address, "-p", str(IPERF_PORT),
+                                       "-t", str(seconds), "-J"),
+                              capture_output=True, text=True, timeout=seconds + 30, check=True)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    return float(json.loads(done.stdout)["end"]["sum_received"]["bits_per_second"]) / 1e9
+
+
+def rtt(client: str, address: str, count: int) -> tuple[float, float]:
+    """Mean and standard deviation of ping's RTTs, µs."""
+    done = subprocess.run(in_netns(client, "ping", "-n", "-c", str(count), "-i", "0.002",
+                                   address), capture_output=True, text=True,
+                          timeout=count * 0.1 + 30, check=True)
+    samples = [float(line.split("time=")[1].split()[0]) * 1000
+               for line in done.stdout.splitlines() if "time=" in line]
+    return statistics.mean(samples), statistics.stdev(samples)
+
+
+def measure(bench: Bench, label: str, attachments: int, seconds: float,
+            rounds: int) -> Row:
+    """Median throughput and RTT over rounds, alternating directions."""
+    a, b = f"{bench.node}-p1", f"{bench.node}-p2"
+    speeds, rtts, stdevs = [], [], []
+    for number in range(rounds):
+        client, server, address = (a, b, "10.77.0.3") if number % 2 == 0 else \
+            (b, a, "10.77.0.2")
+        speeds.append(throughput(client, server, address, seconds))
+        mean, stdev = rtt(client, address, 500)
+        rtts.append(mean)
+        stdevs.append(stdev)
+    return Row(label, attachments, bench.rules(), statistics.median(speeds),
+               statistics.median(rtts), statistics.median(stdevs))
+
+
+@contextmanager
+def bench_node(work: Path) -> Iterator[Bench]:
+    """A node with the two measured Pods, torn down after."""
+    from e2e.harness.tools.gotools import reference_plugins_dir
+    with ExitStack() as stack:
+        bench = Bench(stack, work, populate(work / "bin", reference_plugins_dir()))
+        try:
+            yield bench
+        finally:
+            bench.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the rows and print them as a markdown table."""
+    parser = argparse.ArgumentParser(prog="python -m e2e.bench.datapath", description=__doc__)
+    parser.add_argument("--attachments", type=int, default=500)
+    parser.add_argument("--vpcs", type=int, default=50, help="other VPCs they belong to")
+    parser.add_argument("--seconds", type=float, default=5.0, help="per iperf3 run")
+    parser.add_argument("--rounds", type=int, default=3, help="runs per row (median)")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("needs root (network namespaces)", file=sys.stderr)
+        return 2
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="vpab-dp-") as tmp, bench_node(Path(tmp)) as bench:
+        bench.pod("1", "10.77.0.2", "fd77::2")
+        bench.pod("2", "10.77.0.3", "fd77::3")
+        rows.append(measure(bench, "two Pods alone", 0, args.seconds, args.rounds))
+        # The measured VPC made last: its rules come after every other VPC's.
+        for conf, container, netns in list(bench.attached):
+            bench.plugin.ok("DEL", conf, container_id=container, netns=netns)
+            bench.attached.remove((conf, container, netns))
+        bench.others(args.attachments, args.vpcs)
+        bench.pod("1", "10.77.0.2", "fd77::2")
+        bench.pod("2", "10.77.0.3", "fd77::3")
+        rows.append(measure(bench, f"+{args.attachments} attachments of {args.vpcs} other "
+                            "VPCs", args.attachments, args.seconds, args.rounds))
+        bench.delete_others()
+        rows.append(measure(bench, f"after DEL of those {args.attachments} (retired)", 0,
+                            args.seconds, args.rounds))
+    base = rows[0]
+    print(f"\n{_machine()}; iperf3 {args.seconds:g} s x {args.rounds}, ping 500 x 2 ms\n")
+    print("| row | policy rules (v4+v6) | TCP Gbit/s | vs alone | RTT µs (stdev) | Δ RTT µs |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row.label} | {row.rules} | {row.gbits:.2f} | {row.gbits / base.gbits:.2f}x "
+              f"| {row.rtt_us:.1f} ({row.rtt_stdev_us:.1f}) | {row.rtt_us - base.rtt_us:+.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
