@@ -24,7 +24,7 @@ from cni_plugin.kernel.addresses import RouteSpec
 from cni_plugin.kernel.links import Link, Owner
 from cni_plugin.kernel.rtnl import Rtnl
 from netconf.errors import INTERFACE_CONFLICT, TRY_AGAIN_LATER, CniError
-from netconf.host import resolve_datapath_settings
+from netconf.host import DatapathSettings, resolve_datapath_settings
 from netconf.result import Interface, Result
 
 TAP_IPV4_GATEWAY_PREFIX = 25
@@ -88,6 +88,15 @@ def ensure_vpc_table(rtnl: Rtnl, inv: Invocation) -> isolation.VpcTable:
         if inv.conf.isolation == "vrf":
             return isolation.ensure_vrf(rtnl, inv.conf.vpc)
         return isolation.ensure_table(rtnl, inv.conf.vpc)
+
+
+def set_up_node(settings: DatapathSettings, lock_dir: str, timeout: float) -> list[str]:
+    """Node set-up (agent start, `vpc-attach install`) under the host lock: host protection
+    written afresh, attachments of earlier versions adopted; the links adopted."""
+    with file_lock(os.path.join(lock_dir, "host.lock"), timeout):
+        hostfilter.install(settings)
+        with host_netlink() as rtnl:
+            return isolation.adopt_legacy(rtnl)
 
 
 def vpc_lock_path(inv: Invocation) -> str:

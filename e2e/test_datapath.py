@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from cni_plugin.core import naming
 from e2e.harness import plugin as plugin_module
 from e2e.harness.kernel import mark_rules, run_ip, vpc_table
 from e2e.harness.packets import (
@@ -73,6 +74,7 @@ class Node:
     work: Path
     stack: ExitStack
     pods: list[tuple[dict[str, Any], str, str]] = field(default_factory=list)
+    isolation: str = "table"
 
     def run_ip(self, *args: str, check: bool = True) -> str:
         """`ip` inside the node."""
@@ -81,7 +83,7 @@ class Node:
     def conf(self, vpc: str, att: str, **overrides: Any) -> dict[str, Any]:
         """A veth stanza of the VPC with host-local over its subnets."""
         ipam = host_local(self.work / f"ipam-{vpc}", *SUBNETS[vpc])
-        return base_conf(vpc, att, **{"ipam": ipam, **overrides})
+        return base_conf(vpc, att, **{"ipam": ipam, "isolation": self.isolation, **overrides})
 
     def attach(self, vpc: str, att: str, **overrides: Any) -> Pod:
         """A fresh pod netns attached to vpc/att."""
@@ -145,11 +147,24 @@ def node(plugin: Plugin, tmp_path: Path, request: pytest.FixtureRequest) -> Iter
             runner.call("DEL", conf, container_id=container, netns=netns)
 
 
+@pytest.fixture(params=["table", "vrf"])
+def mode(request: pytest.FixtureRequest, node: Node) -> str:
+    """The isolation mode (vrf only where the kernel has VRF devices)."""
+    if request.param == "vrf":
+        probe = node.run_ip("link", "add", "vpaprobe", "type", "vrf", "table", "4000",
+                            check=False)
+        if "vpaprobe" not in node.run_ip("link", "show", check=False):
+            pytest.skip(f"this kernel cannot create VRF devices {probe.strip()}")
+        node.run_ip("link", "del", "vpaprobe")
+        node.isolation = "vrf"
+    return str(request.param)
+
+
 def _host_link(pod: Pod) -> str:
     return str(pod.result["interfaces"][0]["name"])
 
 
-def test_pods_of_a_vpc_reach_each_other_and_nothing_else(node: Node) -> None:
+def test_pods_of_a_vpc_reach_each_other_and_nothing_else(node: Node, mode: str) -> None:
     a1, a2 = node.attach("a1", "1"), node.attach("a1", "2")
     b1, c1 = node.attach("b2", "1"), node.attach("c3", "1")
     for version in (4, 6):  # v6 needs ND with the gateway on both sides
@@ -179,7 +194,7 @@ def test_pods_of_a_vpc_reach_each_other_and_nothing_else(node: Node) -> None:
         assert outside.payloads() == {"node-control"}
 
 
-def test_host_listeners_receive_nothing_from_a_workload(node: Node) -> None:
+def test_host_listeners_receive_nothing_from_a_workload(node: Node, mode: str) -> None:
     a1 = node.attach("a1", "1")
     c1 = node.attach("c3", "1")
     before = node.counters()["host_dropped"]
@@ -200,7 +215,7 @@ def test_host_listeners_receive_nothing_from_a_workload(node: Node) -> None:
     assert node.counters()["host_dropped"] > before
 
 
-def test_spoofed_source_is_dropped_and_counted(node: Node) -> None:
+def test_spoofed_source_is_dropped_and_counted(node: Node, mode: str) -> None:
     a1, a2 = node.attach("a1", "1"), node.attach("a1", "2")
     c1 = node.attach("c3", "1")
     before = node.counters()["source_dropped"]
@@ -214,7 +229,7 @@ def test_spoofed_source_is_dropped_and_counted(node: Node) -> None:
         assert udp.payloads() == {"own-source"}
 
 
-def test_path_mtu_discovery_reaches_the_pod(node: Node) -> None:
+def test_path_mtu_discovery_reaches_the_pod(node: Node, mode: str) -> None:
     a1, a2 = node.attach("a1", "1"), node.attach("a1", "2")
     node.run_ip("link", "set", _host_link(a2), "mtu", "1280")
     for version in (4, 6):
@@ -312,3 +327,46 @@ def test_vpc_state_goes_with_its_last_attachment_and_a_reused_table_starts_clean
                "cni.dev/valid-attachments": []}
     node.plugin.ok("GC", gc_conf, container_id=container, netns=path)
     assert vpc_table("c3", netns) is None and mark_rules(table, netns) == []
+
+
+def _vpc_attach(node: Node, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(in_netns(node.name, str(node.plugin.cni_bin / "vpc-attach"), *args),
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "VPC_ATTACH_LOCK_DIR": str(node.plugin.lock_dir)})
+
+
+def test_install_adopts_earlier_attachments_and_uninstall_removes_only_our_table(
+        node: Node) -> None:
+    netns = f"/var/run/netns/{node.name}"
+    a1, a2 = node.attach("a1", "1"), node.attach("a1", "2")
+    table = vpc_table("a1", netns)
+    assert table is not None
+    # What an earlier version left: an `iif G…H` rule per link and family, no group, no mark.
+    for family in ("-4", "-6"):
+        node.run_ip(family, "rule", "del", "fwmark", f"{int(table) << 16:#x}/0xfff0000",
+                    "lookup", table)
+        for pod in (a1, a2):
+            node.run_ip(family, "rule", "add", "iif", _host_link(pod), "lookup", table, "pref",
+                        "1000")
+    node.run_ip("rule", "del", "pref", "40000", "iif", naming.vrf_name("a1"), "lookup", table)
+    for pod in (a1, a2):
+        node.run_ip("link", "set", _host_link(pod), "group", "0")
+    assert not ping(a1.netns, a2.ip(4), wait=1), "unmarked: the source check drops"
+    subprocess.run(in_netns(node.name, "nft", "add", "table", "inet", "someone_else"),
+                   check=True, timeout=20)
+
+    root = node.work / "root"
+    root.mkdir()
+    common = ["--root", str(root), "--host-protection"]
+    done = _vpc_attach(node, "install", *common, "--no-binaries", "--no-kubeconfig")
+    assert done.returncode == 0, done.stderr
+    for family in ("-4", "-6"):
+        assert ping(a1.netns, a2.ip(int(family[1])))
+        assert f"iif {_host_link(a1)}" not in node.run_ip(family, "rule")
+    assert vpc_table("a1", netns) == table and len(mark_rules(table, netns)) == 2
+
+    done = _vpc_attach(node, "uninstall", *common)
+    assert done.returncode == 0, done.stderr
+    tables = subprocess.run(in_netns(node.name, "nft", "list", "tables"), capture_output=True,
+                            text=True, check=True, timeout=20).stdout
+    assert "someone_else" in tables and "vpc_attach" not in tables

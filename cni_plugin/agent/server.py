@@ -237,10 +237,15 @@ def _warm_up() -> None:
 def _protect_host() -> None:
     """(Re)write the node's host protection with the current hostAccess and
     allowedSourcePrefixes (SPEC §14), before the first ADD can arrive."""
-    from cni_plugin.kernel import hostfilter
+    from cni_plugin.attachment import set_up_node
     from netconf.host import resolve_datapath_settings
     try:
-        hostfilter.install(resolve_datapath_settings(os.environ))
+        host = resolve_host_settings({}, os.environ)
+        adopted = set_up_node(resolve_datapath_settings(os.environ), host.lock_dir,
+                              host.timeout_seconds)
+        if adopted:
+            log.info("adopted %d attachment(s) of an earlier version: %s", len(adopted),
+                     ", ".join(adopted))
     except CniError as exc:
         raise SystemExit(f"vpc-attach agent: host protection: {exc.msg} ({exc.details})"
                          ) from None

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TextIO
 
+from cni_plugin.attachment import set_up_node
 from cni_plugin.install.binaries import binary_targets, default_source, launcher_targets
 from cni_plugin.install.credentials import (
     SERVICEACCOUNT_DIR,
@@ -39,6 +40,7 @@ from netconf.host import (
     HOST_CONFIG_ENV,
     read_host_file,
     resolve_datapath_settings,
+    resolve_host_settings,
 )
 
 DEFAULT_CNI_BIN_DIR = "/opt/cni/bin"
@@ -326,9 +328,10 @@ def _stop_on_signals() -> threading.Event:
 
 def _protect_host(environ: Mapping[str, str], host_file: Path) -> None:
     try:
-        settings = resolve_datapath_settings(
-            environ, read_host_file({HOST_CONFIG_ENV: str(host_file)}))
-        hostfilter.install(settings)
+        files = {**environ, HOST_CONFIG_ENV: str(host_file)}
+        host = resolve_host_settings({}, files)
+        set_up_node(resolve_datapath_settings(environ, read_host_file(files)), host.lock_dir,
+                    host.timeout_seconds)
     except CniError as exc:
         raise InstallError(f"host protection: {exc.msg}", exc.details) from None
 

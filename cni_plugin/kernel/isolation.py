@@ -202,6 +202,42 @@ def _flush_table(rtnl: Rtnl, table: int) -> None:
                 _delete_route(rtnl, route)
 
 
+def adopt_legacy(rtnl: Rtnl) -> list[str]:
+    """Host links an earlier version attached (an `iif G…H` rule per family, no device group)
+    get their VPC's record, mark rules and group, and lose their iif rules; rules of links that
+    are gone are deleted. The links adopted (call under the host lock, at node set-up)."""
+    rules = all_rules(rtnl)
+    live = {link.name: link for link in links.all_links(rtnl)}
+    adopted: list[str] = []
+    for family in FAMILIES:
+        for rule in rules[family]:
+            vpc = naming.vpc_of_host_link(rule.iifname or "")
+            if vpc is None or rule.priority != RULE_PRIORITY or rule.iifname is None:
+                continue
+            link = live.get(rule.iifname)
+            if link is not None and link.group != vpc_mark(rule.table):
+                _adopt(rtnl, rules, vpc, rule.table)
+                live[link.name] = links.configure(rtnl, link, group=vpc_mark(rule.table))
+                adopted.append(link.name)
+            _delete_rule(rtnl, family, rule.iifname, rule.table, RULE_PRIORITY)
+    return adopted
+
+
+def _adopt(rtnl: Rtnl, rules: Rules, vpc: str, table: int) -> None:
+    if table > MAX_MARK_TABLE:
+        raise CniError(KERNEL_FAILURE, f"VPC {vpc!r} uses table {table}, above {MAX_MARK_TABLE}",
+                       "delete and re-add its attachments")
+    if _recorded_table(rules, vpc) is None:
+        _add_rule(rtnl, socket.AF_INET, naming.vrf_name(vpc), table, RECORD_PRIORITY)
+        rules[socket.AF_INET] = [*rules[socket.AF_INET], RuleMsg(
+            socket.AF_INET, table, RECORD_PRIORITY, 1, naming.vrf_name(vpc))]
+    for family in FAMILIES:
+        if not _has_mark_rule(rules[family], table):
+            _add_rule(rtnl, family, None, table, RULE_PRIORITY, vpc_mark(table))
+            rules[family] = [*rules[family], RuleMsg(family, table, RULE_PRIORITY, 1, None,
+                                                     vpc_mark(table), MARK_MASK)]
+
+
 def _delete_route(rtnl: Rtnl, route: RouteMsg) -> None:
     links.ignore_missing(lambda: rtnl.del_route(route))
 
