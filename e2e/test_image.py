@@ -223,7 +223,9 @@ def test_layer_holds_the_bundle_its_loader_and_libraries_and_nothing_else(
     # Each system library is the loader or a library some ELF file of the bundle needs, and
     # every library the bundle needs is in the bundle or among them.
     interpreters, needed = set(), set()
-    for elf in [*_elf_files(bundle), rootfs / "usr/sbin/nft"]:
+    # nft and what it loads pull in libraries the bundle does not (libnftables, libmnl, …)
+    for elf in [*_elf_files(bundle), rootfs / "usr/sbin/nft",
+                *(rootfs / name for name in sorted(libraries))]:
         headers = _readelf("--program-headers", "--dynamic", "--wide", str(elf))
         interpreters.update(re.findall(r"Requesting program interpreter: ([^\]]+)\]", headers))
         needed.update(re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", headers))
@@ -295,9 +297,12 @@ def test_agent_from_the_layer_serves_a_forwarded_verb(layout: Layout,
     node = f"vpa-imgnode-{os.getpid()}"
     subprocess.run(["ip", "netns", "add", node], check=True, timeout=RUN_TIMEOUT)
     subprocess.run(["ip", "-n", node, "link", "set", "lo", "up"], check=True, timeout=RUN_TIMEOUT)
+    # …and /proc, as a container has it (the agent writes the node sysctls the table needs).
+    (rootfs / "proc").mkdir()
     agent = subprocess.Popen(
-        ["ip", "netns", "exec", node, "env", "-i", layout.path_env,
-         f"VPC_ATTACH_METRICS_ADDRESS={address}", chroot,
+        ["ip", "netns", "exec", node, "unshare", "--mount", "--propagation", "private", "sh",
+         "-c", 'mount -t proc proc "$0/proc" && exec "$@"', str(rootfs),
+         "env", "-i", layout.path_env, f"VPC_ATTACH_METRICS_ADDRESS={address}", chroot,
          str(rootfs), "vpc-attach", "agent", "--socket", "/tmp/agent.sock"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
