@@ -12,6 +12,8 @@ check go over nfnetlink directly. Why these rules: docs/architecture.md ("Host p
 
 from __future__ import annotations
 
+import errno
+import ipaddress
 import json
 import shutil
 import struct
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 from cni_plugin.core import naming
 from cni_plugin.core.deadline import Deadline
-from cni_plugin.kernel import sysctl
+from cni_plugin.kernel import isolation, sysctl
 from cni_plugin.kernel.rtnl import (
     NETLINK_NETFILTER,
     NLA_F_NESTED,
@@ -53,7 +55,6 @@ NFTA_META_DREG, NFTA_META_KEY, NFTA_META_SREG = 1, 2, 3
 NFT_META_MARK, NFT_META_IIFGROUP = 3, 21
 NFT_REG_1 = 1
 NLM_F_APPEND = 0x800
-_NFGENMSG = struct.Struct("=BBH")  # family, version, res_id (big-endian, packed by hand)
 
 # Replies the node makes itself carry the mark of what they answer, so they are routed in the
 # VPC's table: ICMP errors (frag-needed, packet-too-big) and echo replies, TCP RSTs
@@ -98,7 +99,7 @@ def ruleset(settings: DatapathSettings) -> str:
         "  chain forward {",
         "    type filter hook forward priority filter - 10; policy accept;",
         f'    iifname != "{LINK_PATTERN}" return',
-        "    meta mark & 0x0fff0000 == 0 return",  # vrf mode: the VRF's table decides
+        f"    meta mark & {isolation.MARK_MASK:#010x} == 0 return",  # vrf mode: the VRF decides
         f'    oifname != "{LINK_PATTERN}" counter name "escape_dropped" drop',
         "  }",
         "}",
@@ -110,10 +111,11 @@ def _ports(first: int, last: int) -> str:
     return str(first) if first == last else f"{first}-{last}"
 
 
-def _allowed_rule(vpc: str, attachment: str | None, prefix: object) -> str:
+def _allowed_rule(vpc: str, attachment: str | None,
+                  prefix: ipaddress.IPv4Network | ipaddress.IPv6Network) -> str:
     link = naming.host_link_name(vpc, attachment) if attachment is not None \
         else f"G{naming.pad_base62(vpc, naming.VPC_WIDTH)}*"
-    family = "ip" if ":" not in str(prefix) else "ip6"
+    family = "ip" if prefix.version == 4 else "ip6"
     return f'iifname "{link}" {family} saddr {prefix} return'
 
 
@@ -137,7 +139,7 @@ def state(deadline: Deadline | None = None) -> State:
             nfnl.request(_msg(NFT_MSG_GETTABLE), _nfgen(NFPROTO_INET)
                          + attr_str(NFTA_TABLE_NAME, TABLE))
         except NetlinkError as exc:
-            if exc.code == 2:  # ENOENT
+            if exc.code == errno.ENOENT:
                 return State(False, False)
             raise _failure("read nftables table", exc) from None
         try:
@@ -230,8 +232,8 @@ def _msg(kind: int) -> int:
 
 
 def _nfgen(family: int, res_id: int = 0) -> bytes:
-    return _NFGENMSG.pack(family, 0, 0) if not res_id else \
-        struct.pack("=BB", family, 0) + struct.pack(">H", res_id)
+    """struct nfgenmsg: family, version 0, res_id in network order."""
+    return struct.pack("=BB", family, 0) + struct.pack(">H", res_id)
 
 
 def _nfnl(deadline: Deadline | None) -> Rtnl:

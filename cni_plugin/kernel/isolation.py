@@ -242,16 +242,6 @@ def _delete_route(rtnl: Rtnl, route: RouteMsg) -> None:
     links.ignore_missing(lambda: rtnl.del_route(route))
 
 
-def vpcs_with_state(rtnl: Rtnl) -> set[str]:
-    """Names (G{vpc}V) of the records and VRFs of every VPC with state on this node."""
-    rules = all_rules(rtnl)
-    found = {rule.iifname for rule in rules[socket.AF_INET]
-             if rule.iifname and rule.priority == RECORD_PRIORITY}
-    found.update(link.name for link in links.all_links(rtnl) if link.kind == "vrf"
-                 and link.name.startswith("G") and link.name.endswith("V"))
-    return found
-
-
 def find_vpc_table(rtnl: Rtnl, vpc: str, mode: str, rules: Rules | None = None) -> int | None:
     """The VPC's table if it has one already (read-only; for CHECK)."""
     if mode == "vrf":
