@@ -1,11 +1,12 @@
-"""`python -m e2e.bench.datapath [--attachments N] [--vpcs M] [--seconds S]` (as root):
-forwarding cost between two Pods of one VPC as other attachments come and go.
+"""`python -m e2e.bench.datapath [--attachments N] [--vpcs M] [--seconds S] [--rounds R]`
+(as root): forwarding cost between two Pods of one VPC as other attachments come and go.
 
-A node network namespace of its own (nothing is installed in the host's), `isolation: table`,
-host protection in place. Rows: the two Pods alone; with N tap attachments of M other VPCs on
-the node (made first, so the measured VPC's rules come after theirs); after all N were
-deleted (retired). TCP throughput with iperf3 and RTT with ping, both directions through the
-node. A report, not a test: nothing here asserts a time.
+Three node network namespaces of their own (nothing is installed in the host's), `isolation:
+table`, host protection in place, each with the two measured Pods: alone; with N tap
+attachments of M other VPCs (made first, so the measured VPC's rules come after theirs); with
+N attachments made and deleted again (retired). They are measured round-robin, so a shared
+machine's drift hits every row alike: TCP throughput with iperf3 and RTT with ping, directions
+alternating. A report, not a test: nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,64 +149,55 @@ def rtt(client: str, address: str, count: int) -> tuple[float, float]:
     return statistics.median(samples), statistics.stdev(samples)
 
 
-def measure(bench: Bench, label: str, attachments: int, seconds: float,
-            rounds: int) -> Row:
-    """Median throughput and RTT over rounds, alternating directions."""
+def sample(bench: Bench, number: int, seconds: float) -> tuple[float, float, float]:
+    """One throughput run and one RTT run between the node's two Pods (direction alternating
+    with number): Gbit/s, RTT median and stdev µs."""
     a, b = f"{bench.node}-p1", f"{bench.node}-p2"
-    speeds, rtts, stdevs = [], [], []
-    for number in range(rounds):
-        client, server, address = (a, b, "10.77.0.3") if number % 2 == 0 else \
-            (b, a, "10.77.0.2")
-        speeds.append(throughput(client, server, address, seconds))
-        mean, stdev = rtt(client, address, 500)
-        rtts.append(mean)
-        stdevs.append(stdev)
-    return Row(label, attachments, bench.rules(), statistics.median(speeds),
-               statistics.median(rtts), statistics.median(stdevs))
-
-
-@contextmanager
-def bench_node(work: Path) -> Iterator[Bench]:
-    """A node with the two measured Pods, torn down after."""
-    from e2e.harness.tools.gotools import reference_plugins_dir
-    with ExitStack() as stack:
-        bench = Bench(stack, work, populate(work / "bin", reference_plugins_dir()))
-        try:
-            yield bench
-        finally:
-            bench.close()
+    client, server, address = (a, b, "10.77.0.3") if number % 2 == 0 else (b, a, "10.77.0.2")
+    median, stdev = rtt(client, address, 500)
+    return throughput(client, server, address, seconds), median, stdev
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the rows and print them as a markdown table."""
+    """Build the three nodes, measure them round-robin, print a markdown table."""
     parser = argparse.ArgumentParser(prog="python -m e2e.bench.datapath", description=__doc__)
     parser.add_argument("--attachments", type=int, default=500)
     parser.add_argument("--vpcs", type=int, default=50, help="other VPCs they belong to")
     parser.add_argument("--seconds", type=float, default=5.0, help="per iperf3 run")
-    parser.add_argument("--rounds", type=int, default=3, help="runs per row (median)")
+    parser.add_argument("--rounds", type=int, default=5, help="runs per row (median)")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("needs root (network namespaces)", file=sys.stderr)
         return 2
-    rows: list[Row] = []
-    with tempfile.TemporaryDirectory(prefix="vpab-dp-") as tmp, bench_node(Path(tmp)) as bench:
-        bench.pod("1", "10.77.0.2", "fd77::2")
-        bench.pod("2", "10.77.0.3", "fd77::3")
-        rows.append(measure(bench, "two Pods alone", 0, args.seconds, args.rounds))
-        # The measured VPC made last: its rules come after every other VPC's.
-        for conf, container, netns in list(bench.attached):
-            bench.plugin.ok("DEL", conf, container_id=container, netns=netns)
-            bench.attached.remove((conf, container, netns))
-        bench.others(args.attachments, args.vpcs)
-        bench.pod("1", "10.77.0.2", "fd77::2")
-        bench.pod("2", "10.77.0.3", "fd77::3")
-        rows.append(measure(bench, f"+{args.attachments} attachments of {args.vpcs} other "
-                            "VPCs", args.attachments, args.seconds, args.rounds))
-        bench.delete_others()
-        rows.append(measure(bench, f"after DEL of those {args.attachments} (retired)", 0,
-                            args.seconds, args.rounds))
+    from e2e.harness.tools.gotools import reference_plugins_dir
+    labels = {"alone": "two Pods alone",
+              "others": f"+{args.attachments} attachments of {args.vpcs} other VPCs",
+              "retired": f"after DEL of {args.attachments} attachments of {args.vpcs} VPCs"}
+    with tempfile.TemporaryDirectory(prefix="vpab-dp-") as tmp, ExitStack() as stack:
+        plugin_dir = populate(Path(tmp) / "bin", reference_plugins_dir())
+        nodes: dict[str, Bench] = {}
+        for key in labels:
+            (Path(tmp) / key).mkdir()
+            nodes[key] = Bench(stack, Path(tmp) / key, plugin_dir)
+            stack.callback(nodes[key].close)
+        for key in ("others", "retired"):
+            nodes[key].others(args.attachments, args.vpcs)
+        for bench in nodes.values():  # the measured VPC last: its rules after the others'
+            bench.pod("1", "10.77.0.2", "fd77::2")
+            bench.pod("2", "10.77.0.3", "fd77::3")
+        nodes["retired"].delete_others()
+        samples: dict[str, list[tuple[float, float, float]]] = {key: [] for key in labels}
+        keys = list(labels)
+        for number in range(args.rounds):  # interleaved: drift on a shared machine hits all
+            for key in keys[number % 3:] + keys[:number % 3]:
+                samples[key].append(sample(nodes[key], number, args.seconds))
+        rows = [Row(labels[key], args.attachments if key == "others" else 0, nodes[key].rules(),
+                    statistics.median(s[0] for s in samples[key]),
+                    statistics.median(s[1] for s in samples[key]),
+                    statistics.median(s[2] for s in samples[key])) for key in labels]
     base = rows[0]
-    print(f"\n{_machine()}; iperf3 {args.seconds:g} s x {args.rounds}, ping 500 x 2 ms\n")
+    print(f"\n{_machine()}; three nodes measured round-robin, {args.rounds} rounds of iperf3 "
+          f"{args.seconds:g} s + ping 500 x 2 ms each; medians\n")
     print("| row | policy rules (v4+v6) | TCP Gbit/s | vs alone | RTT µs median (stdev) "
           "| Δ RTT µs |")
     print("|---|---|---|---|---|---|")
