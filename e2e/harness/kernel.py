@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import subprocess
 from collections.abc import Iterable, Iterator
 
@@ -45,6 +46,21 @@ def temporary_netns(prefix: str) -> Iterator[str]:
 
 
 RECORD_PRIORITY = "40000"
+
+
+def has_vpc_attach_table() -> bool:
+    """Whether this netns has vpc-attach's nftables table (False without `nft`)."""
+    if not IS_ROOT or shutil.which("nft") is None:
+        return False
+    return subprocess.run(["nft", "list", "table", "inet", "vpc_attach"], capture_output=True,
+                          timeout=IP_TIMEOUT, check=False).returncode == 0
+
+
+def remove_vpc_attach_table() -> None:
+    """Delete vpc-attach's nftables table of this netns, if there is one (nothing else)."""
+    if has_vpc_attach_table():
+        subprocess.run(["nft", "delete", "table", "inet", "vpc_attach"], capture_output=True,
+                       timeout=IP_TIMEOUT, check=False)
 
 
 def vpc_table(vpc: str, netns: str | None = None) -> str | None:
