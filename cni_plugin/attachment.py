@@ -19,11 +19,12 @@ from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.locks import file_lock
 from cni_plugin.core.request import Invocation
 from cni_plugin.core.rollback import Rollback, Undo
-from cni_plugin.kernel import addresses, isolation, links, netns, sysctl, tap
+from cni_plugin.kernel import addresses, hostfilter, isolation, links, netns, sysctl, tap
 from cni_plugin.kernel.addresses import RouteSpec
 from cni_plugin.kernel.links import Link, Owner
 from cni_plugin.kernel.rtnl import Rtnl
 from netconf.errors import INTERFACE_CONFLICT, TRY_AGAIN_LATER, CniError
+from netconf.host import DatapathSettings, resolve_datapath_settings
 from netconf.result import Interface, Result
 
 TAP_IPV4_GATEWAY_PREFIX = 25
@@ -80,11 +81,41 @@ def claim_host_link(rtnl: Rtnl, inv: Invocation) -> None:
 
 
 def ensure_vpc_table(rtnl: Rtnl, inv: Invocation) -> isolation.VpcTable:
-    """The VPC's isolation (shared, created once under the host-wide lock)."""
+    """The VPC's isolation (shared, created once under the host-wide lock), and the node's host
+    protection, installed here if neither the agent nor `vpc-attach install` did."""
     with file_lock(inv.lock_path("host"), inv.deadline.remaining()):
+        hostfilter.ensure(lambda: resolve_datapath_settings(inv.node_env), inv.deadline)
         if inv.conf.isolation == "vrf":
             return isolation.ensure_vrf(rtnl, inv.conf.vpc)
-        return isolation.ensure_table_rules(rtnl, inv.conf.vpc, host_link_name(inv))
+        return isolation.ensure_table(rtnl, inv.conf.vpc)
+
+
+def set_up_node(settings: DatapathSettings, lock_dir: str, timeout: float) -> list[str]:
+    """Node set-up (agent start, `vpc-attach install`) under the host lock: host protection
+    written afresh, attachments of earlier versions adopted; the links adopted."""
+    with file_lock(os.path.join(lock_dir, "host.lock"), timeout):
+        hostfilter.install(settings)
+        with host_netlink() as rtnl:
+            return isolation.adopt_legacy(rtnl)
+
+
+def vpc_lock_path(inv: Invocation) -> str:
+    """Held shared by every ADD of the VPC, exclusively by whoever removes its state."""
+    return inv.lock_path(naming.vrf_name(inv.conf.vpc))
+
+
+def release_unused_vpc(inv: Invocation) -> int | None:
+    """The VPC's per-node state removed when no host link of it is left and no ADD of it runs
+    (DEL, GC); the table released, if any."""
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(file_lock(vpc_lock_path(inv), 0.0))
+        except CniError:
+            return None  # an ADD of the VPC is running: the state is about to be used
+        stack.enter_context(file_lock(inv.lock_path("host"), inv.deadline.remaining()))
+        with host_netlink(inv.deadline) as rtnl:
+            return isolation.release(rtnl, inv.conf.vpc)
+    return None
 
 
 def _undo_temporary(name: str) -> Undo:
@@ -110,6 +141,8 @@ def _setup_host_side(rtnl: Rtnl, inv: Invocation, link: Link, vpc_table: isolati
     """Gateways, routes in the VPC table, neighbours, sysctls, isolation, link up."""
     if vpc_table.vrf_index is not None:
         link = links.configure(rtnl, link, master=vpc_table.vrf_index)
+    elif vpc_table.group is not None:  # the mark that selects the VPC's table (table mode)
+        link = links.configure(rtnl, link, group=vpc_table.group)
     for key, value in sysctl.host_side_sysctls(link.name, 4 in plan.versions,
                                                6 in plan.versions).items():
         sysctl.set_sysctl(key, value)
@@ -143,8 +176,10 @@ def pod_routes(plan: Addressing, oif: int) -> list[RouteSpec]:
 
 @contextmanager
 def lock(inv: Invocation) -> Iterator[None]:
-    """Hold the lock of this attachment's host link (code 11 when the deadline runs out)."""
-    with file_lock(inv.lock_path(host_link_name(inv)), inv.deadline.remaining()):
+    """Hold the lock of this attachment's host link, and the VPC's shared (code 11 when the
+    deadline runs out)."""
+    with file_lock(inv.lock_path(host_link_name(inv)), inv.deadline.remaining()), \
+            file_lock(vpc_lock_path(inv), inv.deadline.remaining(), shared=True):
         yield
 
 
@@ -382,8 +417,13 @@ def _host_differences(rtnl: Rtnl, inv: Invocation, link: Link, plan: Addressing,
         vrf = links.find(rtnl, naming.vrf_name(inv.conf.vpc))
         if vrf is None or link.master != vrf.index:
             diffs.append(f"host link {link.name!r} is not enslaved to its VRF")
-    elif not isolation.has_table_rules(rtnl, link.name, table, rules):
-        diffs.append(f"policy rules 'iif {link.name} lookup {table}' are missing")
+    else:
+        if not isolation.has_mark_rules(rtnl, table, rules):
+            diffs.append(f"policy rules 'fwmark {isolation.vpc_mark(table):#x}/"
+                         f"{isolation.MARK_MASK:#x} lookup {table}' are missing")
+        if link.group != isolation.vpc_mark(table):
+            diffs.append(f"host link {link.name!r} has device group {link.group:#x}, not its "
+                         f"VPC's mark {isolation.vpc_mark(table):#x}")
     present = set(addresses.addresses(rtnl, link.index, link_scope=True))
     for version, gateway in plan.gateways.items():
         if not any(a.ip == gateway for a in present):

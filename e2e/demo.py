@@ -114,7 +114,8 @@ def main() -> int:
         _show("inside the pod", ["ip", "-n", NETNS, "addr", "show", "eth0"])
         _show("pod routes", ["ip", "-n", NETNS, "route"])
         _show("host side", ["ip", "addr", "show", host])
-        _show("per-VPC policy rule", ["ip", "rule", "show", "iif", host])
+        _show("per-VPC policy rules (one per family, whatever the attachments)",
+              ["ip", "rule", "show", "pref", "1000"])
         _show("pinned neighbours", ["ip", "neigh", "show", "dev", host])
         from cni_plugin.core import naming
         from cni_plugin.publish.endpointslice import slice_name

@@ -12,7 +12,7 @@ import pytest
 
 from cni_plugin.core import naming
 from cni_plugin.publish.endpointslice import slice_name
-from e2e.harness.kernel import links_in, run_ip
+from e2e.harness.kernel import links_in, mark_rules, run_ip, vpc_table
 from e2e.harness.kube import Kube
 from e2e.harness.plugin import Plugin, base_conf, host_local, host_local_reservations, with_prev
 from e2e.harness.publishing import advertisement, create_pod, endpoint_slice, make_node
@@ -43,9 +43,11 @@ def test_32_concurrent_adds_then_dels_get_distinct_addresses_and_leave_nothing(
         host_links = {naming.host_link_name(vpc, base62.encode_base62(100 + i))
                       for i in range(PODS)}
         assert host_links <= links_in()
-        tables = {line.split("lookup")[1].strip() for line in run_ip("-4", "rule").splitlines()
-                  if f"iif G{naming.pad_base62(vpc, 9)}" in line}
-        assert len(tables) == 1, "one VPC, one table, however many ADDs race"
+        table = vpc_table(vpc)
+        assert table is not None and len(mark_rules(table)) == 2, \
+            "one VPC, one table, however many ADDs race"
+        groups = {run_ip("-d", "-j", "link", "show", link) for link in host_links}
+        assert all(f'"group":"{int(table) << 16}"' in g for g in groups), groups
 
         with ThreadPoolExecutor(max_workers=PODS) as pool:
             dels = list(pool.map(

@@ -8,7 +8,6 @@ it under runc — the init container's `vpc-attach install` included.
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import os
 import platform
@@ -18,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 BUNDLE = "opt/vpc-attach/standalone"
 ETC_FILES = {"etc/passwd", "etc/group", "etc/nsswitch.conf"}
-ON_PATH = {"usr/local/bin/vpc-attach", "usr/local/bin/vpc-attach-ipam"}
+ON_PATH = {"usr/local/bin/vpc-attach", "usr/local/bin/vpc-attach-ipam", "usr/sbin/nft"}
 SYSTEM_LIBRARY_DIRS = ("lib/", "lib64/", "usr/lib/", "usr/lib64/")
 GOARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 RUN_TIMEOUT = 60
@@ -223,7 +223,9 @@ def test_layer_holds_the_bundle_its_loader_and_libraries_and_nothing_else(
     # Each system library is the loader or a library some ELF file of the bundle needs, and
     # every library the bundle needs is in the bundle or among them.
     interpreters, needed = set(), set()
-    for elf in _elf_files(bundle):
+    # nft and what it loads pull in libraries the bundle does not (libnftables, libmnl, …)
+    for elf in [*_elf_files(bundle), rootfs / "usr/sbin/nft",
+                *(rootfs / name for name in sorted(libraries))]:
         headers = _readelf("--program-headers", "--dynamic", "--wide", str(elf))
         interpreters.update(re.findall(r"Requesting program interpreter: ([^\]]+)\]", headers))
         needed.update(re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", headers))
@@ -291,8 +293,16 @@ def test_agent_from_the_layer_serves_a_forwarded_verb(layout: Layout,
     address = f"127.0.0.1:{free_port()}"
     chroot = shutil.which("chroot", path="/usr/sbin:/usr/bin:/sbin:/bin")
     assert chroot is not None
+    # A netns of its own: the agent writes its nftables table where it runs, with the image's nft.
+    node = f"vpa-imgnode-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", node], check=True, timeout=RUN_TIMEOUT)
+    subprocess.run(["ip", "-n", node, "link", "set", "lo", "up"], check=True, timeout=RUN_TIMEOUT)
+    # …and /proc, as a container has it (the agent writes the node sysctls the table needs).
+    (rootfs / "proc").mkdir()
     agent = subprocess.Popen(
-        ["env", "-i", layout.path_env, f"VPC_ATTACH_METRICS_ADDRESS={address}", chroot,
+        ["ip", "netns", "exec", node, "unshare", "--mount", "--propagation", "private", "sh",
+         "-c", 'mount -t proc proc "$0/proc" && exec "$@"', str(rootfs),
+         "env", "-i", layout.path_env, f"VPC_ATTACH_METRICS_ADDRESS={address}", chroot,
          str(rootfs), "vpc-attach", "agent", "--socket", "/tmp/agent.sock"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -314,12 +324,16 @@ def test_agent_from_the_layer_serves_a_forwarded_verb(layout: Layout,
                        CNI_IFNAME="eth0", CNI_PATH="/opt/cni/bin",
                        VPC_ATTACH_AGENT_SOCKET="/tmp/agent.sock")
         assert json.loads(proc.stdout)["code"] == 7, proc.stderr
+        table = subprocess.run(["ip", "netns", "exec", node, "nft", "list", "table", "inet",
+                                "vpc_attach"], capture_output=True, text=True, check=False,
+                               timeout=RUN_TIMEOUT)
+        assert "meta mark set iifgroup" in table.stdout, table.stderr
         # Only verbs the agent served are counted (in-process ones are not).
-        host, _, port = address.rpartition(":")
-        conn = http.client.HTTPConnection(host, int(port), timeout=10)
-        conn.request("GET", "/metrics")
-        scrape = conn.getresponse().read().decode()
-        conn.close()
+        scrape = subprocess.run(
+            ["ip", "netns", "exec", node, sys.executable, "-c",
+             "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen("
+             f"'http://{address}/metrics', timeout=10).read().decode())"],
+            capture_output=True, text=True, check=True, timeout=RUN_TIMEOUT).stdout
         errors = {(s.labels["verb"], s.labels["code"]): s.value
                   for family in text_string_to_metric_families(scrape)
                   for s in family.samples if s.name == "vpc_attach_verb_errors_total"}
@@ -327,6 +341,7 @@ def test_agent_from_the_layer_serves_a_forwarded_verb(layout: Layout,
     finally:
         agent.send_signal(signal.SIGTERM)
         status = agent.wait(timeout=60)
+        subprocess.run(["ip", "netns", "del", node], check=False, timeout=RUN_TIMEOUT)
     assert status == 0
 
 

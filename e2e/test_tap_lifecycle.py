@@ -8,7 +8,7 @@ import pytest
 
 from cni_plugin.core import naming
 from cni_plugin.kernel.tap import IFF_MULTI_QUEUE, IFF_VNET_HDR
-from e2e.harness.kernel import links_in, run_ip
+from e2e.harness.kernel import links_in, run_ip, vpc_table
 from e2e.harness.plugin import Plugin, base_conf, with_prev
 
 pytestmark = pytest.mark.root
@@ -47,8 +47,8 @@ def test_tap_life_cycle(plugin: Plugin, netns: str, vpc: str) -> None:
     assert "inet6 fd20:60:ff03::1/128" in detail
     assert "203.0.113.0/25" not in run_ip("-4", "route", "show", "table", "all")
     assert run_ip("neigh", "show", "dev", tap).strip() == "", "no neighbour entry for a VM"
-    rule = next(line for line in run_ip("-4", "rule").splitlines() if f"iif {tap}" in line)
-    table = rule.split("lookup")[1].strip()
+    table = vpc_table(vpc)
+    assert table is not None
     assert f"203.0.113.17 dev {tap}" in run_ip("-4", "route", "show", "table", table)
     assert f"fd20:60:ff03:0:1:: dev {tap}" in run_ip("-6", "route", "show", "table", table)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cni_plugin.core import naming
-from e2e.harness.kernel import links_in, run_ip
+from e2e.harness.kernel import links_in, mark_rules, run_ip, vpc_table
 from e2e.harness.plugin import Plugin, base_conf, host_local, host_local_reservations, with_prev
 
 pytestmark = pytest.mark.root
@@ -43,10 +43,11 @@ def test_veth_add_builds_both_sides_and_the_vpc_table(plugin: Plugin, netns: str
     host_addr = run_ip("addr", "show", host)
     assert "inet 10.71.0.1/32" in host_addr and "inet6 fd00:71::1/128" in host_addr
     assert "alias vpc-attach/pod-a/eth0" in run_ip("-d", "link", "show", host)
-    rule = [line for line in run_ip("-4", "rule").splitlines() if f"iif {host}" in line]
-    assert len(rule) == 1, rule
-    table = rule[0].split("lookup")[1].strip()
-    assert f"iif {host}" in run_ip("-6", "rule")
+    table = vpc_table(vpc)
+    assert table is not None
+    assert len(mark_rules(table)) == 2, "one mark rule per family for the VPC"
+    assert f"group {int(table) << 16} " in run_ip("-d", "link", "show", host), \
+        "the host link's group is its VPC's mark"
     assert "10.71.0.2 dev " + host in run_ip("-4", "route", "show", "table", table)
     assert "fd00:71::2 dev " + host in run_ip("-6", "route", "show", "table", table)
     neigh = run_ip("neigh", "show", "dev", host)
@@ -140,9 +141,9 @@ def test_repeated_add_of_the_same_container_converges(plugin: Plugin, netns: str
     assert first["ips"] == second["ips"] and first["routes"] == second["routes"]
     assert plugin.call("CHECK", with_prev(conf, second), container_id="pod-r",
                        netns=netns).status == 0
-    rules = [line for line in run_ip("-6", "rule").splitlines()
-             if f"iif {naming.host_link_name(vpc, '8')}" in line]
-    assert len(rules) == 1, "repeated ADD must not duplicate policy rules"
+    table = vpc_table(vpc)
+    assert table is not None
+    assert len(mark_rules(table)) == 2, "repeated ADD must not duplicate policy rules"
 
 
 def test_second_container_cannot_take_over_and_late_del_keeps_new_link(

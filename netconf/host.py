@@ -8,11 +8,13 @@ Resolving them reads at most one local file and never the network.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from netconf.base62 import ATTACHMENT_LIMIT, VPC_LIMIT, decode_base62
 from netconf.errors import INVALID_CONFIG, CniError
 
 HOST_CONFIG_ENV = "VPC_ATTACH_HOST_CONFIG"
@@ -220,3 +222,93 @@ def _count(value: Any, key: str, low: int, high: int) -> int:
         raise CniError(INVALID_CONFIG, f"invalid {key} {value!r}",
                        f"expected a whole number in [{low}, {high}]")
     return number
+
+
+# Datapath settings (SPEC §14): the node's operator alone opens host ports or widens the source
+# check, so these come from the environment and the host file only, never from a stanza.
+HOST_ACCESS_ENV = "VPC_ATTACH_HOST_ACCESS"
+HOST_ACCESS_PROTOCOLS = ("tcp", "udp", "sctp")
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class PortRange:
+    """One `hostAccess` entry: protocol/port or protocol/first-last."""
+
+    protocol: str
+    first: int
+    last: int
+
+    def __str__(self) -> str:
+        ports = str(self.first) if self.first == self.last else f"{self.first}-{self.last}"
+        return f"{self.protocol}/{ports}"
+
+
+@dataclass(frozen=True)
+class AllowedSources:
+    """One `allowedSourcePrefixes` entry: extra source prefixes of a VPC's attachment (or of
+    all its attachments when vpcattachment is None)."""
+
+    vpc: str
+    vpcattachment: str | None
+    prefixes: tuple[IPNetwork, ...]
+
+
+@dataclass(frozen=True)
+class DatapathSettings:
+    """What the node's host protection lets through beyond the defaults."""
+
+    host_access: tuple[PortRange, ...] = ()
+    allowed_sources: tuple[AllowedSources, ...] = ()
+
+
+def parse_port_range(text: Any) -> PortRange:
+    """`udp/53` or `tcp/8000-8080` (code 7 otherwise)."""
+    protocol, _, ports = str(text).strip().lower().partition("/")
+    first_text, _, last_text = ports.partition("-")
+    last_text = last_text or first_text
+    if protocol in HOST_ACCESS_PROTOCOLS and first_text.isdigit() and last_text.isdigit():
+        first, last = int(first_text), int(last_text)
+        if 1 <= first <= last <= 65535:
+            return PortRange(protocol, first, last)
+    raise CniError(INVALID_CONFIG, f"invalid hostAccess entry {text!r}",
+                   "expected protocol/port or protocol/first-last, protocol one of "
+                   f"{', '.join(HOST_ACCESS_PROTOCOLS)}, ports 1-65535")
+
+
+def resolve_datapath_settings(environ: Mapping[str, str],
+                              host_file: Mapping[str, Any] | None = None) -> DatapathSettings:
+    """hostAccess (VPC_ATTACH_HOST_ACCESS, comma-separated, over the host file's list) and
+    allowedSourcePrefixes (host file only); code 7 for anything malformed."""
+    host_file = read_host_file(environ) if host_file is None else host_file
+    raw_access: Any = environ.get(HOST_ACCESS_ENV)
+    if raw_access:
+        raw_access = [item for item in raw_access.split(",") if item.strip()]
+    else:
+        raw_access = host_file.get("hostAccess") or []
+    if not isinstance(raw_access, list):
+        raise CniError(INVALID_CONFIG, "host setting 'hostAccess' must be a list",
+                       'e.g. ["udp/53", "tcp/53"]')
+    allowed = host_file.get("allowedSourcePrefixes") or []
+    if not isinstance(allowed, list):
+        raise CniError(INVALID_CONFIG, "host setting 'allowedSourcePrefixes' must be a list")
+    return DatapathSettings(tuple(parse_port_range(item) for item in raw_access),
+                            tuple(_allowed_sources(item) for item in allowed))
+
+
+def _allowed_sources(item: Any) -> AllowedSources:
+    hint = 'expected {"vpc": "…", "vpcattachment": "…" (optional), "prefixes": ["…/…"]}'
+    if not isinstance(item, dict) or not isinstance(item.get("prefixes"), list):
+        raise CniError(INVALID_CONFIG, f"invalid allowedSourcePrefixes entry {item!r}", hint)
+    vpc, attachment = item.get("vpc"), item.get("vpcattachment")
+    try:
+        if not isinstance(vpc, str) or decode_base62(vpc) >= VPC_LIMIT:
+            raise ValueError("vpc")
+        if attachment is not None and (not isinstance(attachment, str)
+                                       or decode_base62(attachment) >= ATTACHMENT_LIMIT):
+            raise ValueError("vpcattachment")
+        prefixes = tuple(ipaddress.ip_network(p, strict=False) for p in item["prefixes"])
+    except (ValueError, TypeError) as exc:
+        raise CniError(INVALID_CONFIG, f"invalid allowedSourcePrefixes entry {item!r}",
+                       f"{exc}; {hint}") from None
+    return AllowedSources(vpc, attachment, prefixes)

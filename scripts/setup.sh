@@ -17,6 +17,9 @@ dpkg -s libc6-dev >/dev/null 2>&1 || need_apt+=(libc6-dev)
 # runc for the test node is built with cgo against libseccomp (e2e/harness/cluster).
 dpkg -s libseccomp-dev >/dev/null 2>&1 || need_apt+=(libseccomp-dev)
 command -v pkg-config >/dev/null || need_apt+=(pkg-config)
+# Host protection writes its nftables table with nft; the datapath bench and tests use iperf3.
+command -v nft >/dev/null || [ -x /usr/sbin/nft ] || need_apt+=(nftables)
+command -v iperf3 >/dev/null || need_apt+=(iperf3)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}" >&2
   apt-get update -qq

@@ -249,6 +249,23 @@ def _warm_up() -> None:
     import cni_plugin.verbs.status  # noqa: F401
 
 
+def _protect_host() -> None:
+    """(Re)write the node's host protection with the current hostAccess and
+    allowedSourcePrefixes (SPEC §14), before the first ADD can arrive."""
+    from cni_plugin.attachment import set_up_node
+    from netconf.host import resolve_datapath_settings
+    try:
+        host = resolve_host_settings({}, os.environ)
+        adopted = set_up_node(resolve_datapath_settings(os.environ), host.lock_dir,
+                              host.timeout_seconds)
+        if adopted:
+            log.info("adopted %d attachment(s) of an earlier version: %s", len(adopted),
+                     ", ".join(adopted))
+    except CniError as exc:
+        raise SystemExit(f"vpc-attach agent: host protection: {exc.msg} ({exc.details})"
+                         ) from None
+
+
 def main(argv: list[str]) -> int:
     """`vpc-attach agent [--socket PATH]`."""
     from cni_plugin.agent.health import METRICS_ADDRESS_ENV, metrics_address
@@ -272,6 +289,7 @@ def main(argv: list[str]) -> int:
     # Before the socket exists: once it answers, a killed agent's retired links are gone (a
     # second agent's pending ones would be deleted early, which is all they wait for).
     reaper.sweep()
+    _protect_host()
     metrics = endpoint = None
     if address is not None:
         from cni_plugin.agent.metrics import AgentMetrics

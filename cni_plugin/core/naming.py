@@ -53,6 +53,16 @@ def is_host_link_of(name: str, vpc: str) -> bool:
         and name.endswith("H")
 
 
+def vpc_of_host_link(name: str) -> str | None:
+    """The VPC (canonical base62) of a host link name G{vpc:9}{att:3}H, None for other names."""
+    if len(name) != 1 + VPC_WIDTH + ATTACHMENT_WIDTH + 1 or name[0] != "G" or name[-1] != "H":
+        return None
+    try:
+        return encode_base62(decode_base62(name[1:1 + VPC_WIDTH]))
+    except ValueError:
+        return None
+
+
 def guest_link_name(vpc: str, attachment: str) -> str:
     """Container end of the veth before it is moved and renamed: G{vpc:9}{att:3}G."""
     return f"G{pad_base62(vpc, VPC_WIDTH)}{pad_base62(attachment, ATTACHMENT_WIDTH)}G"

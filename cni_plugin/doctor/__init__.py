@@ -18,6 +18,7 @@ from collections.abc import Callable
 from cni_plugin.doctor.checks import FAIL, Finding, Node
 from cni_plugin.doctor.checks import agent as check_agent
 from cni_plugin.doctor.checks import api as check_api
+from cni_plugin.doctor.checks import host_protection as check_host_protection
 from cni_plugin.doctor.checks import host_settings as check_host_settings
 from cni_plugin.doctor.checks import kernel as check_kernel
 from cni_plugin.doctor.checks import leftovers as check_leftovers
@@ -30,8 +31,8 @@ DEFAULT_CNI_CONF_DIR = "/etc/cni/net.d"
 DEFAULT_CNI_BIN_DIR = "/opt/cni/bin"
 # In this order: later checks use what earlier ones learned (settings, networks, API client).
 CHECKS: tuple[Callable[[Node], list[Finding]], ...] = (
-    check_host_settings, check_networks, check_kernel, check_agent, check_api, check_rbac,
-    check_router, check_tenancy, check_leftovers)
+    check_host_settings, check_networks, check_kernel, check_host_protection, check_agent,
+    check_api, check_rbac, check_router, check_tenancy, check_leftovers)
 
 
 def diagnose(node: Node) -> list[Finding]:

@@ -28,7 +28,7 @@ from cni_plugin.core.deadline import Deadline
 from cni_plugin.ipam.delegate import find_plugin
 from cni_plugin.ipam.plugin.config import PLUGIN_TYPES, confine_data_dir, parse_network
 from cni_plugin.ipam.plugin.store import PoolState, pool_directories
-from cni_plugin.kernel import isolation, links, netns
+from cni_plugin.kernel import hostfilter, isolation, links, netns
 from cni_plugin.kube.client import ApiError, KubeClient
 from cni_plugin.kube.config import load_kubeconfig
 from cni_plugin.publish.resources import ACCESS_REVIEWS, BINDINGS, GROUP, ROUTERS
@@ -244,6 +244,32 @@ def kernel(node: Node) -> list[Finding]:
                 f"; tap networks {', '.join(map(repr, needs_tun))} need it" if needs_tun else ""),
             "modprobe tun; mknod /dev/net/tun c 10 200"))
     return findings
+
+
+def host_protection(node: Node) -> list[Finding]:
+    """The `inet vpc_attach` table and its mark rule (SPEC §14), and what it has dropped."""
+    fix = "start the agent, or run `vpc-attach install` (it writes the table)"
+    try:
+        found = hostfilter.state()
+    except CniError as exc:
+        return [Finding("datapath.protection", FAIL, f"cannot read nftables: {exc.msg}", fix)]
+    if not found.table:  # nothing attached yet, or removed: the next ADD writes it
+        return [Finding("datapath.protection", WARN,
+                        f"nftables table {hostfilter.FAMILY} {hostfilter.TABLE} is missing; "
+                        "the next ADD writes it", fix)]
+    if not found.mark_rule:  # table-mode VPCs route nothing until it is back
+        return [Finding("datapath.protection", FAIL,
+                        f"{hostfilter.FAMILY} {hostfilter.TABLE} lacks its mark rule (chain "
+                        f"{hostfilter.MARK_CHAIN}): table-mode Pods are cut off", fix)]
+    findings = [Finding("datapath.protection", OK,
+                        f"nftables table {hostfilter.FAMILY} {hostfilter.TABLE} is in place")]
+    try:
+        dropped = hostfilter.counters()
+    except CniError as exc:
+        return [*findings, Finding("datapath.dropped", WARN, f"cannot read counters: {exc.msg}",
+                                   "install Debian's nftables package")]
+    detail = ", ".join(f"{name} {count}" for name, count in sorted(dropped.items()))
+    return [*findings, Finding("datapath.dropped", OK, f"packets dropped: {detail}")]
 
 
 def agent(node: Node) -> list[Finding]:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TextIO
 
+from cni_plugin.attachment import set_up_node
 from cni_plugin.install.binaries import binary_targets, default_source, launcher_targets
 from cni_plugin.install.credentials import (
     SERVICEACCOUNT_DIR,
@@ -30,7 +31,17 @@ from cni_plugin.install.engine import Installer, Report
 from cni_plugin.install.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, InstallError
 from cni_plugin.install.hostfiles import HostSettingsFile, conflist_target
 from cni_plugin.install.targets import FileTarget, Root, Target
-from netconf.host import DEFAULT_AGENT_SOCKET, DEFAULT_HOST_CONFIG, DEFAULT_NAMESPACE
+from cni_plugin.kernel import hostfilter
+from netconf.errors import CniError
+from netconf.host import (
+    DEFAULT_AGENT_SOCKET,
+    DEFAULT_HOST_CONFIG,
+    DEFAULT_NAMESPACE,
+    HOST_CONFIG_ENV,
+    read_host_file,
+    resolve_datapath_settings,
+    resolve_host_settings,
+)
 
 DEFAULT_CNI_BIN_DIR = "/opt/cni/bin"
 DEFAULT_CNI_CONF_DIR = "/etc/cni/net.d"
@@ -116,6 +127,13 @@ def _parser(command: str) -> argparse.ArgumentParser:
     paths.add_argument("--root", default="/", help="where the host's / is mounted (default /)")
     paths.add_argument("--manifest", type=_host_path, default=DEFAULT_MANIFEST,
                        help=f"record of what was written (default {DEFAULT_MANIFEST})")
+    protection = parser.add_mutually_exclusive_group()
+    protection.add_argument(
+        "--host-protection", dest="host_protection", action="store_true", default=None,
+        help="write (uninstall: delete) the nftables table `inet vpc_attach` in this network "
+        "namespace (the default when --root is /)")
+    protection.add_argument("--no-host-protection", dest="host_protection",
+                            action="store_false", help="leave the nftables table alone")
     if command == "uninstall":
         return parser
     paths.add_argument("--cni-bin-dir", type=_host_path, default=DEFAULT_CNI_BIN_DIR,
@@ -237,6 +255,9 @@ def install(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO,
                                        args.conflist_name))
     installer = Installer(root, args.manifest, force=args.force)
     _print_report("install", installer.install(targets), out, err)
+    if _protects_host(args):  # a node without an agent is protected from its first ADD on
+        _protect_host(environ, root.local(args.host_config))
+        print(f"wrote nftables table {hostfilter.FAMILY} {hostfilter.TABLE}", file=out)
     if not args.watch:
         return EXIT_OK
     return watch(installer, credentials, args.token_file, args.refresh_interval, out, err,
@@ -309,8 +330,33 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
+def _protect_host(environ: Mapping[str, str], host_file: Path) -> None:
+    try:
+        files = {**environ, HOST_CONFIG_ENV: str(host_file)}
+        host = resolve_host_settings({}, files)
+        set_up_node(resolve_datapath_settings(environ, read_host_file(files)), host.lock_dir,
+                    host.timeout_seconds)
+    except CniError as exc:
+        raise InstallError(f"host protection: {exc.msg}", exc.details) from None
+
+
+def _remove_host_protection() -> bool:
+    try:
+        return hostfilter.remove()
+    except CniError as exc:
+        raise InstallError(f"host protection: {exc.msg}", exc.details) from None
+
+
+def _protects_host(args: argparse.Namespace) -> bool:
+    if args.host_protection is not None:
+        return bool(args.host_protection)
+    return Path(args.root).resolve() == Path("/")
+
+
 def uninstall(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """Remove what the manifest owns."""
+    """Remove what the manifest owns (and our nftables table, never anyone else's)."""
+    if _protects_host(args) and _remove_host_protection():
+        print(f"removed nftables table {hostfilter.FAMILY} {hostfilter.TABLE}", file=out)
     installer = Installer(_root(args), args.manifest)
     if not installer.manifest_path.exists():
         print(f"vpc-attach uninstall: nothing to remove (no manifest at {args.manifest})",

@@ -1,8 +1,11 @@
-"""Per-VPC routing isolation: a VRF device, or a routing table with `iif` policy rules.
+"""Per-VPC routing isolation: a VRF device, or a routing table selected by a packet mark.
 
 The VPC's table id is the lowest id not reserved and not used by any rule or VRF, chosen under
-a host-wide lock. In `table` mode the rules themselves record which table a VPC owns, so nothing
-else needs to be stored. Shared per-VPC state is never deleted by DEL or rollback.
+a host-wide lock. In `table` mode a VPC costs two policy rules whatever its number of
+attachments (`fwmark` of the VPC -> its table; the host filter copies a host link's device
+group into the mark) and one record rule that never matches (`iif G{vpc}V`, after the main
+table) saying which table the VPC owns. State of a VPC with no host link left is removed by
+`release` (DEL, GC); a table id is emptied before it is given to a VPC.
 """
 
 from __future__ import annotations
@@ -16,12 +19,16 @@ from dataclasses import dataclass
 from cni_plugin.core import naming
 from cni_plugin.kernel import links
 from cni_plugin.kernel.links import kernel_errors
-from cni_plugin.kernel.rtnl import RTN_UNREACHABLE, NetlinkError, Rtnl, RuleMsg
+from cni_plugin.kernel.rtnl import RTN_UNREACHABLE, NetlinkError, RouteMsg, Rtnl, RuleMsg
 from netconf.errors import KERNEL_FAILURE, CniError
 
 RESERVED_TABLES = frozenset({0, 253, 254, 255})
 MAX_TABLE = 2**32 - 1
 RULE_PRIORITY = 1000
+RECORD_PRIORITY = 40000  # after main and default: lookups that reach it have missed anyway
+MARK_SHIFT = 16
+MARK_MASK = 0x0FFF0000  # the packet-mark bits vpc-attach owns (docs/architecture.md)
+MAX_MARK_TABLE = MARK_MASK >> MARK_SHIFT
 # Keeps lookups that miss the VPC table from falling through to the main table.
 UNREACHABLE_METRIC = 4278198272
 FAMILIES = (socket.AF_INET, socket.AF_INET6)
@@ -37,6 +44,12 @@ class VpcTable:
 
     table: int
     vrf_index: int | None  # the VRF device to enslave host links to (vrf mode)
+    group: int | None = None  # the device group of its host links (table mode: the mark)
+
+
+def vpc_mark(table: int) -> int:
+    """The packet mark (and host-link device group) selecting a table-mode VPC's table."""
+    return table << MARK_SHIFT
 
 
 def all_rules(rtnl: Rtnl) -> Rules:
@@ -75,17 +88,22 @@ def _vrf_table(link: links.Link, rtnl: Rtnl) -> int:
     return table
 
 
-def _rules_for_vpc(rules: Rules, vpc: str) -> dict[str, int]:
-    """iif name -> table of our rules for the VPC's host links."""
-    prefix = "G" + naming.pad_base62(vpc, naming.VPC_WIDTH)
-    found: dict[str, int] = {}
-    for family in FAMILIES:
-        for rule in rules[family]:
-            iif = rule.iifname
-            if iif and iif.startswith(prefix) and iif.endswith("H") \
-                    and len(iif) == len(prefix) + naming.ATTACHMENT_WIDTH + 1:
-                found[iif] = rule.table
-    return found
+def _legacy_rules(rules: Rules, vpc: str) -> list[RuleMsg]:
+    """`iif G…H` rules of the VPC's host links that earlier versions added per attachment."""
+    return [rule for family in FAMILIES for rule in rules[family]
+            if rule.iifname and rule.priority == RULE_PRIORITY
+            and naming.is_host_link_of(rule.iifname, vpc)]
+
+
+def _recorded_table(rules: Rules, vpc: str) -> int | None:
+    record = naming.vrf_name(vpc)
+    return next((rule.table for rule in rules[socket.AF_INET]
+                 if rule.iifname == record and rule.priority == RECORD_PRIORITY), None)
+
+
+def _has_mark_rule(family_rules: list[RuleMsg], table: int) -> bool:
+    return any(rule.fwmark == vpc_mark(table) and rule.table == table
+               and rule.priority == RULE_PRIORITY and not rule.iifname for rule in family_rules)
 
 
 def ensure_vrf(rtnl: Rtnl, vpc: str) -> VpcTable:
@@ -116,26 +134,112 @@ def ensure_vrf(rtnl: Rtnl, vpc: str) -> VpcTable:
     return VpcTable(table, created.index)
 
 
-def ensure_table_rules(rtnl: Rtnl, vpc: str, host_link: str) -> VpcTable:
-    """The VPC's table (reused from its rules, else allocated) and `iif host_link` rules."""
+def ensure_table(rtnl: Rtnl, vpc: str) -> VpcTable:
+    """The VPC's table (from its record, else a fresh, emptied id) with its two mark rules
+    (call under the host lock)."""
     rules = all_rules(rtnl)
-    table = next(iter(_rules_for_vpc(rules, vpc).values()), None)
+    table = _recorded_table(rules, vpc)
     if table is None:
         table = lowest_free_table(used_tables(rtnl, rules))
+        if table > MAX_MARK_TABLE:
+            raise CniError(KERNEL_FAILURE, f"no routing table id up to {MAX_MARK_TABLE} is free",
+                           "table mode marks packets with the table id in 12 bits")
+        _flush_table(rtnl, table)  # a reused id starts clean
+        _add_rule(rtnl, socket.AF_INET, naming.vrf_name(vpc), table, RECORD_PRIORITY)
         _add_unreachable_defaults(rtnl, table)
     for family in FAMILIES:
-        if not _has_rule(rules[family], host_link, table):
-            with kernel_errors("add policy rule for", host_link):
-                try:
-                    rtnl.new_rule(family, host_link, table, RULE_PRIORITY)
-                except NetlinkError as exc:
-                    if exc.code != errno.EEXIST:
-                        raise
-    return VpcTable(table, None)
+        if not _has_mark_rule(rules[family], table):
+            _add_rule(rtnl, family, None, table, RULE_PRIORITY, vpc_mark(table))
+    return VpcTable(table, None, vpc_mark(table))
 
 
-def _has_rule(family_rules: list[RuleMsg], iif: str, table: int) -> bool:
-    return any(rule.iifname == iif and rule.table == table for rule in family_rules)
+def _add_rule(rtnl: Rtnl, family: int, iifname: str | None, table: int, priority: int,
+              fwmark: int | None = None) -> None:
+    with kernel_errors("add policy rule for table", str(table)):
+        try:
+            rtnl.new_rule(family, iifname, table, priority, fwmark, MARK_MASK if fwmark else None)
+        except NetlinkError as exc:
+            if exc.code != errno.EEXIST:
+                raise
+
+
+def release(rtnl: Rtnl, vpc: str) -> int | None:
+    """Remove the VPC's VRF or table record, mark rules, per-attachment rules of earlier
+    versions and every route of its table, when no host link of the VPC is left (call under
+    the host lock and the VPC's exclusive lock); the table released, if any."""
+    if any(naming.is_host_link_of(link.name, vpc) for link in links.all_links(rtnl)):
+        return None
+    rules = all_rules(rtnl)
+    legacy = _legacy_rules(rules, vpc)
+    for rule in legacy:
+        _delete_rule(rtnl, rule.family, rule.iifname, rule.table, RULE_PRIORITY)
+    table = _recorded_table(rules, vpc) or next((rule.table for rule in legacy), None)
+    vrf = links.find(rtnl, naming.vrf_name(vpc))
+    if vrf is not None and vrf.kind == "vrf":
+        table = _vrf_table(vrf, rtnl)
+        links.delete(rtnl, vrf)
+    elif table is not None:
+        for family in FAMILIES:
+            if _has_mark_rule(rules[family], table):
+                _delete_rule(rtnl, family, None, table, RULE_PRIORITY, vpc_mark(table))
+        _delete_rule(rtnl, socket.AF_INET, naming.vrf_name(vpc), table, RECORD_PRIORITY)
+    if table is not None:
+        _flush_table(rtnl, table)
+    return table
+
+
+def _delete_rule(rtnl: Rtnl, family: int, iifname: str | None, table: int, priority: int,
+                 fwmark: int | None = None) -> None:
+    with kernel_errors("delete policy rule for table", str(table)):
+        links.ignore_missing(lambda: rtnl.del_rule(family, iifname, table, priority, fwmark,
+                                                   MARK_MASK if fwmark else None))
+
+
+def _flush_table(rtnl: Rtnl, table: int) -> None:
+    for family in FAMILIES:
+        with kernel_errors("empty routing table", str(table)):
+            for route in rtnl.routes(family, table=table):
+                _delete_route(rtnl, route)
+
+
+def adopt_legacy(rtnl: Rtnl) -> list[str]:
+    """Host links an earlier version attached (an `iif G…H` rule per family, no device group)
+    get their VPC's record, mark rules and group, and lose their iif rules; rules of links that
+    are gone are deleted. The links adopted (call under the host lock, at node set-up)."""
+    rules = all_rules(rtnl)
+    live = {link.name: link for link in links.all_links(rtnl)}
+    adopted: list[str] = []
+    for family in FAMILIES:
+        for rule in rules[family]:
+            vpc = naming.vpc_of_host_link(rule.iifname or "")
+            if vpc is None or rule.priority != RULE_PRIORITY or rule.iifname is None:
+                continue
+            link = live.get(rule.iifname)
+            if link is not None and link.group != vpc_mark(rule.table):
+                _adopt(rtnl, rules, vpc, rule.table)
+                live[link.name] = links.configure(rtnl, link, group=vpc_mark(rule.table))
+                adopted.append(link.name)
+            _delete_rule(rtnl, family, rule.iifname, rule.table, RULE_PRIORITY)
+    return adopted
+
+
+def _adopt(rtnl: Rtnl, rules: Rules, vpc: str, table: int) -> None:
+    if table > MAX_MARK_TABLE:
+        raise CniError(KERNEL_FAILURE, f"VPC {vpc!r} uses table {table}, above {MAX_MARK_TABLE}",
+                       "delete and re-add its attachments")
+    if _recorded_table(rules, vpc) is None:
+        _add_rule(rtnl, socket.AF_INET, naming.vrf_name(vpc), table, RECORD_PRIORITY)
+        rules[socket.AF_INET] = [*rules[socket.AF_INET], RuleMsg(
+            socket.AF_INET, table, RECORD_PRIORITY, 1, naming.vrf_name(vpc))]
+    for family in FAMILIES:
+        if not _has_mark_rule(rules[family], table):
+            _add_rule(rtnl, family, None, table, RULE_PRIORITY, vpc_mark(table))
+            rules[family] = [*rules[family], RuleMsg(family, table, RULE_PRIORITY, 1, None,
+                                                     vpc_mark(table), MARK_MASK)]
+
+
+def _delete_route(rtnl: Rtnl, route: RouteMsg) -> None:
+    links.ignore_missing(lambda: rtnl.del_route(route))
 
 
 def find_vpc_table(rtnl: Rtnl, vpc: str, mode: str, rules: Rules | None = None) -> int | None:
@@ -143,16 +247,13 @@ def find_vpc_table(rtnl: Rtnl, vpc: str, mode: str, rules: Rules | None = None) 
     if mode == "vrf":
         vrf = links.find(rtnl, naming.vrf_name(vpc))
         return _vrf_table(vrf, rtnl) if vrf is not None and vrf.kind == "vrf" else None
-    found = _rules_for_vpc(rules or all_rules(rtnl), vpc)
-    return next(iter(found.values()), None)
+    return _recorded_table(rules or all_rules(rtnl), vpc)
 
 
-def has_table_rules(rtnl: Rtnl, host_link: str, table: int,
-                    rules: Rules | None = None) -> bool:
-    """True when both families' `iif host_link lookup table` rules exist."""
+def has_mark_rules(rtnl: Rtnl, table: int, rules: Rules | None = None) -> bool:
+    """True when both families' `fwmark <mark of table> lookup table` rules exist."""
     rules = rules or all_rules(rtnl)
-    return all(_has_rule(rules[family], host_link, table) for family in FAMILIES)
-
+    return all(_has_mark_rule(rules[family], table) for family in FAMILIES)
 
 
 def _add_unreachable_defaults(rtnl: Rtnl, table: int) -> None:

@@ -55,6 +55,7 @@ class Link:
     up: bool
     alias: str | None
     master: int | None
+    group: int = 0
 
     @property
     def owner(self) -> Owner | None:
@@ -92,7 +93,7 @@ def ignore_missing(call: Callable[[], T]) -> T | None:
 
 def _to_link(msg: LinkMsg) -> Link:
     return Link(index=msg.index, name=msg.name, kind=msg.kind, mac=msg.mac, mtu=msg.mtu,
-                up=msg.up, alias=msg.alias, master=msg.master)
+                up=msg.up, alias=msg.alias, master=msg.master, group=msg.group)
 
 
 def find(rtnl: Rtnl, name: str) -> Link | None:
@@ -127,8 +128,10 @@ def create_veth(host_rtnl: Rtnl, host_name: str, peer_name: str, peer_netns_fd: 
 
 
 def configure(rtnl: Rtnl, link: Link, *, name: str | None = None, mtu: int | None = None,
-              alias: str | None = None, up: bool | None = None, master: int | None = None) -> Link:
-    """Rename / set MTU / alias / master / state of a link, in one request with clear errors;
+              alias: str | None = None, up: bool | None = None, master: int | None = None,
+              group: int | None = None) -> Link:
+    """Rename / set MTU / alias / master / group / state of a link, in one request with clear
+    errors;
     the link as it now is (same index, no read-back).
 
     Only what differs is sent. The kernel renames and sets MTU and master before IFF_UP, so
@@ -138,20 +141,23 @@ def configure(rtnl: Rtnl, link: Link, *, name: str | None = None, mtu: int | Non
                       mtu=link.mtu if mtu is None else mtu,
                       alias=link.alias if alias is None else alias,
                       up=link.up if up is None else up,
-                      master=link.master if master is None else master)
+                      master=link.master if master is None else master,
+                      group=link.group if group is None else group)
     new_name = name if name is not None and name != link.name else None
     new_mtu = mtu if mtu is not None and mtu != link.mtu else None
     new_alias = alias if alias is not None and alias != link.alias else None
     new_master = master if master is not None and master != link.master else None
     new_state = up if up is not None and up != link.up else None
-    attrs_change = any(v is not None for v in (new_name, new_mtu, new_alias, new_master))
+    new_group = group if group is not None and group != link.group else None
+    attrs_change = any(v is not None for v in (new_name, new_mtu, new_alias, new_master,
+                                                new_group))
     if not attrs_change and new_state is None:
         return changed
     action, obj = ("configure link", link.name) if attrs_change else \
         ("set state of link", name or link.name)
     with kernel_errors(action, obj):
         rtnl.set_link(link.index, name=new_name, mtu=new_mtu, alias=new_alias, master=new_master,
-                      up=new_state)
+                      up=new_state, group=new_group)
     return changed
 
 

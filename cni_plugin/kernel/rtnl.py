@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from cni_plugin.core.deadline import Deadline
 
 NETLINK_ROUTE = 0
+NETLINK_NETFILTER = 12
 SOL_NETLINK = 270
 NETLINK_CAP_ACK = 10
 NETLINK_EXT_ACK = 11
@@ -39,12 +40,12 @@ NLMSGERR_ATTR_MSG = 1
 
 RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK = 16, 17, 18
 RTM_NEWADDR, RTM_GETADDR = 20, 22
-RTM_NEWROUTE, RTM_GETROUTE = 24, 26
+RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
 RTM_NEWNEIGH, RTM_GETNEIGH = 28, 30
-RTM_NEWRULE, RTM_GETRULE = 32, 34
+RTM_NEWRULE, RTM_DELRULE, RTM_GETRULE = 32, 33, 34
 
 IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_MASTER = 1, 3, 4, 10
-IFLA_LINKINFO, IFLA_IFALIAS, IFLA_NET_NS_FD, IFLA_EXT_MASK = 18, 20, 28, 29
+IFLA_LINKINFO, IFLA_IFALIAS, IFLA_GROUP, IFLA_NET_NS_FD, IFLA_EXT_MASK = 18, 20, 27, 28, 29
 IFLA_INFO_KIND, IFLA_INFO_DATA = 1, 2
 VETH_INFO_PEER = 1
 IFLA_VRF_TABLE = 1
@@ -56,11 +57,11 @@ RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_TABLE = 1, 4, 5, 6, 15
 RTN_UNICAST, RTN_UNREACHABLE = 1, 7
 RTNH_F_ONLINK = 0x04
 RTPROT_STATIC = 4
-RT_SCOPE_UNIVERSE, RT_SCOPE_LINK = 0, 253
+RT_SCOPE_UNIVERSE, RT_SCOPE_LINK, RT_SCOPE_NOWHERE = 0, 253, 255
 RT_TABLE_COMPAT = 252
 NDA_DST, NDA_LLADDR, NDA_IFINDEX = 1, 2, 8
 NUD_PERMANENT = 0x80
-FRA_IIFNAME, FRA_PRIORITY, FRA_TABLE = 3, 6, 15
+FRA_IIFNAME, FRA_PRIORITY, FRA_FWMARK, FRA_TABLE, FRA_FWMASK = 3, 6, 10, 15, 16
 FR_ACT_TO_TBL = 1
 
 NLA_F_NESTED = 1 << 15
@@ -260,6 +261,7 @@ class LinkMsg:
     alias: str | None
     master: int | None
     vrf_table: int | None
+    group: int = 0
 
     @property
     def up(self) -> bool:
@@ -315,6 +317,8 @@ class RuleMsg:
     priority: int | None
     action: int
     iifname: str | None
+    fwmark: int | None = None
+    fwmask: int | None = None
 
 
 def decode_link(payload: bytes) -> LinkMsg:
@@ -334,7 +338,7 @@ def decode_link(payload: bytes) -> LinkMsg:
         mtu=as_u32(attrs[IFLA_MTU]) if IFLA_MTU in attrs else 0,
         alias=optional(attrs, IFLA_IFALIAS, as_str),
         master=optional(attrs, IFLA_MASTER, as_u32),
-        vrf_table=vrf_table)
+        vrf_table=vrf_table, group=optional(attrs, IFLA_GROUP, as_u32) or 0)
 
 
 def decode_addr(payload: bytes) -> AddrMsg:
@@ -379,7 +383,9 @@ def decode_rule(payload: bytes) -> RuleMsg:
         family=family, table=as_u32(attrs[FRA_TABLE]) if FRA_TABLE in attrs else table,
         priority=optional(attrs, FRA_PRIORITY, as_u32),
         action=action,
-        iifname=optional(attrs, FRA_IIFNAME, as_str))
+        iifname=optional(attrs, FRA_IIFNAME, as_str),
+        fwmark=optional(attrs, FRA_FWMARK, as_u32),
+        fwmask=optional(attrs, FRA_FWMASK, as_u32))
 
 
 def decoded(decode: Callable[[bytes], T], payload: bytes) -> T:
@@ -416,7 +422,8 @@ def vrf_request(name: str, table: int) -> bytes:
 
 def set_link_request(index: int, *, name: str | None = None, mtu: int | None = None,
                      alias: str | None = None, master: int | None = None,
-                     mac: str | None = None, up: bool | None = None) -> bytes:
+                     mac: str | None = None, up: bool | None = None,
+                     group: int | None = None) -> bytes:
     """RTM_NEWLINK body changing an existing link; the kernel renames before setting IFF_UP."""
     flags = IFF_UP if up else 0
     body = ifinfomsg(index, flags, IFF_UP if up is not None else 0)
@@ -430,6 +437,8 @@ def set_link_request(index: int, *, name: str | None = None, mtu: int | None = N
         body += attr_u32(IFLA_MASTER, master)
     if mac is not None:
         body += attr(IFLA_ADDRESS, mac_bytes(mac))
+    if group is not None:
+        body += attr_u32(IFLA_GROUP, group)
     return body
 
 
@@ -477,12 +486,30 @@ def neigh_request(index: int, ip: IPAddr, mac: str, state: int = NUD_PERMANENT) 
         attr(NDA_DST, ip.packed) + attr(NDA_LLADDR, mac_bytes(mac))
 
 
-def rule_request(family: int, iifname: str, table: int, priority: int) -> bytes:
-    """RTM_NEWRULE body: `iif iifname lookup table`."""
+def rule_request(family: int, iifname: str | None, table: int, priority: int,
+                 fwmark: int | None = None, fwmask: int | None = None) -> bytes:
+    """RTM_NEWRULE / RTM_DELRULE body: `[iif iifname] [fwmark fwmark/fwmask] lookup table`."""
     header = _FIB_RULE_HDR.pack(family, 0, 0, 0, table if table < 256 else RT_TABLE_COMPAT,
                                 0, 0, FR_ACT_TO_TBL, 0)
-    return header + attr_str(FRA_IIFNAME, iifname) + attr_u32(FRA_TABLE, table) + \
-        attr_u32(FRA_PRIORITY, priority)
+    body = header + (attr_str(FRA_IIFNAME, iifname) if iifname is not None else b"")
+    if fwmark is not None:
+        body += attr_u32(FRA_FWMARK, fwmark) + attr_u32(FRA_FWMASK, fwmask or 0xFFFFFFFF)
+    return body + attr_u32(FRA_TABLE, table) + attr_u32(FRA_PRIORITY, priority)
+
+
+def route_delete_request(route: RouteMsg) -> bytes:
+    """RTM_DELROUTE body naming a route as a dump returned it (table, type, dst, oif, metric)."""
+    header = _RTMSG.pack(route.family, route.dst_len, 0, 0,
+                         route.table if route.table < 256 else RT_TABLE_COMPAT, 0,
+                         RT_SCOPE_NOWHERE, route.type, 0)  # NOWHERE: any scope matches
+    body = header + attr_u32(RTA_TABLE, route.table)
+    if route.dst is not None:
+        body += attr(RTA_DST, ipaddress.ip_address(route.dst).packed)
+    if route.oif is not None:
+        body += attr_u32(RTA_OIF, route.oif)
+    if route.priority is not None:
+        body += attr_u32(RTA_PRIORITY, route.priority)
+    return body
 
 
 def route_dump_request(family: int, table: int | None, oif: int | None) -> bytes:
@@ -505,11 +532,11 @@ _REPLY_TYPES = {RTM_GETLINK: RTM_NEWLINK, RTM_GETADDR: RTM_NEWADDR, RTM_GETROUTE
 class Rtnl:
     """An rtnetlink socket in the netns of the thread that created it."""
 
-    def __init__(self, timeout: float = DEFAULT_TIMEOUT, deadline: Deadline | None = None
-                 ) -> None:
+    def __init__(self, timeout: float = DEFAULT_TIMEOUT, deadline: Deadline | None = None,
+                 protocol: int = NETLINK_ROUTE) -> None:
         self.timeout = timeout
         self.deadline = deadline  # when given, no wait outlasts it
-        self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
+        self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, protocol)
         try:
             self._sock.bind((0, 0))
             for option in (NETLINK_EXT_ACK, NETLINK_CAP_ACK, NETLINK_GET_STRICT_CHK):
@@ -584,6 +611,29 @@ class Rtnl:
                     return replies
                 if msg.type not in (NLMSG_NOOP, NLMSG_DONE, NLMSG_OVERRUN):
                     replies.append(msg)
+
+    def batch(self, begin: int, end: int, header: bytes, msg_type: int, flags: int,
+              body: bytes) -> None:
+        """nfnetlink: one message in its own transaction (begin … end in one datagram); waits
+        for its ACK."""
+        self._seq = (self._seq + 3) & 0xFFFFFFFF
+        seq = self._seq - 1
+        datagram = pack_message(begin, NLM_F_REQUEST, seq - 1, header) + \
+            pack_message(msg_type, flags | NLM_F_REQUEST | NLM_F_ACK, seq, body) + \
+            pack_message(end, NLM_F_REQUEST, seq + 1, header)
+        wait = self._wait()
+        try:
+            self._sock.send(datagram)
+        except TimeoutError:
+            raise NetlinkError(errno.ETIMEDOUT,
+                               f"the kernel took no request within {wait:g}s") from None
+        while True:
+            for msg in self._messages():
+                if msg.seq == seq and msg.type == NLMSG_ERROR:
+                    error = error_of(msg)
+                    if error is not None:
+                        raise error
+                    return
 
     def dump(self, msg_type: int, body: bytes, consistent: bool = False) -> list[Message]:
         """Every object a dump returns; read again while the kernel flags it inconsistent.
@@ -661,10 +711,11 @@ class Rtnl:
 
     def set_link(self, index: int, *, name: str | None = None, mtu: int | None = None,
                  alias: str | None = None, master: int | None = None, mac: str | None = None,
-                 up: bool | None = None) -> None:
-        """Change name / MTU / alias / master / MAC / IFF_UP of link index in one request."""
+                 up: bool | None = None, group: int | None = None) -> None:
+        """Change name / MTU / alias / master / MAC / IFF_UP / group of link index in one
+        request."""
         self.request(RTM_NEWLINK, set_link_request(index, name=name, mtu=mtu, alias=alias,
-                                                   master=master, mac=mac, up=up))
+                                                   master=master, mac=mac, up=up, group=group))
 
     def del_link(self, *, index: int = 0, name: str | None = None) -> None:
         """Delete a link by index or name."""
@@ -715,10 +766,21 @@ class Rtnl:
         return [n for n in found if n.family in (socket.AF_INET, socket.AF_INET6)
                 and (not index or n.ifindex == index)]
 
-    def new_rule(self, family: int, iifname: str, table: int, priority: int) -> None:
-        """Add `iif iifname lookup table` at priority; EEXIST when the same rule exists."""
-        self.request(RTM_NEWRULE, rule_request(family, iifname, table, priority),
+    def new_rule(self, family: int, iifname: str | None, table: int, priority: int,
+                 fwmark: int | None = None, fwmask: int | None = None) -> None:
+        """Add `[iif iifname] [fwmark m/mask] lookup table` at priority; EEXIST when the same
+        rule exists."""
+        self.request(RTM_NEWRULE, rule_request(family, iifname, table, priority, fwmark, fwmask),
                      NLM_F_CREATE | NLM_F_EXCL)
+
+    def del_rule(self, family: int, iifname: str | None, table: int, priority: int,
+                 fwmark: int | None = None, fwmask: int | None = None) -> None:
+        """Delete the rule `new_rule` with the same arguments added; ENOENT when there is none."""
+        self.request(RTM_DELRULE, rule_request(family, iifname, table, priority, fwmark, fwmask))
+
+    def del_route(self, route: RouteMsg) -> None:
+        """Delete a route as a dump returned it; ESRCH when it is gone."""
+        self.request(RTM_DELROUTE, route_delete_request(route))
 
     def rules(self, family: int, consistent: bool = False) -> list[RuleMsg]:
         """Policy rules of one family (consistent: see `dump`)."""

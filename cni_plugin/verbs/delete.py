@@ -60,6 +60,7 @@ def _undo_add(inv: Invocation, env: Environment) -> None:
         def remove_links() -> None:
             with attachment.lock(inv):
                 attachment.detach(inv, env.delete_retired_later)
+            attachment.release_unused_vpc(inv)  # the VPC's table/VRF if this was its last link
         _best_effort(failures, "remove links", remove_links)
     if failures:
         raise failures[0]

@@ -36,8 +36,8 @@ def valid_attachments(raw: dict[str, Any]) -> set[tuple[str, str]]:
 
 
 def gc(request: Request, env: Environment) -> None:
-    """Delete this network's host link if its owner is not valid, and the VPC's BGPVRFInstance
-    on this node if vpc-attach created it and nothing uses it any more; forward GC to IPAM."""
+    """Delete this network's host link if its owner is not valid, the VPC's table or VRF and the
+    BGPVRFInstance on this node if nothing uses them any more; forward GC to IPAM."""
     inv = Invocation.parse(request)
     if not at_least(inv.conf.cni_version, GC_STATUS_MIN_VERSION):
         raise CniError(INCOMPATIBLE_VERSION, "config version does not allow GC")
@@ -75,6 +75,7 @@ def _collect(inv: Invocation, env: Environment, valid: set[tuple[str, str]],
         # Read once the stale link is gone: the VPC's attachments here still use its instance.
         attached = attachment.vpc_owners(ipr, inv.conf.vpc)
     steps: list[Callable[[], None]] = [
+        lambda: _release_vpc(inv),
         lambda: collect_stale_slices(inv, env.cluster, valid),
         lambda: collect_unused_instance(inv, env.cluster, valid, attached)]
     for step in steps:
@@ -94,6 +95,13 @@ def _collect_links(ipr: Rtnl, inv: Invocation, valid: set[tuple[str, str]]) -> N
     # A stopped agent's (a running one deletes its own within milliseconds).
     for retired in links.delete_all_retired(ipr):
         log.info("GC: deleted retired link %s (%s)", retired.name, retired.alias)
+
+
+def _release_vpc(inv: Invocation) -> None:
+    if inv.conf.attachment != "existing":
+        table = attachment.release_unused_vpc(inv)
+        if table is not None:
+            log.info("GC: removed table %d of VPC %s (no attachment left)", table, inv.conf.vpc)
 
 
 def _forward_ipam(inv: Invocation) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import subprocess
 from collections.abc import Iterable, Iterator
 
@@ -44,6 +45,42 @@ def temporary_netns(prefix: str) -> Iterator[str]:
         run_ip("netns", "del", name, check=False)
 
 
+RECORD_PRIORITY = "40000"
+
+
+def has_vpc_attach_table() -> bool:
+    """Whether this netns has vpc-attach's nftables table (False without `nft`)."""
+    if not IS_ROOT or shutil.which("nft") is None:
+        return False
+    return subprocess.run(["nft", "list", "table", "inet", "vpc_attach"], capture_output=True,
+                          timeout=IP_TIMEOUT, check=False).returncode == 0
+
+
+def remove_vpc_attach_table() -> None:
+    """Delete vpc-attach's nftables table of this netns, if there is one (nothing else)."""
+    if has_vpc_attach_table():
+        subprocess.run(["nft", "delete", "table", "inet", "vpc_attach"], capture_output=True,
+                       timeout=IP_TIMEOUT, check=False)
+
+
+def vpc_table(vpc: str, netns: str | None = None) -> str | None:
+    """The table recorded for a table-mode VPC (`iif G{vpc}V lookup T` at priority 40000)."""
+    record = naming.vrf_name(vpc)
+    args = ["-n", os.path.basename(netns)] if netns else []
+    for line in run_ip(*args, "-4", "rule", "show").splitlines():
+        if line.startswith(RECORD_PRIORITY + ":") and f"iif {record} " in line + " ":
+            return line.split("lookup")[1].split()[0]
+    return None
+
+
+def mark_rules(table: str, netns: str | None = None) -> list[str]:
+    """The `fwmark … lookup table` rules of both families."""
+    args = ["-n", os.path.basename(netns)] if netns else []
+    return [line for family in ("-4", "-6")
+            for line in run_ip(*args, family, "rule", "show").splitlines()
+            if "fwmark" in line and line.split("lookup")[1].split()[0] == table]
+
+
 def remove_vpc_objects(vpcs: Iterable[str]) -> list[str]:
     """Delete the host links and policy rules of these VPCs (what a test or the bench may have
     left behind); what was removed."""
@@ -62,4 +99,15 @@ def remove_vpc_objects(vpcs: Iterable[str]) -> list[str]:
             if iif.startswith(prefixes):
                 run_ip(family, "rule", "del", "iif", iif, check=False)
                 removed.append(f"rule {family} iif {iif}")
+    for vpc in vpcs:
+        table = vpc_table(vpc)
+        if table is None:
+            continue
+        for family in ("-4", "-6"):
+            for line in mark_rules(table):
+                mark = line.split("fwmark")[1].split()[0]
+                run_ip(family, "rule", "del", "fwmark", mark, "lookup", table, check=False)
+            run_ip(family, "route", "flush", "table", table, check=False)
+        run_ip("-4", "rule", "del", "iif", naming.vrf_name(vpc), "lookup", table, check=False)
+        removed.append(f"table {table}")
     return removed

@@ -20,6 +20,9 @@ VIA_AGENT = os.environ.get("VPC_ATTACH_E2E_VIA") == "agent"
 NO_AGENT_SOCKET = "/nonexistent/vpc-attach-e2e/agent.sock"
 # The session's agent socket: set once by conftest's `agent` fixture, read by every Plugin.
 AGENT_SOCKET = {"path": NO_AGENT_SOCKET}
+# Tests that run their own agent inside a node netns (test_datapath.py) count themselves here,
+# so the session agent going unused is not taken for a misrouted run.
+OWN_AGENT_RUNS = {"count": 0}
 INVOKE_TIMEOUT_S = 60
 # The tests' node confines vpc-attach-ipam's dataDir (SPEC §14's ipamDataRoot) to the temporary
 # directory every test's dataDir is made in; e2e/test_stanza_host_settings.py checks the

@@ -32,6 +32,9 @@ import oci  # packaging/image/oci.py: this script's directory is first on sys.pa
 BUNDLE_DIR = "opt/vpc-attach/standalone"  # the installer's --source in the DaemonSet
 CONTENTS = "vpc-attach.lib"  # the bundle's contents dir: LD_LIBRARY_PATH of the bootloader
 EXECUTABLES = ("vpc-attach", "vpc-attach-ipam")
+# Host executables the agent runs, copied with the libraries they load: nft writes the host
+# protection table (Debian's nftables).
+SYSTEM_EXECUTABLES = {"usr/sbin/nft": ("/usr/sbin/nft", "/sbin/nft")}
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 REPOSITORY = "vpc-attach"
 CACHE_KEEP = 5
@@ -132,10 +135,24 @@ def ldd(path: Path, library_path: Path | None) -> list[str]:
     return paths
 
 
-def system_libraries(bundle: Path) -> dict[str, Path]:
+def system_executables() -> dict[str, Path]:
+    """Image path → host file of each SYSTEM_EXECUTABLES entry (the first that exists)."""
+    found = {}
+    for name, candidates in SYSTEM_EXECUTABLES.items():
+        real = next((Path(os.path.realpath(c)) for c in candidates if Path(c).is_file()), None)
+        if real is None:
+            raise AssembleError(f"none of {', '.join(candidates)} exists: install Debian's "
+                                "nftables package on the build machine")
+        found[name] = real
+    return found
+
+
+def system_libraries(bundle: Path, executables: dict[str, Path] | None = None
+                     ) -> dict[str, Path]:
     """Image path → host file of every library the bundle loads from outside itself: what the
     executables need when the runtime starts them (no LD_LIBRARY_PATH), and what every ELF file
-    needs once PyInstaller's bootloader has pointed LD_LIBRARY_PATH at the bundle."""
+    needs once PyInstaller's bootloader has pointed LD_LIBRARY_PATH at the bundle; and what
+    the system executables load."""
     bundle = bundle.resolve()
     contents = bundle / CONTENTS
     needed: set[str] = set()
@@ -145,6 +162,8 @@ def system_libraries(bundle: Path) -> dict[str, Path]:
             needed.add(interpreter)
             needed.update(ldd(path, None))
         needed.update(ldd(path, contents))
+    for path in (executables or {}).values():
+        needed.update(ldd(path, None))
     found = {}
     for name in sorted(needed):
         real = Path(os.path.realpath(name))
@@ -158,9 +177,12 @@ def system_libraries(bundle: Path) -> dict[str, Path]:
 
 # -- the layer, the config, the archive -------------------------------------------------------
 
-def members(bundle: Path, libraries: dict[str, Path]) -> list[oci.Member]:
+def members(bundle: Path, libraries: dict[str, Path],
+            executables: dict[str, Path] | None = None) -> list[oci.Member]:
     """Every entry of the image's one layer, parents included, sorted."""
     entries = oci.tree_members(bundle, BUNDLE_DIR)
+    for name, real in (executables or {}).items():
+        entries.append(oci.Member(name, 0o755, source=real))
     for name in EXECUTABLES:
         if not (bundle / name).exists():
             raise AssembleError(f"{bundle} has no {name}: not a standalone build")
@@ -222,10 +244,11 @@ class PlainLayer:
 
 def plain_layer(bundle: Path, identity: Identity, work: Path) -> PlainLayer:
     """Write the layer's plain tar into work."""
-    libraries = system_libraries(bundle)
+    executables = system_executables()
+    libraries = system_libraries(bundle, executables)
     plain = work / "layer.tar"
     with open(plain, "wb") as out:
-        oci.write_tar(members(bundle, libraries), out, identity.epoch)
+        oci.write_tar(members(bundle, libraries, executables), out, identity.epoch)
     return PlainLayer(plain, oci.file_blob(plain).digest,
                       tuple(sorted(f"/{name}" for name in libraries)), oci.goarch())
 

@@ -1,0 +1,372 @@
+"""The datapath's boundaries with real packets (SPEC §14): a workload reaches its VPC and
+nothing else, sends only from its own addresses, and per-VPC state goes with the VPC.
+
+Every test runs its own "node": a network namespace where the plugin (and, with
+VPC_ATTACH_E2E_VIA=agent, an agent) runs, so the `inet vpc_attach` table, the policy rules
+and the host links exist only there; Pods are further namespaces; `ext` stands for a network
+only the node's main table routes. VRF-mode runs need a kernel with VRF (skipped here).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets
+import socket
+import struct
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cni_plugin.core import naming
+from e2e.harness import plugin as plugin_module
+from e2e.harness.kernel import mark_rules, run_ip, vpc_table
+from e2e.harness.packets import (
+    in_netns,
+    listener,
+    nft_counters,
+    nft_table,
+    ping,
+    send,
+    wait_counter_above,
+)
+from e2e.harness.plugin import Plugin, base_conf, host_local, with_prev
+
+pytestmark = pytest.mark.root
+
+NODE_V4, NODE_V6 = "192.0.2.2", "2001:db8:2::2"
+EXT_V4, EXT_V6 = "192.0.2.1", "2001:db8:2::1"
+SUBNETS = {"a1": ("10.80.0.0/24", "fd80::/64"), "b2": ("10.80.0.0/24", "fd80::/64"),
+           "c3": ("10.90.0.0/24", "fd90::/64")}  # b2 reuses a1's subnets
+
+
+@dataclass
+class Pod:
+    """An attached netns."""
+
+    netns: str
+    result: dict[str, Any]
+
+    def ip(self, version: int) -> str:
+        """Its address of one family."""
+        return next(str(ip["address"]).split("/")[0] for ip in self.result["ips"]
+                    if ipaddress.ip_interface(ip["address"]).version == version)
+
+    def gateway(self, version: int) -> str:
+        """Its gateway of one family."""
+        return next(str(ip["gateway"]) for ip in self.result["ips"]
+                    if ipaddress.ip_interface(ip["address"]).version == version)
+
+
+@dataclass
+class Node:
+    """A node network namespace with the plugin running inside it."""
+
+    name: str
+    ext: str
+    plugin: Plugin
+    work: Path
+    stack: ExitStack
+    pods: list[tuple[dict[str, Any], str, str]] = field(default_factory=list)
+    isolation: str = "table"
+
+    def run_ip(self, *args: str, check: bool = True) -> str:
+        """`ip` inside the node."""
+        return run_ip("-n", self.name, *args, check=check)
+
+    def conf(self, vpc: str, att: str, **overrides: Any) -> dict[str, Any]:
+        """A veth stanza of the VPC with host-local over its subnets."""
+        ipam = host_local(self.work / f"ipam-{vpc}", *SUBNETS[vpc])
+        return base_conf(vpc, att, **{"ipam": ipam, "isolation": self.isolation, **overrides})
+
+    def attach(self, vpc: str, att: str, **overrides: Any) -> Pod:
+        """A fresh pod netns attached to vpc/att."""
+        name = f"vpa-dp-{secrets.token_hex(4)}"
+        run_ip("netns", "add", name)
+        self.stack.callback(run_ip, "netns", "del", name, check=False)
+        netns = f"/var/run/netns/{name}"
+        conf = self.conf(vpc, att, **overrides)
+        result = self.plugin.ok("ADD", conf, container_id=name, netns=netns)
+        self.pods.append((with_prev(conf, result), name, netns))
+        return Pod(netns, result)
+
+    def detach(self, pod: Pod) -> None:
+        """DEL of the pod's attachment."""
+        conf, name, netns = next(p for p in self.pods if p[2] == pod.netns)
+        self.plugin.ok("DEL", conf, container_id=name, netns=netns)
+        self.pods.remove((conf, name, netns))
+
+    def counters(self) -> dict[str, int]:
+        """The node's drop counters, read by `nft`."""
+        return nft_counters(self.name)
+
+
+@pytest.fixture
+def node(plugin: Plugin, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Node]:
+    """A node netns with an uplink to `ext`; the plugin (or agent) inside; torn down after.
+    (`plugin` gives the CNI bin dir, and marks these tests as plugin tests for the agent pass.)"""
+    host_access = getattr(request, "param", "")
+    suffix = secrets.token_hex(3)
+    name, ext = f"vpa-node-{suffix}", f"vpa-ext-{suffix}"
+    with ExitStack() as stack:
+        for netns in (name, ext):
+            run_ip("netns", "add", netns)
+            stack.callback(run_ip, "netns", "del", netns, check=False)
+            run_ip("-n", netns, "link", "set", "lo", "up")
+        run_ip("-n", name, "link", "add", "up0", "type", "veth", "peer", "name", "up1",
+               "netns", ext)
+        for netns, link, v4, v6 in ((name, "up0", NODE_V4, NODE_V6),
+                                    (ext, "up1", EXT_V4, EXT_V6)):
+            run_ip("-n", netns, "addr", "add", f"{v4}/24", "dev", link)
+            run_ip("-n", netns, "addr", "add", f"{v6}/64", "dev", link, "nodad")
+            run_ip("-n", netns, "link", "set", link, "up")
+        lock_dir = tmp_path / "node-locks"
+        lock_dir.mkdir()
+        environ = {"VPC_ATTACH_HOST_ACCESS": host_access} if host_access else {}
+        runner = Plugin(cni_bin=plugin.cni_bin, lock_dir=lock_dir, environ=environ,
+                        prefix=in_netns(name))
+        if plugin_module.VIA_AGENT:
+            from e2e.harness.agentproc import AgentProcess
+            agent_dir = tmp_path / "agent"
+            agent_dir.mkdir()
+            agent = stack.enter_context(AgentProcess(agent_dir, prefix=in_netns(name), env={
+                **environ, "VPC_ATTACH_LOCK_DIR": str(lock_dir),
+                "VPC_ATTACH_HOST_CONFIG": str(lock_dir / "absent-host.json")}))
+            runner.environ["VPC_ATTACH_AGENT_SOCKET"] = str(agent.socket)
+            plugin_module.OWN_AGENT_RUNS["count"] += 1
+            assert "chain prerouting" in nft_table(name), "the agent protects the node at start"
+        node = Node(name, ext, runner, tmp_path, stack)
+        yield node
+        for conf, container, netns in list(node.pods):
+            runner.call("DEL", conf, container_id=container, netns=netns)
+
+
+@pytest.fixture(params=["table", "vrf"])
+def mode(request: pytest.FixtureRequest, node: Node) -> str:
+    """The isolation mode (vrf only where the kernel has VRF devices)."""
+    if request.param == "vrf":
+        probe = node.run_ip("link", "add", "vpaprobe", "type", "vrf", "table", "4000",
+                            check=False)
+        if "vpaprobe" not in node.run_ip("link", "show", check=False):
+            pytest.skip(f"this kernel cannot create VRF devices {probe.strip()}")
+        node.run_ip("link", "del", "vpaprobe")
+        node.isolation = "vrf"
+    return str(request.param)
+
+
+def _host_link(pod: Pod) -> str:
+    return str(pod.result["interfaces"][0]["name"])
+
+
+def test_pods_of_a_vpc_reach_each_other_and_nothing_else(node: Node, mode: str) -> None:
+    a1, a2 = node.attach("a1", "1"), node.attach("a1", "2")
+    b1, c1 = node.attach("b2", "1"), node.attach("c3", "1")
+    for version in (4, 6):  # v6 needs ND with the gateway on both sides
+        assert ping(a1.netns, a2.ip(version)), f"a1 -> a2 IPv{version}"
+    with listener(a2.netns, "tcp", 7001, node.work) as tcp, \
+            listener(a2.netns, "udp", 7002, node.work) as udp:
+        assert send(a1.netns, "tcp", a2.ip(4), 7001, "a1-tcp")
+        assert send(a1.netns, "udp", a2.ip(6), 7002, "a1-udp6")
+        tcp.wait_for("a1-tcp")
+        udp.wait_for("a1-udp6")
+        # b2 reuses a1's subnets: a2's addresses are nobody's in b2, and c3 is elsewhere.
+        assert b1.ip(4) == a1.ip(4)
+        for version in (4, 6):
+            assert not ping(b1.netns, a2.ip(version), wait=1), f"b -> a IPv{version}"
+            assert not ping(c1.netns, a1.ip(version), wait=1), f"c -> a IPv{version}"
+        send(b1.netns, "udp", a2.ip(4), 7002, "b-udp")
+        assert not send(b1.netns, "tcp", a2.ip(4), 7001, "b-tcp", timeout=1)
+        assert send(a1.netns, "udp", a2.ip(4), 7002, "a1-control")
+        udp.wait_for("a1-control")
+        assert "b-udp" not in udp.payloads() and "b-tcp" not in tcp.payloads()
+    with listener(node.ext, "udp", 7003, node.work) as outside:
+        for version, ext in ((4, EXT_V4), (6, EXT_V6)):
+            assert not ping(a1.netns, ext, wait=1), f"a -> main-table network IPv{version}"
+            send(a1.netns, "udp", ext, 7003, f"escape-{version}")
+        assert send(node.name, "udp", EXT_V4, 7003, "node-control")
+        outside.wait_for("node-control")
+        assert outside.payloads() == {"node-control"}
+
+
+def test_host_listeners_receive_nothing_from_a_workload(node: Node, mode: str) -> None:
+    a1 = node.attach("a1", "1")
+    c1 = node.attach("c3", "1")
+    before = node.counters()["host_dropped"]
+    targets = [NODE_V4, NODE_V6, a1.gateway(4), a1.gateway(6), c1.gateway(4), c1.gateway(6),
+               "127.0.0.1"]
+    with listener(node.name, "udp", 7100, node.work) as udp, \
+            listener(node.name, "tcp", 7101, node.work) as tcp:
+        for target in targets:
+            send(a1.netns, "udp", target, 7100, f"udp-{target}")
+            assert not send(a1.netns, "tcp", target, 7101, f"tcp-{target}", timeout=1), target
+        assert not ping(a1.netns, a1.gateway(4), wait=1), "echo to the gateway is host input"
+        assert send(node.name, "udp", "127.0.0.1", 7100, "node-control")
+        assert send(node.name, "tcp", NODE_V4, 7101, "node-tcp-control")
+        udp.wait_for("node-control")
+        tcp.wait_for("node-tcp-control")
+        assert udp.payloads() == {"node-control"}
+        assert tcp.payloads() == {"node-tcp-control"}
+    assert node.counters()["host_dropped"] > before
+
+
+def test_spoofed_source_is_dropped_and_counted(node: Node, mode: str) -> None:
+    a1, a2 = node.attach("a1", "1"), node.attach("a1", "2")
+    c1 = node.attach("c3", "1")
+    before = node.counters()["source_dropped"]
+    with listener(a2.netns, "udp", 7200, node.work) as udp:
+        for version, spoofed in ((4, "10.80.0.99"), (6, "fd80::99"), (4, c1.ip(4))):
+            assert send(a1.netns, "udp", a2.ip(version), 7200, f"spoofed-{spoofed}",
+                        source=spoofed)
+            before = wait_counter_above(node.name, "source_dropped", before)
+        assert send(a1.netns, "udp", a2.ip(4), 7200, "own-source", source=a1.ip(4))
+        udp.wait_for("own-source")
+        assert udp.payloads() == {"own-source"}
+
+
+def test_path_mtu_discovery_reaches_the_pod(node: Node, mode: str) -> None:
+    a1, a2 = node.attach("a1", "1"), node.attach("a1", "2")
+    node.run_ip("link", "set", _host_link(a2), "mtu", "1280")
+    for version in (4, 6):
+        assert not ping(a1.netns, a2.ip(version), "-M", "do", "-s", "1400", wait=1)
+        family = f"-{version}"
+        learnt = run_ip("-n", os.path.basename(a1.netns), family, "route", "get", a2.ip(version))
+        assert "mtu 1280" in learnt, f"no frag-needed/packet-too-big reached a1: {learnt}"
+        assert ping(a1.netns, a2.ip(version), "-M", "do", "-s", "1200"), version
+
+
+def _frame(dst_mac: str, src: str, dst: str, port: int, payload: bytes) -> bytes:
+    udp = struct.pack("!HHHH", 40000, port, 8 + len(payload), 0) + payload
+    header = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 1, 0x4000, 64, 17, 0,
+                         socket.inet_aton(src), socket.inet_aton(dst))
+    words = sum(struct.unpack("!10H", header))
+    while words >> 16:
+        words = (words & 0xFFFF) + (words >> 16)
+    header = header[:10] + struct.pack("!H", ~words & 0xFFFF) + header[12:]
+    return bytes.fromhex(dst_mac.replace(":", "")) + bytes.fromhex("020000000001") + \
+        b"\x08\x00" + header + udp
+
+
+_TAP_WRITER = r"""
+import fcntl, os, struct, sys
+fd = os.open("/dev/net/tun", os.O_RDWR)
+fcntl.ioctl(fd, 0x400454CA, struct.pack("16sH", sys.argv[1].encode(), 0x0002 | 0x1000))
+for frame in sys.argv[2:]:
+    os.write(fd, bytes.fromhex(frame))
+"""
+
+
+def test_tap_frames_are_checked_like_a_pod(node: Node) -> None:
+    a2 = node.attach("a1", "2")
+    vm = node.attach("a1", "60", attachment="tap", ipam={"type": "static", "addresses": [
+        {"address": "10.80.0.60/32", "gateway": "10.80.0.1"}]})
+    tap = _host_link(vm)
+    mac = node.run_ip("-j", "link", "show", tap)
+    tap_mac = mac.split('"address":"')[1].split('"')[0]
+    node.run_ip("link", "set", tap, "up")
+    before = node.counters()
+    frames = [_frame(tap_mac, "10.80.0.60", NODE_V4, 7300, b"vm-to-node"),
+              _frame(tap_mac, "10.80.0.99", a2.ip(4), 7301, b"vm-spoofed"),
+              _frame(tap_mac, "10.80.0.60", a2.ip(4), 7301, b"vm-to-a2")]
+    with listener(node.name, "udp", 7300, node.work) as host, \
+            listener(a2.netns, "udp", 7301, node.work) as pod:
+        subprocess.run(in_netns(node.name, sys.executable, "-c", _TAP_WRITER, tap,
+                                *(f.hex() for f in frames)), check=True, timeout=30)
+        pod.wait_for("vm-to-a2")
+        wait_counter_above(node.name, "host_dropped", before["host_dropped"])
+        wait_counter_above(node.name, "source_dropped", before["source_dropped"])
+        assert pod.payloads() == {"vm-to-a2"} and host.payloads() == set()
+
+
+@pytest.mark.parametrize("node", ["udp/7400,tcp/7402"], indirect=True)
+def test_host_access_opens_exactly_the_configured_ports(node: Node) -> None:
+    a1 = node.attach("a1", "1")
+    with listener(node.name, "udp", 7400, node.work) as opened, \
+            listener(node.name, "udp", 7401, node.work) as closed, \
+            listener(node.name, "tcp", 7402, node.work) as tcp:
+        send(a1.netns, "udp", a1.gateway(4), 7401, "closed")
+        assert send(a1.netns, "udp", a1.gateway(4), 7400, "opened")
+        # table mode: the SYN's mark comes back on the SYN-ACK (tcp_fwmark_accept)
+        assert send(a1.netns, "tcp", NODE_V4, 7402, "opened-tcp", timeout=5)
+        opened.wait_for("opened")
+        tcp.wait_for("opened-tcp")
+        assert closed.payloads() == set()
+    assert "udp dport 7400 return" in nft_table(node.name)
+
+
+def test_vpc_state_goes_with_its_last_attachment_and_a_reused_table_starts_clean(
+        node: Node) -> None:
+    netns = f"/var/run/netns/{node.name}"
+    first = [node.attach("a1", att) for att in ("1", "2", "3")]
+    table = vpc_table("a1", netns)
+    assert table is not None
+    assert len(mark_rules(table, netns)) == 2, "two rules for the VPC, whatever its attachments"
+    rules_before = node.run_ip("rule", "show").count("\n")
+    more = node.attach("a1", "4")
+    assert node.run_ip("rule", "show").count("\n") == rules_before, "an ADD adds no rule"
+    for pod in (*first, more):
+        node.detach(pod)
+    assert vpc_table("a1", netns) is None and mark_rules(table, netns) == []
+    for family in ("-4", "-6"):
+        assert node.run_ip(family, "route", "show", "table", table).strip() == ""
+    # Leftovers in the freed table id (someone else's, or a crash's) are gone before reuse.
+    node.run_ip("route", "add", "unicast", "198.51.100.0/24", "dev", "up0", "table", table)
+    c1 = node.attach("c3", "1")
+    assert vpc_table("c3", netns) == table
+    assert "198.51.100.0/24" not in node.run_ip("route", "show", "table", table)
+    assert ping(c1.netns, c1.gateway(4)) is False  # still host input: dropped
+    # GC removes the state of a VPC whose last link vanished without a DEL.
+    node.run_ip("link", "del", _host_link(c1))
+    conf, container, path = node.pods.pop()
+    gc_conf = {**{k: v for k, v in conf.items() if k != "prevResult"},
+               "cni.dev/valid-attachments": []}
+    node.plugin.ok("GC", gc_conf, container_id=container, netns=path)
+    assert vpc_table("c3", netns) is None and mark_rules(table, netns) == []
+
+
+def _vpc_attach(node: Node, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(in_netns(node.name, str(node.plugin.cni_bin / "vpc-attach"), *args),
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "VPC_ATTACH_LOCK_DIR": str(node.plugin.lock_dir)})
+
+
+def test_install_adopts_earlier_attachments_and_uninstall_removes_only_our_table(
+        node: Node) -> None:
+    netns = f"/var/run/netns/{node.name}"
+    a1, a2 = node.attach("a1", "1"), node.attach("a1", "2")
+    table = vpc_table("a1", netns)
+    assert table is not None
+    # What an earlier version left: an `iif G…H` rule per link and family, no group, no mark.
+    for family in ("-4", "-6"):
+        node.run_ip(family, "rule", "del", "fwmark", f"{int(table) << 16:#x}/0xfff0000",
+                    "lookup", table)
+        for pod in (a1, a2):
+            node.run_ip(family, "rule", "add", "iif", _host_link(pod), "lookup", table, "pref",
+                        "1000")
+    node.run_ip("rule", "del", "pref", "40000", "iif", naming.vrf_name("a1"), "lookup", table)
+    for pod in (a1, a2):
+        node.run_ip("link", "set", _host_link(pod), "group", "0")
+    assert not ping(a1.netns, a2.ip(4), wait=1), "unmarked: the source check drops"
+    subprocess.run(in_netns(node.name, "nft", "add", "table", "inet", "someone_else"),
+                   check=True, timeout=20)
+
+    root = node.work / "root"
+    root.mkdir()
+    common = ["--root", str(root), "--host-protection"]
+    done = _vpc_attach(node, "install", *common, "--no-binaries", "--no-kubeconfig")
+    assert done.returncode == 0, done.stderr
+    for family in ("-4", "-6"):
+        assert ping(a1.netns, a2.ip(int(family[1])))
+        assert f"iif {_host_link(a1)}" not in node.run_ip(family, "rule")
+    assert vpc_table("a1", netns) == table and len(mark_rules(table, netns)) == 2
+
+    done = _vpc_attach(node, "uninstall", *common)
+    assert done.returncode == 0, done.stderr
+    tables = subprocess.run(in_netns(node.name, "nft", "list", "tables"), capture_output=True,
+                            text=True, check=True, timeout=20).stdout
+    assert "someone_else" in tables and "vpc_attach" not in tables
