@@ -226,8 +226,7 @@ def test_vrf_isolation_without_kernel_vrf_fails_clearly_and_leaves_nothing(
     assert status.code == 50 and "VRF" in status.body["msg"]
 
 
-@pytest.mark.skipif(not HAS_VRF, reason="this kernel cannot create VRF devices "
-                    "(ip link add type vrf: Unknown device type)")
+@pytest.mark.fullkernel
 def test_vrf_isolation_enslaves_the_host_link_and_keeps_the_shared_vrf(
         plugin: Plugin, netns: str, vpc: str, tmp_path: Path) -> None:
     conf = _conf(vpc, tmp_path, isolation="vrf")
