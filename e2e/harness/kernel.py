@@ -4,10 +4,12 @@ network namespaces, links, and the host links and policy rules of a VPC."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import subprocess
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from cni_plugin.core import naming
 
@@ -63,3 +65,24 @@ def remove_vpc_objects(vpcs: Iterable[str]) -> list[str]:
                 run_ip(family, "rule", "del", "iif", iif, check=False)
                 removed.append(f"rule {family} iif {iif}")
     return removed
+
+
+def vpc_table_of(host_link: str, isolation: str) -> str:
+    """The routing table a host link's packets are looked up in, checking the mode's shape:
+    one `iif` rule per family (`table`), or enslaved to its VPC's VRF and no rule (`vrf`)."""
+    rules = {family: [line for line in run_ip(family, "rule").splitlines()
+                      if f"iif {host_link} " in line + " "] for family in ("-4", "-6")}
+    if isolation == "table":
+        assert all(len(found) == 1 for found in rules.values()), rules
+        return rules["-4"][0].split("lookup")[1].strip()
+    assert rules == {"-4": [], "-6": []}, f"isolation 'vrf' adds no iif rule: {rules}"
+    master = link_json(host_link).get("master")
+    # G{vpc:9}{att:3}H is enslaved to G{vpc:9}V.
+    assert master == host_link[:1 + naming.VPC_WIDTH] + "V", f"{host_link} master {master}"
+    return str(link_json(master)["linkinfo"]["info_data"]["table"])
+
+
+def link_json(name: str) -> dict[str, Any]:
+    """`ip -j -d link show NAME` of the host netns."""
+    shown: list[dict[str, Any]] = json.loads(run_ip("-j", "-d", "link", "show", name))
+    return shown[0]

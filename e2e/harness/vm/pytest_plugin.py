@@ -3,9 +3,9 @@
 Loaded for every pytest run (pyproject's ``addopts``). Where the kernel under the tests has
 what they need (probed: a VRF device and an End.DT46 route into it, in a throwaway network
 namespace), marked tests run like any other. Where it does not, all marked tests of the session
-run in ONE boot of the full-kernel VM (`e2e.harness.vm.boot`): the first of them to come up
-boots it with ``pytest <their node ids>`` inside, and each one then reports what it did in
-there (setup, call and teardown reports, carried back through the share as pytest's own
+run last, in ONE boot of the full-kernel VM (`e2e.harness.vm.boot`): the first of them boots it
+with ``pytest <their node ids>`` inside, and each one then reports what it did in there (setup,
+call and teardown reports, carried back through the share as pytest's own
 serialised reports). A marked test that skips inside the VM fails: the VM has everything
 these tests need, so a skip there hides a missing piece.
 
@@ -52,6 +52,12 @@ class _VMRun:
     boot_seconds: float = 0.0
     total_seconds: float = 0.0
 
+    def failed(self) -> bool:
+        """Whether the VM itself or any test in it failed (or skipped: a failure here)."""
+        return bool(self.failure) or any(
+            report.get("outcome") != "passed" for reports in self.reports.values()
+            for report in reports)
+
 
 _run_key = pytest.StashKey[_VMRun]()
 
@@ -90,6 +96,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 reason=f"needs a kernel with VRF and seg6local; no VM either: {unavailable}"))
         return
     config.stash[_run_key] = _VMRun(marked)
+    # Last: the native test before them tears down as if the first of them came next, and
+    # nothing native comes after them that would find fixtures they never set up or tore down.
+    chosen = set(marked)
+    items[:] = [item for item in items if item not in chosen] + marked
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -115,16 +125,14 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     line = (f"full-kernel VM: {len(vm_run.items)} tests, booted in {vm_run.boot_seconds:.1f} s, "
             f"{vm_run.total_seconds:.1f} s in all")
     terminalreporter.write_sep("-", line)
-    if vm_run.share is not None:
-        terminalreporter.write_line(f"VM console: {vm_run.share / 'console.log'}")
+    if vm_run.share is not None and vm_run.failed():
+        terminalreporter.write_line(f"VM console (kept): {vm_run.share / 'console.log'}")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Remove the VM's share unless something failed (then its console log is worth keeping)."""
     vm_run = config.stash.get(_run_key, None)
-    if vm_run is not None and vm_run.share is not None and not vm_run.failure and not any(
-            report.get("outcome") == "failed" for reports in vm_run.reports.values()
-            for report in reports):
+    if vm_run is not None and vm_run.share is not None and not vm_run.failed():
         shutil.rmtree(vm_run.share, ignore_errors=True)
 
 
@@ -134,7 +142,7 @@ def _run_in_vm(config: pytest.Config, vm_run: _VMRun) -> None:
     vm_run.share = Path(tempfile.mkdtemp(prefix="vpc-attach-fullkernel-"))
     report_file = vm_run.share / "reports.jsonl"
     timeout = float(os.environ.get("VPC_ATTACH_VM_TIMEOUT", 300 + 120 * len(vm_run.items)))
-    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--durations=20",
             *(item.nodeid for item in vm_run.items)]
     env = {REPORT_ENV: str(report_file), SHARE_ENV: str(vm_run.share)}
     with open(vm_run.share / "console.log", "w", buffering=1) as console:
