@@ -28,14 +28,14 @@ def test_command_sees_the_repository_and_a_full_kernel_and_its_status_comes_back
              '.venv/bin/python -c "import cni_plugin" && '
              'ip link add vrf-probe type vrf table 7 && ip -d link show vrf-probe '
              '>"$VPC_ATTACH_VM_OUT/vrf"; exit 3')
-    lines: list[str] = []
+    chunks: list[str] = []
     result = vm.run(["sh", "-c", probe], cwd=REPO_ROOT, share=tmp_path, timeout=120,
-                    env={"VPC_ATTACH_VM_OUT": str(tmp_path)}, on_line=lines.append)
+                    env={"VPC_ATTACH_VM_OUT": str(tmp_path)}, on_output=chunks.append)
     assert result.returncode == 3 and not result.timed_out, result.console
     assert (tmp_path / "release").read_text().strip() == image.release
     assert "vrf table 7" in (tmp_path / "vrf").read_text()
     assert 0 < result.boot_seconds < result.total_seconds
-    assert "".join(lines) == result.console
+    assert "".join(chunks) == result.console
 
 
 def test_a_hung_guest_is_killed_at_the_timeout(tmp_path: Path) -> None:

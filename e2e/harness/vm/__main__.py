@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .boot import print_line, run
+from .boot import print_output, run
 from .image import ImageError, ensure_image, missing_tools
 
 
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kernel {image.release}: {image.kernel}\ninitramfs: {image.initramfs}")
         return 0
     result = run(args.command, share=args.share, timeout=args.timeout,
-                 on_line=print_line)
+                 on_output=print_output)
     print(f"vpcvm: booted in {result.boot_seconds:.1f} s, {result.total_seconds:.1f} s in all"
           f"{', timed out' if result.timed_out else ''}; exit status {result.returncode}",
           file=sys.stderr)

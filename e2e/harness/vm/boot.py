@@ -9,6 +9,7 @@ asked for: see `accel()`.
 
 from __future__ import annotations
 
+import codecs
 import os
 import shlex
 import subprocess
@@ -77,20 +78,20 @@ def _probe_kvm(image: BootImage) -> str:
 
 def run(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] | None = None,
         share: Path | None = None, timeout: float = 600.0,
-        on_line: Callable[[str], object] | None = None,
+        on_output: Callable[[str], object] | None = None,
         memory_mib: int = DEFAULT_MEMORY_MIB) -> VMResult:
     """Boot, run ``argv`` as root in ``cwd`` (default: this process's cwd), power off.
 
     ``env`` is added to what the guest inherits (PASSED_ENV and VPC_ATTACH_* of this
     process). ``share`` (default: a fresh temporary directory, removed afterwards) is the
-    read-write host directory, at the same path inside. Every console line goes to
-    ``on_line``. After ``timeout`` seconds the VM is killed and ``timed_out`` is set.
+    read-write host directory, at the same path inside. What the console prints goes to
+    ``on_output`` as it arrives. After ``timeout`` seconds the VM is killed (``timed_out``).
     """
     image = ensure_image()
     if share is None:
         with tempfile.TemporaryDirectory(prefix="vpc-attach-vm-") as scratch:
             return run(argv, cwd=cwd, env=env, share=Path(scratch), timeout=timeout,
-                       on_line=on_line, memory_mib=memory_mib)
+                       on_output=on_output, memory_mib=memory_mib)
     share = share.resolve()
     guest_env = _guest_env(env)
     (share / "job.sh").write_text(job_script(argv, cwd or Path.cwd(), guest_env, share))
@@ -98,7 +99,7 @@ def run(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] 
     status_file.unlink(missing_ok=True)
     start = time.monotonic()
     console, ready_at, timed_out = _run_qemu(qemu_command(image, share, memory_mib), timeout,
-                                             on_line, start)
+                                             on_output, start)
     total = time.monotonic() - start
     status = status_file.read_text().strip() if status_file.exists() else ""
     boot = ready_at - start if ready_at is not None else total
@@ -106,9 +107,9 @@ def run(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] 
                     console)
 
 
-def print_line(line: str) -> None:
-    """An ``on_line`` that streams the console to this process's stdout."""
-    sys.stdout.write(line)
+def print_output(text: str) -> None:
+    """An ``on_output`` that streams the console to this process's stdout."""
+    sys.stdout.write(text)
     sys.stdout.flush()
 
 
@@ -159,15 +160,15 @@ def qemu_command(image: BootImage, share: Path, memory_mib: int) -> list[str]:
     ]
 
 
-def _run_qemu(command: list[str], timeout: float, on_line: Callable[[str], object] | None,
+def _run_qemu(command: list[str], timeout: float, on_output: Callable[[str], object] | None,
               start: float) -> tuple[str, float | None, bool]:
-    """Run qemu, feeding console lines to ``on_line``; kill it after ``timeout``."""
-    lines: list[str] = []
+    """Run qemu, feeding console chunks to ``on_output``; kill it after ``timeout``."""
+    chunks: list[str] = []
     ready_at: list[float] = []
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT)
     reader = threading.Thread(target=_read_console,
-                              args=(process.stdout, lines, ready_at, on_line), daemon=True)
+                              args=(process.stdout, chunks, ready_at, on_output), daemon=True)
     reader.start()
     try:
         process.wait(timeout=max(0.0, timeout - (time.monotonic() - start)))
@@ -178,17 +179,23 @@ def _run_qemu(command: list[str], timeout: float, on_line: Callable[[str], objec
         timed_out = True
     reader.join(timeout=10)
     if timed_out:
-        lines.append(f"vpcvm: killed after {timeout:.0f} s")
-    return "".join(lines), (ready_at[0] if ready_at else None), timed_out
+        chunks.append(f"vpcvm: killed after {timeout:.0f} s")
+    return "".join(chunks), (ready_at[0] if ready_at else None), timed_out
 
 
-def _read_console(stream: IO[bytes] | None, lines: list[str], ready_at: list[float],
-                  on_line: Callable[[str], object] | None) -> None:
+def _read_console(stream: IO[bytes] | None, chunks: list[str], ready_at: list[float],
+                  on_output: Callable[[str], object] | None) -> None:
+    """Pass on whatever the console printed as soon as it arrives (pytest's progress dots
+    come without a newline); note when the job script said it is ready."""
     assert stream is not None
-    for raw in stream:
-        line = raw.decode(errors="replace").replace("\r\n", "\n")
-        if not ready_at and line.strip() == READY_MARK:
-            ready_at.append(time.monotonic())
-        lines.append(line)
-        if on_line is not None:
-            on_line(line)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    recent = ""  # the serial console may hand over a line a few bytes at a time
+    while raw := os.read(stream.fileno(), 65536):
+        text = decoder.decode(raw).replace("\r", "")  # the serial console ends lines \r\n
+        chunks.append(text)
+        if not ready_at:
+            recent = (recent + text)[-2 * len(READY_MARK):]
+            if f"{READY_MARK}\n" in recent:
+                ready_at.append(time.monotonic())
+        if on_output is not None:
+            on_output(text)

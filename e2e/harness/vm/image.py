@@ -13,7 +13,9 @@ import hashlib
 import lzma
 import os
 import re
+import shutil
 import stat
+import time
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -81,7 +83,7 @@ def missing_tools() -> str | None:
 def ensure_image() -> BootImage:
     """Return the cached kernel and initramfs, building them first when missing."""
     release = kernel_release()
-    modules = _early_module_files(release)
+    modules = early_module_files(MODULES_DIR / release)
     key = _input_key(release, modules)
     target = cache_root() / f"vm-{release}-{key}"
     image = BootImage(release, target / "vmlinux", target / "initramfs.cpio")
@@ -92,13 +94,23 @@ def ensure_image() -> BootImage:
         if not (image.kernel.exists() and image.initramfs.exists()):
             target.mkdir(exist_ok=True)
             _write_atomically(image.kernel, extract_vmlinux(BOOT_DIR / f"vmlinuz-{release}"))
-            _write_atomically(image.initramfs, _initramfs(release, modules))
+            _write_atomically(image.initramfs, _initramfs(modules))
+            _remove_stale_images(target)
     return image
+
+
+def _remove_stale_images(current: Path) -> None:
+    """Images of earlier kernels or recipes made over a day ago (a checkout of another version
+    of this file may still be booting a recent one)."""
+    for stale in current.parent.glob("vm-*"):
+        if stale != current and stale.is_dir() and time.time() - stale.stat().st_mtime > 86400:
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def _input_key(release: str, modules: list[Path]) -> str:
     digest = hashlib.sha256(release.encode())
-    for path in [BOOT_DIR / f"vmlinuz-{release}", BUSYBOX, GUEST_INIT, *modules]:
+    # This file too: a change in how the image is made makes a new one.
+    for path in [BOOT_DIR / f"vmlinuz-{release}", BUSYBOX, GUEST_INIT, Path(__file__), *modules]:
         digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
 
@@ -131,9 +143,9 @@ def _gunzip(blob: bytes) -> bytes:
     return zlib.decompressobj(wbits=31).decompress(blob)
 
 
-def _early_module_files(release: str) -> list[Path]:
-    """EARLY_MODULES and their dependencies, dependencies first (insmod order)."""
-    base = MODULES_DIR / release
+def early_module_files(base: Path, wanted: tuple[str, ...] = EARLY_MODULES) -> list[Path]:
+    """``wanted`` modules of the tree ``base`` and what they depend on, dependencies first
+    (the order insmod needs), from its modules.dep."""
     deps: dict[str, list[str]] = {}
     for line in (base / "modules.dep").read_text().splitlines():
         module, _, needs = line.partition(":")
@@ -148,7 +160,7 @@ def _early_module_files(release: str) -> list[Path]:
         if deps[name][0] not in ordered:
             ordered.append(deps[name][0])
 
-    for name in EARLY_MODULES:
+    for name in wanted:
         visit(name)
     return [base / path for path in ordered]
 
@@ -157,9 +169,9 @@ def _module_name(path: str) -> str:
     return Path(path).name.split(".ko")[0].replace("-", "_")
 
 
-def _initramfs(release: str, modules: list[Path]) -> bytes:
+def _initramfs(modules: list[Path]) -> bytes:
     """A newc cpio: busybox, the early modules (with their load order) and /init."""
-    archive = _Cpio()
+    archive = Cpio()
     for directory in ("bin", "dev", "proc", "sys", "newroot", "modules"):
         archive.add_dir(directory)
     archive.add_file("bin/busybox", BUSYBOX.read_bytes(), 0o755)
@@ -173,7 +185,7 @@ def _initramfs(release: str, modules: list[Path]) -> bytes:
     return archive.finish()
 
 
-class _Cpio:
+class Cpio:
     """The kernel's initramfs format ("newc" cpio), uncompressed."""
 
     def __init__(self) -> None:

@@ -145,9 +145,14 @@ def _run_in_vm(config: pytest.Config, vm_run: _VMRun) -> None:
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--durations=20",
             *(item.nodeid for item in vm_run.items)]
     env = {REPORT_ENV: str(report_file), SHARE_ENV: str(vm_run.share)}
-    with open(vm_run.share / "console.log", "w", buffering=1) as console:
+    with open(vm_run.share / "console.log", "w") as console:
+
+        def to_log(text: str) -> None:  # flushed: someone may be tailing it
+            console.write(text)
+            console.flush()
+
         result = run(argv, cwd=config.rootpath, env=env, share=vm_run.share, timeout=timeout,
-                     on_line=console.write)
+                     on_output=to_log)
     vm_run.boot_seconds, vm_run.total_seconds = result.boot_seconds, result.total_seconds
     if report_file.exists():
         for line in report_file.read_text().splitlines():
