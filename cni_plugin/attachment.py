@@ -19,7 +19,7 @@ from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.locks import file_lock
 from cni_plugin.core.request import Invocation
 from cni_plugin.core.rollback import Rollback, Undo
-from cni_plugin.kernel import addresses, isolation, links, netns, sysctl, tap
+from cni_plugin.kernel import addresses, isolation, links, netns, srv6, sysctl, tap
 from cni_plugin.kernel.addresses import RouteSpec
 from cni_plugin.kernel.links import Link, Owner
 from cni_plugin.kernel.rtnl import Rtnl
@@ -85,6 +85,20 @@ def ensure_vpc_table(rtnl: Rtnl, inv: Invocation) -> isolation.VpcTable:
         if inv.conf.isolation == "vrf":
             return isolation.ensure_vrf(rtnl, inv.conf.vpc)
         return isolation.ensure_table_rules(rtnl, inv.conf.vpc, host_link_name(inv))
+
+
+def answer_sid(inv: Invocation, sid: str) -> None:
+    """Decapsulate the VPC's SID into its VRF (shared per-VPC state, set under the host lock
+    like the VRF; never undone: it goes with the VRF)."""
+    with file_lock(inv.lock_path("host"), inv.deadline.remaining()), \
+            host_netlink(inv.deadline) as rtnl:
+        srv6.ensure_decap(rtnl, inv.conf.vpc, sid)
+
+
+def sid_differences(inv: Invocation, sid: str) -> list[str]:
+    """What CHECK finds wrong with the decapsulation of the VPC's SID."""
+    with host_netlink(inv.deadline) as rtnl:
+        return srv6.decap_differences(rtnl, inv.conf.vpc, sid)
 
 
 def _undo_temporary(name: str) -> Undo:

@@ -35,7 +35,9 @@ def add(request: Request, env: Environment) -> Result:
                 links.create(rollback)
                 addressing = Addressing.from_result(ipam.result())
                 result = chain(prev, links.configure(addressing))
-        publisher.publish(addressing, rollback)
+        sid = publisher.publish(addressing, rollback)
+        if sid is not None and inv.conf.isolation == "vrf" and inv.conf.attachment != "existing":
+            attachment.answer_sid(inv, sid)
     return result
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .image import BootImage, ensure_image
+from .image import BUSYBOX, BootImage, ensure_image
 
 QEMU = "/usr/bin/qemu-system-x86_64"
 KVM_PROBE_SECONDS = 20.0
@@ -136,8 +136,8 @@ def job_script(argv: Sequence[str], cwd: Path, env: Mapping[str, str], share: Pa
         f"{shlex.join(argv)} </dev/null 2>&1\n"
         f"echo $? >{status}\n"
         "sync\n"
-        "echo o >/proc/sysrq-trigger\n"
-        "sleep 60\n"
+        # reboot(2) at once: PID 1 must not exit (a kernel panic) nor exec while powering off.
+        f"exec {BUSYBOX} poweroff -f\n"
     )
 
 
