@@ -94,8 +94,9 @@ def end_dt46_supported(rtnl: Rtnl) -> bool:
         strict_before = get_sysctl(STRICT_MODE)
         set_sysctl(STRICT_MODE, "1")
         try:
-            rtnl.replace_route(ipaddress.ip_network(PROBE_SID), table=MAIN_TABLE,
-                               oif=rtnl.get_link(name=probe).index,
+            index = rtnl.get_link(name=probe).index
+            rtnl.set_link(index, up=True)  # a route through a down device is refused
+            rtnl.replace_route(ipaddress.ip_network(PROBE_SID), table=MAIN_TABLE, oif=index,
                                encap=seg6local_end_dt46(PROBE_TABLE))
         finally:
             set_sysctl(STRICT_MODE, strict_before)
