@@ -1,5 +1,5 @@
 """ADD: parse → start IPAM (undo recorded) → create links → addresses from the IPAM result →
-configure → publish → result, like the reference ptp plugin's cmdAdd."""
+configure → publish → answer the VPC's SID → result, like the reference ptp plugin's cmdAdd."""
 
 from __future__ import annotations
 
