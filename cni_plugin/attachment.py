@@ -19,7 +19,7 @@ from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.locks import file_lock
 from cni_plugin.core.request import Invocation
 from cni_plugin.core.rollback import Rollback, Undo
-from cni_plugin.kernel import addresses, hostfilter, isolation, links, netns, sysctl, tap
+from cni_plugin.kernel import addresses, hostfilter, isolation, links, netns, srv6, sysctl, tap
 from cni_plugin.kernel.addresses import RouteSpec
 from cni_plugin.kernel.links import Link, Owner
 from cni_plugin.kernel.rtnl import Rtnl
@@ -116,6 +116,20 @@ def release_unused_vpc(inv: Invocation) -> int | None:
         with host_netlink(inv.deadline) as rtnl:
             return isolation.release(rtnl, inv.conf.vpc)
     return None
+
+
+def answer_sid(inv: Invocation, sid: str) -> None:
+    """Decapsulate the VPC's SID into its VRF (shared per-VPC state, set under the host lock
+    like the VRF; never undone: it goes with the VRF)."""
+    with file_lock(inv.lock_path("host"), inv.deadline.remaining()), \
+            host_netlink(inv.deadline) as rtnl:
+        srv6.ensure_decap(rtnl, inv.conf.vpc, sid)
+
+
+def sid_differences(inv: Invocation, sid: str) -> list[str]:
+    """What CHECK finds wrong with the decapsulation of the VPC's SID."""
+    with host_netlink(inv.deadline) as rtnl:
+        return srv6.decap_differences(rtnl, inv.conf.vpc, sid)
 
 
 def _undo_temporary(name: str) -> Undo:

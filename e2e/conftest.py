@@ -105,6 +105,12 @@ def vpc(request: pytest.FixtureRequest) -> Iterator[str]:
     kernel.remove_vpc_objects([value])
 
 
+@pytest.fixture(params=["table", pytest.param("vrf", marks=pytest.mark.fullkernel)])
+def isolation(request: pytest.FixtureRequest) -> str:
+    """Each isolation mode in turn; `vrf` runs where the kernel has VRF (the full-kernel VM)."""
+    return str(request.param)
+
+
 @pytest.fixture(name="plugin")
 def plugin_runner(cni_bin: Path, tmp_path: Path) -> Plugin:
     """The plugin runner, with host settings isolated from the machine's."""

@@ -48,8 +48,9 @@ def other_node(kube: Kube, cluster: Any, plugin: Plugin) -> Node:
     return make_node(kube, cluster, Plugin(plugin.cni_bin, plugin.lock_dir))
 
 
-def _conf(vpc: str, att: str, tmp_path: Path) -> dict[str, Any]:
-    conf = base_conf(vpc, att, ipam=host_local(tmp_path / "ipam", "fd00:e2::/64"))
+def _conf(vpc: str, att: str, tmp_path: Path, isolation: str) -> dict[str, Any]:
+    conf = base_conf(vpc, att, isolation=isolation,
+                     ipam=host_local(tmp_path / "ipam", "fd00:e2::/64"))
     conf.pop("publish")
     return conf
 
@@ -85,7 +86,8 @@ def _dry_run(kube: Kube, path: str, body: dict[str, Any]) -> object:
 
 
 def test_denied_vrf_instance_create_leaves_nothing(kube: Kube, node: Node, netns: str,
-                                                   vpc: str, tmp_path: Path) -> None:
+                                                   vpc: str, tmp_path: Path,
+                                                   isolation: str) -> None:
     prefix = naming.hex_id(vpc) + "-"
     remove = deny_writes(kube, f"deny-vrf-{vpc.lower()}", "bgpvrfinstances", GROUP,
                          ["CREATE", "UPDATE"], prefix)
@@ -97,7 +99,7 @@ def test_denied_vrf_instance_create_leaves_nothing(kube: Kube, node: Node, netns
                      "importRouteTargets": [{"value": "1:1"}],
                      "exportRouteTargets": [{"value": "1:1"}]}}))
         uid = create_pod(kube, "deny-vrf", node.name)
-        answer = node.plugin.call("ADD", _conf(vpc, "7", tmp_path), container_id="ctr-f",
+        answer = node.plugin.call("ADD", _conf(vpc, "7", tmp_path, isolation), container_id="ctr-f",
                                   netns=netns, CNI_ARGS=node.cni_args("deny-vrf", uid))
         assert answer.code == 104 and "BGPVRFInstance" in answer.body["msg"], answer.stdout
         _assert_nothing_kept(node.plugin, vpc, "7", netns, tmp_path)
@@ -108,12 +110,13 @@ def test_denied_vrf_instance_create_leaves_nothing(kube: Kube, node: Node, netns
 
 
 def test_denied_advertisement_update_keeps_the_shared_objects_intact(
-        kube: Kube, node: Node, other_node: Node, netns: str, vpc: str, tmp_path: Path) -> None:
+        kube: Kube, node: Node, other_node: Node, netns: str, vpc: str, tmp_path: Path,
+        isolation: str) -> None:
     # Pre-existing shared state: the VPC's instance on this node (another attachment) and
     # the attachment's advertisement, which a container on another node already uses.
     sibling_uid = create_pod(kube, "sibling", node.name)
-    node.plugin.ok("ADD", _conf(vpc, "5", tmp_path), container_id="ctr-sibling", netns=netns,
-                   ifname="net5", CNI_ARGS=node.cni_args("sibling", sibling_uid))
+    node.plugin.ok("ADD", _conf(vpc, "5", tmp_path, isolation), container_id="ctr-sibling",
+                   netns=netns, ifname="net5", CNI_ARGS=node.cni_args("sibling", sibling_uid))
     remote_cid = _publish_only(other_node, kube, vpc, "7", "fd00:99::/96")
     instance_before = vrf_instance(kube, naming.vrf_instance_name(vpc, node.name))
     adv_name = naming.advertisement_name(vpc, "7")
@@ -126,7 +129,7 @@ def test_denied_advertisement_update_keeps_the_shared_objects_intact(
         wait_denied(lambda: kube.put(ADVERTISEMENTS.path(BGP_NS, adv_name),
                                      _existing(advertisement(kube, adv_name)), dry_run=True))
         uid = create_pod(kube, "deny-adv", node.name)
-        answer = node.plugin.call("ADD", _conf(vpc, "7", tmp_path), container_id="ctr-f",
+        answer = node.plugin.call("ADD", _conf(vpc, "7", tmp_path, isolation), container_id="ctr-f",
                                   netns=netns, CNI_ARGS=node.cni_args("deny-adv", uid))
         assert answer.code == 104 and "BGPAdvertisement" in answer.body["msg"], answer.stdout
     finally:
@@ -142,7 +145,8 @@ def test_denied_advertisement_update_keeps_the_shared_objects_intact(
 
 
 def test_denied_slice_create_withdraws_only_this_containers_state(
-        kube: Kube, node: Node, other_node: Node, netns: str, vpc: str, tmp_path: Path) -> None:
+        kube: Kube, node: Node, other_node: Node, netns: str, vpc: str, tmp_path: Path,
+        isolation: str) -> None:
     remote_cid = _publish_only(other_node, kube, vpc, "7", "fd00:98::/96")
     adv_name = naming.advertisement_name(vpc, "7")
     uid = create_pod(kube, "deny-eps", node.name)
@@ -153,7 +157,7 @@ def test_denied_slice_create_withdraws_only_this_containers_state(
         wait_denied(lambda: _dry_run(kube, ENDPOINT_SLICES.path("default"), {
             "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
             "metadata": {"name": "deny-eps-probe"}, "addressType": "IPv6", "endpoints": []}))
-        answer = node.plugin.call("ADD", _conf(vpc, "7", tmp_path), container_id="ctr-f",
+        answer = node.plugin.call("ADD", _conf(vpc, "7", tmp_path, isolation), container_id="ctr-f",
                                   netns=netns, CNI_ARGS=node.cni_args("deny-eps", uid))
         assert answer.code == 104 and "EndpointSlice" in answer.body["msg"], answer.stdout
     finally:

@@ -257,6 +257,7 @@ def test_a_socket_made_in_another_netns_stays_there_and_the_thread_comes_back(
         assert {link.name for link in pod.links()} == {"lo", "vpa-p0"}
 
 
+@pytest.mark.fullkernel
 def test_vrf_devices_report_their_table(space: str) -> None:
     with open_netlink(space) as nl:
         try:

@@ -8,7 +8,7 @@ import pytest
 
 from cni_plugin.core import naming
 from cni_plugin.kernel.tap import IFF_MULTI_QUEUE, IFF_VNET_HDR
-from e2e.harness.kernel import links_in, run_ip, vpc_table
+from e2e.harness.kernel import links_in, run_ip, vpc_table_of
 from e2e.harness.plugin import Plugin, base_conf, with_prev
 
 pytestmark = pytest.mark.root
@@ -26,8 +26,8 @@ def _sysfs(link: str, key: str) -> int:
     return int(Path(f"/sys/class/net/{link}/{key}").read_text().strip(), 0)
 
 
-def test_tap_life_cycle(plugin: Plugin, netns: str, vpc: str) -> None:
-    conf = _tap_conf(vpc)
+def test_tap_life_cycle(plugin: Plugin, netns: str, vpc: str, isolation: str) -> None:
+    conf = _tap_conf(vpc, isolation=isolation)
     tap = naming.host_link_name(vpc, "60")
     result = plugin.ok("ADD", conf, container_id="vm-1", netns=netns)
 
@@ -47,8 +47,7 @@ def test_tap_life_cycle(plugin: Plugin, netns: str, vpc: str) -> None:
     assert "inet6 fd20:60:ff03::1/128" in detail
     assert "203.0.113.0/25" not in run_ip("-4", "route", "show", "table", "all")
     assert run_ip("neigh", "show", "dev", tap).strip() == "", "no neighbour entry for a VM"
-    table = vpc_table(vpc)
-    assert table is not None
+    table = vpc_table_of(tap, isolation)
     assert f"203.0.113.17 dev {tap}" in run_ip("-4", "route", "show", "table", table)
     assert f"fd20:60:ff03:0:1:: dev {tap}" in run_ip("-6", "route", "show", "table", table)
 
@@ -66,8 +65,9 @@ def test_tap_life_cycle(plugin: Plugin, netns: str, vpc: str) -> None:
     plugin.ok("DEL", conf, container_id="vm-1", netns="")
 
 
-def test_tap_without_ipam_is_layer_2_only(plugin: Plugin, netns: str, vpc: str) -> None:
-    conf = base_conf(vpc, "61", attachment="tap", mtu=9000)
+def test_tap_without_ipam_is_layer_2_only(plugin: Plugin, netns: str, vpc: str,
+                                          isolation: str) -> None:
+    conf = base_conf(vpc, "61", attachment="tap", mtu=9000, isolation=isolation)
     tap = naming.host_link_name(vpc, "61")
     result = plugin.ok("ADD", conf, container_id="vm-2", netns=netns)
     assert result["ips"] == [] and result.get("routes", []) == []
@@ -79,8 +79,9 @@ def test_tap_without_ipam_is_layer_2_only(plugin: Plugin, netns: str, vpc: str) 
     assert tap not in links_in()
 
 
-def test_tap_of_another_vm_is_not_taken_over(plugin: Plugin, netns: str, vpc: str) -> None:
-    conf = base_conf(vpc, "62", attachment="tap")
+def test_tap_of_another_vm_is_not_taken_over(plugin: Plugin, netns: str, vpc: str,
+                                             isolation: str) -> None:
+    conf = base_conf(vpc, "62", attachment="tap", isolation=isolation)
     plugin.ok("ADD", conf, container_id="vm-old", netns=netns)
     answer = plugin.call("ADD", conf, container_id="vm-new", netns=netns)
     assert answer.code == 11 and "vm-old" in answer.body["msg"]

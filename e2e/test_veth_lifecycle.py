@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cni_plugin.core import naming
-from e2e.harness.kernel import links_in, mark_rules, run_ip, vpc_table
+from e2e.harness.kernel import links_in, run_ip, vpc_table_of
 from e2e.harness.plugin import Plugin, base_conf, host_local, host_local_reservations, with_prev
 
 pytestmark = pytest.mark.root
@@ -20,8 +20,8 @@ def _conf(vpc: str, tmp_path: Path, **kw: object) -> dict[str, object]:
 
 
 def test_veth_add_builds_both_sides_and_the_vpc_table(plugin: Plugin, netns: str, vpc: str,
-                                                       tmp_path: Path) -> None:
-    conf = _conf(vpc, tmp_path)
+                                                       tmp_path: Path, isolation: str) -> None:
+    conf = _conf(vpc, tmp_path, isolation=isolation)
     result = plugin.ok("ADD", conf, container_id="pod-a", netns=netns)
     host = naming.host_link_name(vpc, "7")
     ns = os.path.basename(netns)
@@ -43,11 +43,7 @@ def test_veth_add_builds_both_sides_and_the_vpc_table(plugin: Plugin, netns: str
     host_addr = run_ip("addr", "show", host)
     assert "inet 10.71.0.1/32" in host_addr and "inet6 fd00:71::1/128" in host_addr
     assert "alias vpc-attach/pod-a/eth0" in run_ip("-d", "link", "show", host)
-    table = vpc_table(vpc)
-    assert table is not None
-    assert len(mark_rules(table)) == 2, "one mark rule per family for the VPC"
-    assert f"group {int(table) << 16} " in run_ip("-d", "link", "show", host), \
-        "the host link's group is its VPC's mark"
+    table = vpc_table_of(host, isolation)
     assert "10.71.0.2 dev " + host in run_ip("-4", "route", "show", "table", table)
     assert "fd00:71::2 dev " + host in run_ip("-6", "route", "show", "table", table)
     neigh = run_ip("neigh", "show", "dev", host)
@@ -61,17 +57,18 @@ def test_veth_add_builds_both_sides_and_the_vpc_table(plugin: Plugin, netns: str
 
 
 def test_two_pods_of_one_vpc_reach_each_other_through_the_vpc_table(
-        plugin: Plugin, netns: str, vpc: str, tmp_path: Path) -> None:
+        plugin: Plugin, netns: str, vpc: str, tmp_path: Path, isolation: str) -> None:
     ipam = host_local(tmp_path / "ipam", "fd00:74::/64", "10.74.0.0/24")
-    first = plugin.ok("ADD", base_conf(vpc, "1", ipam=ipam), container_id="pod-1", netns=netns)
+    first = plugin.ok("ADD", base_conf(vpc, "1", ipam=ipam, isolation=isolation),
+                      container_id="pod-1", netns=netns)
     os.system("ip netns add vpa-peer-test")
     try:
-        second = plugin.ok("ADD", base_conf(vpc, "2", ipam=ipam), container_id="pod-2",
-                           netns="/var/run/netns/vpa-peer-test")
+        second = plugin.ok("ADD", base_conf(vpc, "2", ipam=ipam, isolation=isolation),
+                           container_id="pod-2", netns="/var/run/netns/vpa-peer-test")
         peer_v4, peer_v6 = (ip["address"].split("/")[0] for ip in
                             sorted(second["ips"], key=lambda ip: ":" in ip["address"]))
         ns = os.path.basename(netns)
-        # Real traffic: pod-1 -> its gateway -> iif rule -> VPC table -> pod-2, and back.
+        # Real traffic: pod-1 -> its gateway -> iif rule or VRF -> VPC table -> pod-2, and back.
         assert os.system(f"ip netns exec {ns} ping -c1 -W2 {peer_v4} >/dev/null") == 0
         assert os.system(f"ip netns exec {ns} ping -c1 -W2 {peer_v6} >/dev/null") == 0
         assert first["ips"] != second["ips"]
@@ -80,8 +77,8 @@ def test_two_pods_of_one_vpc_reach_each_other_through_the_vpc_table(
 
 
 def test_veth_life_cycle_check_drift_and_idempotent_del(plugin: Plugin, netns: str, vpc: str,
-                                                        tmp_path: Path) -> None:
-    conf = _conf(vpc, tmp_path)
+                                                        tmp_path: Path, isolation: str) -> None:
+    conf = _conf(vpc, tmp_path, isolation=isolation)
     ns = os.path.basename(netns)
     result = plugin.ok("ADD", conf, container_id="pod-b", netns=netns)
     checked = with_prev(conf, result)
@@ -101,6 +98,15 @@ def test_veth_life_cycle_check_drift_and_idempotent_del(plugin: Plugin, netns: s
     run_ip("-n", ns, "link", "set", "eth0", "down")
     assert "is down" in plugin.call("CHECK", checked, container_id="pod-b",
                                     netns=netns).body["details"]
+    host = naming.host_link_name(vpc, "7")
+    if isolation == "vrf":
+        run_ip("link", "set", host, "nomaster")
+        assert f"host link '{host}' is not enslaved to its VRF" in plugin.call(
+            "CHECK", checked, container_id="pod-b", netns=netns).body["details"]
+    else:
+        run_ip("-4", "rule", "del", "iif", host)
+        assert f"policy rules 'iif {host} lookup" in plugin.call(
+            "CHECK", checked, container_id="pod-b", netns=netns).body["details"]
 
     assert host_local_reservations(tmp_path / "ipam", conf["name"])  # type: ignore[arg-type]
     plugin.ok("DEL", checked, container_id="pod-b", netns=netns)
@@ -111,9 +117,10 @@ def test_veth_life_cycle_check_drift_and_idempotent_del(plugin: Plugin, netns: s
     plugin.ok("DEL", conf, container_id="pod-b", netns="")  # empty netns, no prevResult
 
 
-def test_del_succeeds_when_the_netns_is_gone(plugin: Plugin, vpc: str, tmp_path: Path) -> None:
+def test_del_succeeds_when_the_netns_is_gone(plugin: Plugin, vpc: str, tmp_path: Path,
+                                             isolation: str) -> None:
     os.system("ip netns add vpa-gone-test")
-    conf = _conf(vpc, tmp_path)
+    conf = _conf(vpc, tmp_path, isolation=isolation)
     result = plugin.ok("ADD", conf, container_id="pod-g", netns="/var/run/netns/vpa-gone-test")
     os.system("ip netns del vpa-gone-test")
     plugin.ok("DEL", with_prev(conf, result), container_id="pod-g",
@@ -133,22 +140,21 @@ def test_add_answers_in_the_requested_older_version(plugin: Plugin, netns: str, 
 
 
 def test_repeated_add_of_the_same_container_converges(plugin: Plugin, netns: str, vpc: str,
-                                                      tmp_path: Path) -> None:
-    conf = base_conf(vpc, "8", ipam={"type": "static", "addresses": [
+                                                      tmp_path: Path, isolation: str) -> None:
+    conf = base_conf(vpc, "8", isolation=isolation, ipam={"type": "static", "addresses": [
         {"address": "fd00:72::5/64", "gateway": "fd00:72::1"}]})
     first = plugin.ok("ADD", conf, container_id="pod-r", netns=netns)
     second = plugin.ok("ADD", conf, container_id="pod-r", netns=netns)
     assert first["ips"] == second["ips"] and first["routes"] == second["routes"]
     assert plugin.call("CHECK", with_prev(conf, second), container_id="pod-r",
                        netns=netns).status == 0
-    table = vpc_table(vpc)
-    assert table is not None
-    assert len(mark_rules(table)) == 2, "repeated ADD must not duplicate policy rules"
+    # Exactly one rule per family (table) or none and one VRF master (vrf): nothing doubled.
+    vpc_table_of(naming.host_link_name(vpc, "8"), isolation)
 
 
 def test_second_container_cannot_take_over_and_late_del_keeps_new_link(
-        plugin: Plugin, netns: str, vpc: str, tmp_path: Path) -> None:
-    conf = base_conf(vpc, "9", ipam={"type": "static", "addresses": [
+        plugin: Plugin, netns: str, vpc: str, tmp_path: Path, isolation: str) -> None:
+    conf = base_conf(vpc, "9", isolation=isolation, ipam={"type": "static", "addresses": [
         {"address": "fd00:73::5/64", "gateway": "fd00:73::1"}]})
     os.system("ip netns add vpa-second-test")
     second_ns = "/var/run/netns/vpa-second-test"
@@ -170,9 +176,9 @@ def test_second_container_cannot_take_over_and_late_del_keeps_new_link(
 
 
 def test_failed_add_after_ipam_releases_the_allocation_and_leaves_no_link(
-        plugin: Plugin, netns: str, vpc: str, tmp_path: Path) -> None:
+        plugin: Plugin, netns: str, vpc: str, tmp_path: Path, isolation: str) -> None:
     # The kernel refuses a multicast MAC only after IPAM ran and the veth pair exists.
-    conf = _conf(vpc, tmp_path, runtimeConfig={"MAC": "01:00:5e:00:00:01"})
+    conf = _conf(vpc, tmp_path, isolation=isolation, runtimeConfig={"MAC": "01:00:5e:00:00:01"})
     answer = plugin.call("ADD", conf, container_id="pod-f", netns=netns)
     assert answer.status != 0 and answer.code == 100, answer.stdout
     assert "MAC" in answer.body["msg"]
@@ -227,8 +233,7 @@ def test_vrf_isolation_without_kernel_vrf_fails_clearly_and_leaves_nothing(
     assert status.code == 50 and "VRF" in status.body["msg"]
 
 
-@pytest.mark.skipif(not HAS_VRF, reason="this kernel cannot create VRF devices "
-                    "(ip link add type vrf: Unknown device type)")
+@pytest.mark.fullkernel
 def test_vrf_isolation_enslaves_the_host_link_and_keeps_the_shared_vrf(
         plugin: Plugin, netns: str, vpc: str, tmp_path: Path) -> None:
     conf = _conf(vpc, tmp_path, isolation="vrf")
@@ -241,8 +246,9 @@ def test_vrf_isolation_enslaves_the_host_link_and_keeps_the_shared_vrf(
     assert vrf in links_in(), "the shared VRF is never deleted by DEL"
 
 
-def test_status_and_gc(plugin: Plugin, netns: str, vpc: str, tmp_path: Path) -> None:
-    conf = _conf(vpc, tmp_path)
+def test_status_and_gc(plugin: Plugin, netns: str, vpc: str, tmp_path: Path,
+                      isolation: str) -> None:
+    conf = _conf(vpc, tmp_path, isolation=isolation)
     assert plugin.call("STATUS", conf).status == 0
     plugin.ok("ADD", conf, container_id="pod-stale", netns=netns)
     kept = {**conf, "cni.dev/valid-attachments": [{"containerID": "pod-stale", "ifname": "eth0"}]}

@@ -25,6 +25,17 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
+# The full-kernel VM for the fullkernel tests (e2e/harness/vm): Debian's kernel (its files
+# only: the running kernel does not change), qemu, and busybox for the VM's initramfs.
+need_vm=()
+dpkg -s linux-image-amd64 >/dev/null 2>&1 || need_vm+=(linux-image-amd64)
+command -v qemu-system-x86_64 >/dev/null || need_vm+=(qemu-system-x86)
+dpkg -s busybox-static >/dev/null 2>&1 || need_vm+=(busybox-static)
+if [ ${#need_vm[@]} -gt 0 ]; then
+  echo "setup: installing ${need_vm[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_vm[@]}" >/dev/null
+fi
 [ -e /dev/net/tun ] || { mkdir -p /dev/net && mknod /dev/net/tun c 10 200; }
 
 if [ ! -x .venv/bin/python ]; then

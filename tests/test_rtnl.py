@@ -392,6 +392,22 @@ def test_route_request_puts_large_tables_in_rta_table(
         == priority
 
 
+@given(st.integers(min_value=1, max_value=2**32 - 1), st.integers(min_value=1, max_value=2**31 - 1),
+       st.integers(min_value=0, max_value=2**128 - 1))
+def test_an_end_dt46_route_reads_back_as_decapsulating_into_its_vrf_table(
+        vrf_table: int, oif: int, sid_bits: int) -> None:
+    from cni_plugin.kernel import srv6
+    sid = ipaddress.IPv6Network((sid_bits, 128))
+    body = rtnl.route_request(sid, table=srv6.MAIN_TABLE, oif=oif,
+                              encap=rtnl.seg6local_end_dt46(vrf_table))
+    route = rtnl.decode_route(body)  # a reply has the request's layout
+    assert (route.dst, route.dst_len, route.oif) == (str(sid.network_address), 128, oif)
+    assert route.encap_type == rtnl.LWTUNNEL_ENCAP_SEG6_LOCAL
+    assert srv6.decap_table(route) == vrf_table
+    plain = rtnl.decode_route(rtnl.route_request(sid, table=srv6.MAIN_TABLE, oif=oif))
+    assert srv6.decap_table(plain) is None
+
+
 @given(st.integers(min_value=1, max_value=2**31 - 1), ips, macs)
 def test_neighbour_request_is_permanent(index: int,
                                         ip: ipaddress.IPv4Address | ipaddress.IPv6Address,

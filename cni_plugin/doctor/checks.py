@@ -28,7 +28,7 @@ from cni_plugin.core.deadline import Deadline
 from cni_plugin.ipam.delegate import find_plugin
 from cni_plugin.ipam.plugin.config import PLUGIN_TYPES, confine_data_dir, parse_network
 from cni_plugin.ipam.plugin.store import PoolState, pool_directories
-from cni_plugin.kernel import hostfilter, isolation, links, netns
+from cni_plugin.kernel import hostfilter, isolation, links, netns, srv6
 from cni_plugin.kube.client import ApiError, KubeClient
 from cni_plugin.kube.config import load_kubeconfig
 from cni_plugin.publish.resources import ACCESS_REVIEWS, BINDINGS, GROUP, ROUTERS
@@ -226,6 +226,7 @@ def kernel(node: Node) -> list[Finding]:
     else:
         if has_vrf:
             findings.append(Finding("kernel.vrf", OK, "VRF devices can be created"))
+            findings.append(srv6_decap())
         else:
             findings.append(Finding(
                 "kernel.vrf", FAIL if needs_vrf else WARN,
@@ -270,6 +271,23 @@ def host_protection(node: Node) -> list[Finding]:
                                    "install Debian's nftables package")]
     detail = ", ".join(f"{name} {count}" for name, count in sorted(dropped.items()))
     return [*findings, Finding("datapath.dropped", OK, f"packets dropped: {detail}")]
+
+
+def srv6_decap() -> Finding:
+    """Whether the kernel answers SIDs (End.DT46 into a VRF), and the SIDs it answers now."""
+    try:
+        with netns.open_netlink(None, NETLINK_SECONDS) as rtnl:
+            supported = srv6.end_dt46_supported(rtnl)
+            answered = srv6.decap_routes(rtnl)
+    except (OSError, CniError) as exc:
+        return Finding("kernel.srv6", FAIL, f"cannot ask the kernel: {exc}",
+                       "run doctor as root in the host network namespace")
+    if not supported:
+        return Finding("kernel.srv6", WARN, "this kernel cannot decapsulate SRv6 into a VRF "
+                       "(seg6local End.DT46): other nodes' traffic to this node's SIDs is dropped",
+                       "a kernel with CONFIG_IPV6_SEG6_LWTUNNEL (Linux 5.14 or later)")
+    sids = ", ".join(f"{sid} -> table {table}" for sid, table in sorted(answered.items()))
+    return Finding("kernel.srv6", OK, f"End.DT46 works; SIDs answered: {sids or 'none yet'}")
 
 
 def agent(node: Node) -> list[Finding]:

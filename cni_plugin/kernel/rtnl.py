@@ -54,6 +54,10 @@ IFF_UP = 0x1
 
 IFA_ADDRESS, IFA_LOCAL, IFA_FLAGS = 1, 2, 8
 RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_TABLE = 1, 4, 5, 6, 15
+RTA_ENCAP_TYPE, RTA_ENCAP = 21, 22
+LWTUNNEL_ENCAP_SEG6_LOCAL = 7
+SEG6_LOCAL_ACTION, SEG6_LOCAL_VRFTABLE = 1, 9
+SEG6_LOCAL_ACTION_END_DT46 = 16
 RTN_UNICAST, RTN_UNREACHABLE = 1, 7
 RTNH_F_ONLINK = 0x04
 RTPROT_STATIC = 4
@@ -295,6 +299,8 @@ class RouteMsg:
     gateway: str | None
     oif: int | None
     priority: int | None
+    encap_type: int | None = None  # a lightweight tunnel (e.g. seg6local) and its attributes
+    encap: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -362,7 +368,9 @@ def decode_route(payload: bytes) -> RouteMsg:
         dst=optional(attrs, RTA_DST, as_ip),
         gateway=optional(attrs, RTA_GATEWAY, as_ip),
         oif=optional(attrs, RTA_OIF, as_u32),
-        priority=optional(attrs, RTA_PRIORITY, as_u32))
+        priority=optional(attrs, RTA_PRIORITY, as_u32),
+        encap_type=optional(attrs, RTA_ENCAP_TYPE, lambda b: int.from_bytes(b[:2], "little")),
+        encap=attrs.get(RTA_ENCAP))
 
 
 def decode_neigh(payload: bytes) -> NeighMsg:
@@ -464,8 +472,8 @@ def addr_request(index: int, address: IPInterface, flags: int) -> bytes:
 def route_request(dst: IPNetwork, *, table: int, oif: int | None = None,
                   gateway: IPAddr | None = None, onlink: bool = False,
                   scope: int = RT_SCOPE_UNIVERSE, rtype: int = RTN_UNICAST,
-                  priority: int | None = None) -> bytes:
-    """RTM_NEWROUTE body (protocol static)."""
+                  priority: int | None = None, encap: tuple[int, bytes] | None = None) -> bytes:
+    """RTM_NEWROUTE body (protocol static); ``encap`` is (lwtunnel type, its attributes)."""
     header = _RTMSG.pack(family_of(dst.version), dst.prefixlen, 0, 0,
                          table if table < 256 else RT_TABLE_COMPAT, RTPROT_STATIC, scope, rtype,
                          RTNH_F_ONLINK if onlink else 0)
@@ -476,7 +484,15 @@ def route_request(dst: IPNetwork, *, table: int, oif: int | None = None,
         body += attr(RTA_GATEWAY, gateway.packed)
     if priority is not None:
         body += attr_u32(RTA_PRIORITY, priority)
+    if encap is not None:
+        body += attr(RTA_ENCAP_TYPE, struct.pack("=H", encap[0])) + nested(RTA_ENCAP, encap[1])
     return body
+
+
+def seg6local_end_dt46(vrf_table: int) -> tuple[int, bytes]:
+    """The encap of a seg6local End.DT46 route: decapsulate into the VRF of ``vrf_table``."""
+    return LWTUNNEL_ENCAP_SEG6_LOCAL, (attr_u32(SEG6_LOCAL_ACTION, SEG6_LOCAL_ACTION_END_DT46)
+                                       + attr_u32(SEG6_LOCAL_VRFTABLE, vrf_table))
 
 
 
@@ -736,11 +752,12 @@ class Rtnl:
     def replace_route(self, dst: IPNetwork, *, table: int, oif: int | None = None,
                       gateway: IPAddr | None = None, onlink: bool = False,
                       scope: int = RT_SCOPE_UNIVERSE, rtype: int = RTN_UNICAST,
-                      priority: int | None = None) -> None:
+                      priority: int | None = None,
+                      encap: tuple[int, bytes] | None = None) -> None:
         """Create or replace a route."""
         self.request(RTM_NEWROUTE, route_request(dst, table=table, oif=oif, gateway=gateway,
                                                  onlink=onlink, scope=scope, rtype=rtype,
-                                                 priority=priority),
+                                                 priority=priority, encap=encap),
                      NLM_F_CREATE | NLM_F_REPLACE)
 
     def routes(self, family: int, table: int | None = None,

@@ -138,12 +138,12 @@ class Publisher:
             finally:
                 self._ahead.wait()
 
-    def publish(self, plan: Addressing, rollback: Rollback) -> None:
+    def publish(self, plan: Addressing, rollback: Rollback) -> str | None:
         """BGP state first, then the EndpointSlices; every creation recorded for rollback.
-        Runs inside `ahead`."""
+        Runs inside `ahead`. Returns the VPC's SRv6 SID on this node, when its router has one."""
         ctx = self.ctx
         if ctx is None:
-            return
+            return None
         from cni_plugin.core import naming
         from cni_plugin.publish import bgp, endpointslice
         deadline = ctx.inv.deadline
@@ -159,6 +159,7 @@ class Publisher:
                     sid = naming.srv6_sid(self.router.srv6_locator, self.router.node_id, vrf_id)
             if ctx.inv.conf.publish.endpoint_slice:
                 endpointslice.ensure_slices(ctx, plan, sid, rollback, deadline)
+        return sid
 
 
 def unpublish(inv: Invocation, source: ClusterSource) -> None:
@@ -190,6 +191,37 @@ def published_differences(inv: Invocation, source: ClusterSource, prev: Result) 
         if inv.conf.publish.endpoint_slice:
             diffs += endpointslice.slice_differences(ctx, plan, inv.deadline)
         return diffs
+
+
+def published_sid(inv: Invocation, source: ClusterSource) -> str | None:
+    """The SID this node published for the VPC (CHECK): None without a router that has a
+    locator and node ID, or before the VPC's BGPVRFInstance exists."""
+    if not inv.conf.publish.bgp:
+        return None
+    from cni_plugin.core import naming
+    from cni_plugin.publish.bgp import find_router, instance_vrf_id
+    with connected(inv, source) as ctx, api_boundary("read the VPC's SID"):
+        if ctx is None:
+            return None
+        router = find_router(ctx, inv.deadline)
+        if not (router.srv6_locator and router.node_id):
+            return None
+        vrf_id = instance_vrf_id(ctx, inv.deadline)
+        if vrf_id is None:
+            return None
+        return naming.srv6_sid(router.srv6_locator, router.node_id, vrf_id)
+
+
+def router_has_sids(inv: Invocation, source: ClusterSource) -> bool:
+    """Whether this node's router has an SRv6 locator and node ID (STATUS)."""
+    if not inv.conf.publish.bgp:
+        return False
+    from cni_plugin.publish.bgp import find_router
+    with connected(inv, source) as ctx, api_boundary("find the node's BGPRouter"):
+        if ctx is None:
+            return False
+        router = find_router(ctx, inv.deadline)
+        return bool(router.srv6_locator and router.node_id)
 
 
 def publishing_status(inv: Invocation, source: ClusterSource) -> None:

@@ -548,6 +548,13 @@ def _restore_fields(spec: dict[str, Any], written: dict[str, Any],
             spec[key] = value
 
 
+def instance_vrf_id(ctx: PublishContext, deadline: Deadline) -> int | None:
+    """The vrfID of the VPC's BGPVRFInstance on this node; None when it does not exist."""
+    name = naming.vrf_instance_name(ctx.inv.conf.vpc, ctx.node)
+    instance = ctx.client.get(VRF_INSTANCES.path(ctx.namespace, name), deadline)
+    return None if instance is None else _vrf_id(instance)
+
+
 def advertisement_differences(ctx: PublishContext, plan: Addressing,
                               deadline: Deadline) -> list[str]:
     """What CHECK finds wrong with this container's BGP state."""

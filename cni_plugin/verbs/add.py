@@ -1,6 +1,6 @@
 """ADD: parse → admit (tenancy, SPEC §14) → start IPAM (undo recorded) → create links →
-addresses from the IPAM result → configure → publish → result, like the reference ptp plugin's
-cmdAdd."""
+addresses from the IPAM result → configure → publish → answer the VPC's SID → result, like the
+reference ptp plugin's cmdAdd."""
 
 from __future__ import annotations
 
@@ -42,7 +42,9 @@ def add(request: Request, env: Environment) -> Result:
                     links.create(rollback)
                     addressing = Addressing.from_result(ipam.result())
                     result = chain(prev, links.configure(addressing))
-            publisher.publish(addressing, rollback)
+            sid = publisher.publish(addressing, rollback)
+        if sid is not None and inv.conf.isolation == "vrf" and inv.conf.attachment != "existing":
+            attachment.answer_sid(inv, sid)
     return result
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from cni_plugin import attachment
 from cni_plugin.core.request import Invocation, Request
 from cni_plugin.ipam import delegate
-from cni_plugin.publish import published_differences
+from cni_plugin.publish import published_differences, published_sid
 from cni_plugin.tenancy import resolve_recorded
 from cni_plugin.verbs.environment import Environment
 from netconf.errors import (
@@ -36,6 +36,10 @@ def check(request: Request, env: Environment) -> None:
     if inv.conf.attachment != "existing":
         diffs.extend(attachment.differences(inv, prev))
     diffs.extend(published_differences(inv, env.cluster, prev))
+    if inv.conf.attachment != "existing" and inv.conf.isolation == "vrf":
+        sid = published_sid(inv, env.cluster)
+        if sid is not None:
+            diffs.extend(attachment.sid_differences(inv, sid))
     if diffs:
         raise CniError(CHECK_MISMATCH, f"CHECK found {len(diffs)} difference(s): {diffs[0]}",
                        "; ".join(diffs))

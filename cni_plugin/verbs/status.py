@@ -5,8 +5,8 @@ from __future__ import annotations
 from cni_plugin.attachment import host_netlink
 from cni_plugin.core.request import Invocation, Request
 from cni_plugin.ipam import delegate
-from cni_plugin.kernel import isolation
-from cni_plugin.publish import publishing_status
+from cni_plugin.kernel import isolation, srv6
+from cni_plugin.publish import publishing_status, router_has_sids
 from cni_plugin.tenancy import tenancy_status
 from cni_plugin.verbs.environment import Environment
 from netconf.errors import INCOMPATIBLE_VERSION, STATUS_NOT_AVAILABLE, CniError
@@ -25,6 +25,13 @@ def status(request: Request, env: Environment) -> None:
                                "configure \"isolation\": \"table\" or load the vrf module")
     publishing_status(inv, env.cluster)
     tenancy_status(inv, env.cluster)
+    if inv.conf.attachment != "existing" and inv.conf.isolation == "vrf" and \
+            router_has_sids(inv, env.cluster):
+        with host_netlink(inv.deadline) as rtnl:
+            if not srv6.end_dt46_supported(rtnl):
+                raise CniError(STATUS_NOT_AVAILABLE, "this kernel cannot answer this node's "
+                               "SRv6 SIDs (seg6local End.DT46 into a VRF)",
+                               "a kernel with CONFIG_IPV6_SEG6_LWTUNNEL (Linux 5.14 or later)")
     try:
         ipam = delegate.of(inv)
         if ipam is not None:

@@ -4,11 +4,13 @@ network namespaces, links, and the host links and policy rules of a VPC."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
 import subprocess
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from cni_plugin.core import naming
 
@@ -111,3 +113,32 @@ def remove_vpc_objects(vpcs: Iterable[str]) -> list[str]:
         run_ip("-4", "rule", "del", "iif", naming.vrf_name(vpc), "lookup", table, check=False)
         removed.append(f"table {table}")
     return removed
+
+
+def vpc_table_of(host_link: str, isolation: str) -> str:
+    """The routing table a host link's packets are looked up in, checking the mode's shape:
+    the VPC's record rule, one mark rule per family and the link's group as its mark (`table`),
+    or enslaved to its VPC's VRF and no rule (`vrf`)."""
+    record = host_link[:1 + naming.VPC_WIDTH] + "V"  # G{vpc:9}{att:3}H -> G{vpc:9}V
+    if isolation == "table":
+        table = next((line.split("lookup")[1].split()[0]
+                      for line in run_ip("-4", "rule", "show").splitlines()
+                      if line.startswith(RECORD_PRIORITY + ":")
+                      and f"iif {record} " in line + " "), None)
+        assert table is not None, f"no table recorded for {record}"
+        assert len(mark_rules(table)) == 2, "one mark rule per family for the VPC"
+        assert f"group {int(table) << 16} " in run_ip("-d", "link", "show", host_link), \
+            "the host link's group is its VPC's mark"
+        return table
+    rules = [line for family in ("-4", "-6") for line in run_ip(family, "rule").splitlines()
+             if f"iif {host_link} " in line + " "]
+    assert rules == [], f"isolation 'vrf' adds no iif rule: {rules}"
+    master = link_json(host_link).get("master")
+    assert master == record, f"{host_link} master {master}"
+    return str(link_json(master)["linkinfo"]["info_data"]["table"])
+
+
+def link_json(name: str) -> dict[str, Any]:
+    """`ip -j -d link show NAME` of the host netns."""
+    shown: list[dict[str, Any]] = json.loads(run_ip("-j", "-d", "link", "show", name))
+    return shown[0]

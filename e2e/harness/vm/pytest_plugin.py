@@ -1,0 +1,196 @@
+"""The `fullkernel` marker: tests that need a kernel with VRF and seg6local.
+
+Loaded for every pytest run (pyproject's ``addopts``). Where the kernel under the tests has
+what they need (probed: a VRF device and an End.DT46 route into it, in a throwaway network
+namespace), marked tests run like any other. Where it does not, all marked tests of the session
+run last, in ONE boot of the full-kernel VM (`e2e.harness.vm.boot`): the first of them boots it
+with ``pytest <their node ids>`` inside, and each one then reports what it did in there (setup,
+call and teardown reports, carried back through the share as pytest's own
+serialised reports). A marked test that skips inside the VM fails: the VM has everything
+these tests need, so a skip there hides a missing piece.
+
+``VPC_ATTACH_FULLKERNEL``: `native` (run marked tests here; set inside the VM), `vm` (always in
+the VM), unset = probe. ``VPC_ATTACH_VM_TIMEOUT``: seconds for the whole VM run (default
+300 + 120 per test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+MARK = "fullkernel"
+MODE_ENV = "VPC_ATTACH_FULLKERNEL"
+REPORT_ENV = "VPC_ATTACH_VM_REPORT"
+SHARE_ENV = "VPC_ATTACH_VM_SHARE"
+# What marked tests need from the kernel, tried in a network namespace that vanishes after.
+PROBE = (
+    "ip link add vpa-fk-probe type vrf table 4091 && ip link set vpa-fk-probe up && "
+    "sysctl -qw net.vrf.strict_mode=1 && "
+    "ip -6 route add fd00:fc::/128 encap seg6local action End.DT46 vrftable 4091 dev vpa-fk-probe"
+)
+
+
+@dataclass
+class _VMRun:
+    """The session's one VM run: which tests, and what came back."""
+
+    items: list[pytest.Item]
+    reports: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    done: bool = False
+    failure: str = ""  # why the VM itself failed (boot, timeout, crash), with its console tail
+    share: Path | None = None
+    boot_seconds: float = 0.0
+    total_seconds: float = 0.0
+
+    def failed(self) -> bool:
+        """Whether the VM itself or any test in it failed (or skipped: a failure here)."""
+        return bool(self.failure) or any(
+            report.get("outcome") != "passed" for reports in self.reports.values()
+            for report in reports)
+
+
+_run_key = pytest.StashKey[_VMRun]()
+
+
+def kernel_lacks() -> str | None:
+    """What this kernel lacks for the marked tests, or None when it has all of it."""
+    probe = subprocess.run(["unshare", "--net", "sh", "-c", PROBE], capture_output=True,
+                           text=True, timeout=30)
+    if probe.returncode == 0:
+        return None
+    return probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else "probe failed"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Declare nothing (pyproject declares the marker); in the VM, report to the host."""
+    report_path = os.environ.get(REPORT_ENV)
+    if report_path:
+        config.pluginmanager.register(_GuestReporter(config, Path(report_path)), "vm-reporter")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Decide where the marked tests run: here, in the VM, or nowhere (skip saying why)."""
+    marked = [item for item in items if item.get_closest_marker(MARK)]
+    if not marked or os.environ.get(MODE_ENV) == "native" or os.geteuid() != 0:
+        return
+    if os.environ.get(MODE_ENV) != "vm":
+        lacks = kernel_lacks()
+        if lacks is None:
+            return
+    from .image import missing_tools
+    unavailable = missing_tools()
+    if unavailable:
+        for item in marked:
+            item.add_marker(pytest.mark.skip(
+                reason=f"needs a kernel with VRF and seg6local; no VM either: {unavailable}"))
+        return
+    config.stash[_run_key] = _VMRun(marked)
+    # Last: the native test before them tears down as if the first of them came next, and
+    # nothing native comes after them that would find fixtures they never set up or tore down.
+    chosen = set(marked)
+    items[:] = [item for item in items if item not in chosen] + marked
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    """Report a marked test from the VM run instead of running it here."""
+    vm_run = item.config.stash.get(_run_key, None)
+    if vm_run is None or item not in vm_run.items:
+        return None
+    if not vm_run.done:
+        _run_in_vm(item.config, vm_run)
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    for report in _reports_for(item, vm_run):
+        item.ihook.pytest_runtest_logreport(report=report)
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Say how long the VM took and where its console is kept."""
+    vm_run = config.stash.get(_run_key, None)
+    if vm_run is None or not vm_run.done:
+        return
+    line = (f"full-kernel VM: {len(vm_run.items)} tests, booted in {vm_run.boot_seconds:.1f} s, "
+            f"{vm_run.total_seconds:.1f} s in all")
+    terminalreporter.write_sep("-", line)
+    if vm_run.share is not None and vm_run.failed():
+        terminalreporter.write_line(f"VM console (kept): {vm_run.share / 'console.log'}")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the VM's share unless something failed (then its console log is worth keeping)."""
+    vm_run = config.stash.get(_run_key, None)
+    if vm_run is not None and vm_run.share is not None and not vm_run.failed():
+        shutil.rmtree(vm_run.share, ignore_errors=True)
+
+
+def _run_in_vm(config: pytest.Config, vm_run: _VMRun) -> None:
+    from .boot import run
+    vm_run.done = True
+    vm_run.share = Path(tempfile.mkdtemp(prefix="vpc-attach-fullkernel-"))
+    report_file = vm_run.share / "reports.jsonl"
+    timeout = float(os.environ.get("VPC_ATTACH_VM_TIMEOUT", 300 + 120 * len(vm_run.items)))
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--durations=20",
+            *(item.nodeid for item in vm_run.items)]
+    env = {REPORT_ENV: str(report_file), SHARE_ENV: str(vm_run.share)}
+    with open(vm_run.share / "console.log", "w") as console:
+
+        def to_log(text: str) -> None:  # flushed: someone may be tailing it
+            console.write(text)
+            console.flush()
+
+        result = run(argv, cwd=config.rootpath, env=env, share=vm_run.share, timeout=timeout,
+                     on_output=to_log)
+    vm_run.boot_seconds, vm_run.total_seconds = result.boot_seconds, result.total_seconds
+    if report_file.exists():
+        for line in report_file.read_text().splitlines():
+            data = json.loads(line)
+            vm_run.reports.setdefault(data["nodeid"], []).append(data)
+    if result.timed_out or result.returncode not in (0, 1):
+        tail = "".join(result.console.splitlines(keepends=True)[-60:])
+        vm_run.failure = (f"the full-kernel VM run ended with status {result.returncode}"
+                          f"{' (timed out)' if result.timed_out else ''}; console tail:\n{tail}")
+
+
+def _reports_for(item: pytest.Item, vm_run: _VMRun) -> list[pytest.TestReport]:
+    """The VM's reports of ``item``; a skip becomes a failure; nothing at all is a failure."""
+    hook = item.config.hook
+    reports = [hook.pytest_report_from_serializable(config=item.config, data=data)
+               for data in vm_run.reports.get(item.nodeid, [])]
+    for report in reports:
+        if report.outcome == "skipped":
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+            report.outcome = "failed"
+            report.longrepr = f"skipped inside the full-kernel VM: {reason}"
+    if not any(report.when == "call" or report.outcome != "passed" for report in reports):
+        reason = vm_run.failure or "the VM run reported nothing for this test"
+        reports.append(pytest.TestReport(item.nodeid, item.location, {}, "failed", reason,
+                                         "call", [], 0.0))
+    return reports
+
+
+class _GuestReporter:
+    """Inside the VM: every test report, serialised, one JSON line each, for the host."""
+
+    def __init__(self, config: pytest.Config, path: Path) -> None:
+        self._config = config
+        self._path = path
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        data = self._config.hook.pytest_report_to_serializable(config=self._config,
+                                                                report=report)
+        with open(self._path, "a") as out:
+            out.write(json.dumps(data) + "\n")
+
