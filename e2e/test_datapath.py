@@ -147,7 +147,7 @@ def node(plugin: Plugin, tmp_path: Path, request: pytest.FixtureRequest) -> Iter
             runner.call("DEL", conf, container_id=container, netns=netns)
 
 
-@pytest.fixture(params=["table", "vrf"])
+@pytest.fixture(params=["table", pytest.param("vrf", marks=pytest.mark.fullkernel)])
 def mode(request: pytest.FixtureRequest, node: Node) -> str:
     """The isolation mode (vrf only where the kernel has VRF devices)."""
     if request.param == "vrf":
