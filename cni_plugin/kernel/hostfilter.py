@@ -7,7 +7,8 @@ came in on), reach the host stack only for ND and the ICMP errors PMTU needs (pl
 whose answers the conntrack mark routes back in the VPC's table) and, in `table` mode, leave only
 through vpc-attach links. The table is written by the `nft` executable (Debian's `nftables`);
 the one rule nft's parser refuses (copying the link's group into the packet mark: the VPC's
-routing mark, see isolation.py) and the cheap "is it there?" check go over nfnetlink directly. Why these rules: docs/architecture.md ("Host protection").
+routing mark, see isolation.py) and the cheap "is it there?" check go over nfnetlink directly.
+Why these rules: docs/architecture.md ("Host protection").
 """
 
 from __future__ import annotations
