@@ -28,6 +28,7 @@ from cni_plugin.core import naming
 from e2e.harness import plugin as plugin_module
 from e2e.harness.kernel import mark_rules, run_ip, vpc_table
 from e2e.harness.packets import (
+    ask,
     in_netns,
     listener,
     nft_counters,
@@ -284,19 +285,45 @@ def test_tap_frames_are_checked_like_a_pod(node: Node) -> None:
 
 
 @pytest.mark.parametrize("node", ["udp/7400,tcp/7402"], indirect=True)
-def test_host_access_opens_exactly_the_configured_ports(node: Node) -> None:
-    a1 = node.attach("a1", "1")
-    with listener(node.name, "udp", 7400, node.work) as opened, \
-            listener(node.name, "udp", 7401, node.work) as closed, \
-            listener(node.name, "tcp", 7402, node.work) as tcp:
-        send(a1.netns, "udp", a1.gateway(4), 7401, "closed")
-        assert send(a1.netns, "udp", a1.gateway(4), 7400, "opened")
-        # table mode: the SYN's mark comes back on the SYN-ACK (tcp_fwmark_accept)
-        assert send(a1.netns, "tcp", NODE_V4, 7402, "opened-tcp", timeout=5)
-        opened.wait_for("opened")
-        tcp.wait_for("opened-tcp")
+def test_host_access_opens_exactly_the_configured_ports_and_answers_reach_the_pod(
+        node: Node) -> None:
+    a1, a2 = node.attach("a1", "1"), node.attach("a1", "2")
+    b1 = node.attach("b2", "1")  # b2 reuses a1's subnets: answers must find the right VPC
+    assert b1.ip(4) == a1.ip(4)
+    # A node's main table has a default route: an answer's first route lookup (before any mark)
+    # needs one; its conntrack mark then reroutes it in the VPC's table.
+    node.run_ip("route", "add", "default", "via", EXT_V4)
+    node.run_ip("-6", "route", "add", "default", "via", EXT_V6)
+    with listener(node.name, "udp", 7400, node.work, answer=True) as opened, \
+            listener(node.name, "udp", 7401, node.work, answer=True) as closed, \
+            listener(node.name, "tcp", 7402, node.work, answer=True):
+        for pod, vpc in ((a1, "a1"), (b1, "b2")):
+            for target in (NODE_V4, NODE_V6, pod.gateway(4), pod.gateway(6)):
+                query = f"{vpc}-{target}"
+                assert ask(pod.netns, "udp", target, 7400, query) == f"re:{query}", query
+                assert ask(pod.netns, "udp", target, 7401, f"closed-{query}", timeout=1) \
+                    is None, query
+        for version, target in ((4, NODE_V4), (6, NODE_V6)):
+            assert ask(a1.netns, "tcp", target, 7402, f"tcp{version}") == f"re:tcp{version}"
+        # The conntrack mark alone routes TCP answers too (tcp_fwmark_accept is not needed for it).
+        subprocess.run(in_netns(node.name, "sysctl", "-qw", "net.ipv4.tcp_fwmark_accept=0"),
+                       check=True, timeout=20)
+        for version, target in ((4, NODE_V4), (6, NODE_V6)):
+            assert ask(b1.netns, "tcp", target, 7402, f"mark{version}") == f"re:mark{version}"
         assert closed.payloads() == set()
-    assert "udp dport 7400 return" in nft_table(node.name)
+        assert len(opened.received()) == 8
+    listing = nft_table(node.name)
+    assert "udp dport 7400 goto host_access" in listing and "udp dport 7401" not in listing
+    # Only answers get the mark: the node opens nothing into a Pod through its main table.
+    with listener(a1.netns, "udp", 7403, node.work) as pod_udp, \
+            listener(a1.netns, "tcp", 7404, node.work) as pod_tcp:
+        for version in (4, 6):
+            send(node.name, "udp", a1.ip(version), 7403, f"node-udp{version}")
+            assert not send(node.name, "tcp", a1.ip(version), 7404, f"node-tcp{version}",
+                            timeout=1)
+        assert send(a2.netns, "udp", a1.ip(4), 7403, "a2-control")
+        pod_udp.wait_for("a2-control")
+        assert pod_udp.payloads() == {"a2-control"} and pod_tcp.payloads() == set()
 
 
 def test_vpc_state_goes_with_its_last_attachment_and_a_reused_table_starts_clean(

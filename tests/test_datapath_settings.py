@@ -73,13 +73,26 @@ def test_ruleset_opens_only_what_the_settings_say() -> None:
         "hostAccess": ["udp/53", "tcp/8000-8080"],
         "allowedSourcePrefixes": [{"vpc": "21", "vpcattachment": "3", "prefixes": ["10.9.0.0/16"]},
                                   {"vpc": "22", "prefixes": ["fd09::/48"]}]}))
-    assert "meta l4proto udp th dport 53 return" in opened
-    assert "meta l4proto tcp th dport 8000-8080 return" in opened
+    assert "meta l4proto udp th dport 53 goto host_access" in opened
+    assert "meta l4proto tcp th dport 8000-8080 goto host_access" in opened
     assert 'iifname "G000000021003H" ip saddr 10.9.0.0/16 return' in opened
     assert 'iifname "G000000022*" ip6 saddr fd09::/48 return' in opened
     # the source check comes after every exception, the drops last in their chains
     assert opened.index("saddr 10.9.0.0/16") < opened.index("fib saddr")
     assert opened.index("dport 53") < opened.index('counter name "host_dropped" drop')
+
+
+def test_only_answers_on_host_access_connections_get_the_vpc_mark() -> None:
+    text = hostfilter.ruleset(DatapathSettings())
+    access = text[text.index("chain host_access {"):]
+    access = access[:access.index("}")]
+    # vrf mode (mark 0) leaves the conntrack mark alone; table mode saves the VPC's bits
+    assert access.index("meta mark & 0x0fff0000 == 0 return") \
+        < access.index("ct mark set meta mark & 0x0fff0000")
+    output = text[text.index("chain output {"):]
+    assert "type route hook output" in output
+    assert "ct direction reply ct mark & 0x0fff0000 != 0 meta mark set ct mark & 0x0fff0000" \
+        in output
 
 
 def test_mark_rules_round_trip_through_the_rule_codec() -> None:

@@ -3,11 +3,12 @@ per node.
 
 Packets from vpc-attach links (every name starting `G`: host links G…H, VRFs G…V) are checked
 for their source (a reverse route lookup in the VPC's table must lead back to the link they
-came in on), reach the host stack only for ND and the ICMP errors PMTU needs (plus `hostAccess`)
-and, in `table` mode, leave only through vpc-attach links. The table is written by the `nft`
-executable (Debian's `nftables`); the one rule nft's parser refuses (copying the link's group
-into the packet mark: the VPC's routing mark, see isolation.py) and the cheap "is it there?"
-check go over nfnetlink directly. Why these rules: docs/architecture.md ("Host protection").
+came in on), reach the host stack only for ND and the ICMP errors PMTU needs (plus `hostAccess`,
+whose answers the conntrack mark routes back in the VPC's table) and, in `table` mode, leave only
+through vpc-attach links. The table is written by the `nft` executable (Debian's `nftables`);
+the one rule nft's parser refuses (copying the link's group into the packet mark: the VPC's
+routing mark, see isolation.py) and the cheap "is it there?" check go over nfnetlink directly.
+Why these rules: docs/architecture.md ("Host protection").
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ TABLE = "vpc_attach"
 FAMILY = "inet"
 LINK_PATTERN = "G*"  # every vpc-attach link name: host links G…H, VRFs G…V
 MARK_CHAIN = "vpc_mark"
+ACCESS_CHAIN = "host_access"
 COUNTERS = ("source_dropped", "host_dropped", "escape_dropped")
 NFT_TIMEOUT = 10.0
 
@@ -58,7 +60,9 @@ NLM_F_APPEND = 0x800
 
 # Replies the node makes itself carry the mark of what they answer, so they are routed in the
 # VPC's table: ICMP errors (frag-needed, packet-too-big) and echo replies, TCP RSTs
-# (fwmark_reflect), and TCP connections a `hostAccess` port accepts (tcp_fwmark_accept).
+# (fwmark_reflect); a TCP socket a `hostAccess` port accepts takes the SYN's mark
+# (tcp_fwmark_accept), so its answers are routed there even when the main table has no route
+# to the Pod (the conntrack mark below needs one: it reroutes after a first lookup succeeded).
 NODE_SYSCTLS = {"net.ipv4.fwmark_reflect": "1", "net.ipv6.fwmark_reflect": "1",
                 "net.ipv4.tcp_fwmark_accept": "1"}
 ICMP_ERRORS = "destination-unreachable, time-exceeded, parameter-problem"
@@ -71,14 +75,19 @@ def ruleset(settings: DatapathSettings) -> str:
     """The table as `nft -f` reads it; replaces an older copy of itself in one transaction."""
     allowed = [_allowed_rule(entry.vpc, entry.vpcattachment, prefix)
                for entry in settings.allowed_sources for prefix in entry.prefixes]
-    opened = [f"meta l4proto {p.protocol} th dport {_ports(p.first, p.last)} return"
+    opened = [f"meta l4proto {p.protocol} th dport {_ports(p.first, p.last)} goto {ACCESS_CHAIN}"
               for p in settings.host_access]
+    mask = f"{isolation.MARK_MASK:#010x}"
     lines = [
         f"table {FAMILY} {TABLE} {{}}",
         f"delete table {FAMILY} {TABLE}",
         f"table {FAMILY} {TABLE} {{",
         *(f"  counter {name} {{}}" for name in COUNTERS),
         f"  chain {MARK_CHAIN} {{}}",
+        f"  chain {ACCESS_CHAIN} {{",  # a hostAccess port: accepted, its replies find the Pod
+        f"    meta mark & {mask} == 0 return",  # vrf mode: the VRF routes the replies
+        f"    ct mark set meta mark & {mask}",
+        "  }",
         "  chain prerouting {",
         "    type filter hook prerouting priority raw; policy accept;",
         f'    iifname != "{LINK_PATTERN}" return',
@@ -99,8 +108,12 @@ def ruleset(settings: DatapathSettings) -> str:
         "  chain forward {",
         "    type filter hook forward priority filter - 10; policy accept;",
         f'    iifname != "{LINK_PATTERN}" return',
-        f"    meta mark & {isolation.MARK_MASK:#010x} == 0 return",  # vrf mode: the VRF decides
+        f"    meta mark & {mask} == 0 return",  # vrf mode: the VRF decides
         f'    oifname != "{LINK_PATTERN}" counter name "escape_dropped" drop',
+        "  }",
+        "  chain output {",  # the node's replies on a hostAccess connection: the VPC's table
+        "    type route hook output priority mangle; policy accept;",
+        f"    ct direction reply ct mark & {mask} != 0 meta mark set ct mark & {mask}",
         "  }",
         "}",
     ]

@@ -37,6 +37,61 @@ while True:
         conn.close()
 """
 
+# Like _LISTENER, but answers "re:<payload>" to each datagram (from the address it was sent
+# to, IP_PKTINFO/IPV6_PKTINFO, as DNS servers do; no interface, so routing picks the way back)
+# or connection; two sockets, one per family.
+_ECHO = r"""
+import select, socket, struct, sys
+kind, port = sys.argv[1], int(sys.argv[2])
+IP_PKTINFO = 8
+socks = []
+for family in (socket.AF_INET, socket.AF_INET6):
+    sock = socket.socket(family, socket.SOCK_DGRAM if kind == "udp" else socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        if kind == "udp":
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO, 1)
+    elif kind == "udp":
+        sock.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
+    sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+    if kind == "tcp":
+        sock.listen(16)
+    socks.append(sock)
+print("ready", flush=True)
+while True:
+    for sock in select.select(socks, [], [])[0]:
+        if kind == "udp":
+            data, anc, _, peer = sock.recvmsg(2048, 256)
+            print(peer[0], data.decode(errors="replace"), flush=True)
+            level, ctype, info = anc[0]
+            info = struct.pack("i4s4s", 0, info[8:12], bytes(4)) if ctype == IP_PKTINFO \
+                else info[:16] + struct.pack("i", 0)
+            sock.sendmsg([b"re:" + data], [(level, ctype, info)], 0, peer)
+        else:
+            conn, peer = sock.accept()
+            conn.settimeout(5)
+            data = conn.recv(2048)
+            print(peer[0], data.decode(errors="replace"), flush=True)
+            conn.sendall(b"re:" + data)
+            conn.close()
+"""
+
+# Sends one datagram (or connects and sends) and prints the answer: "answer <text>" or "none".
+_ASKER = r"""
+import socket, sys
+kind, dst, port, payload = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4].encode()
+family = socket.AF_INET6 if ":" in dst else socket.AF_INET
+sock = socket.socket(family, socket.SOCK_DGRAM if kind == "udp" else socket.SOCK_STREAM)
+sock.settimeout(float(sys.argv[5]))
+try:
+    sock.connect((dst, port))
+    sock.sendall(payload)
+    print("answer", sock.recv(2048).decode(errors="replace"))
+except OSError as exc:
+    print("none", exc)
+"""
+
 _SENDER = r"""
 import socket, sys
 kind, dst, port, payload = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4].encode()
@@ -90,11 +145,14 @@ class Listener:
 
 
 @contextmanager
-def listener(netns: str, kind: str, port: int, work: Path) -> Iterator[Listener]:
-    """A listener bound to the wildcard address of netns (both families)."""
+def listener(netns: str, kind: str, port: int, work: Path, answer: bool = False
+             ) -> Iterator[Listener]:
+    """A listener bound to the wildcard address of netns (both families); with answer, it also
+    answers each datagram or connection with "re:<payload>"."""
     out = work / f"listener-{kind}-{port}-{os.path.basename(netns)}.txt"
+    script = _ECHO if answer else _LISTENER
     with open(out, "w") as sink:
-        proc = subprocess.Popen(in_netns(netns, sys.executable, "-c", _LISTENER, kind, str(port)),
+        proc = subprocess.Popen(in_netns(netns, sys.executable, "-c", script, kind, str(port)),
                                 stdout=sink, stderr=subprocess.STDOUT, text=True)
     try:
         wait_until(f"{kind} listener on {port}", lambda: out.read_text().startswith("ready"),
@@ -113,6 +171,18 @@ def send(netns: str, kind: str, dst: str, port: int, payload: str, source: str =
                           capture_output=True, text=True, timeout=SEND_TIMEOUT + timeout,
                           check=False)
     return done.stdout.startswith("sent")
+
+
+def ask(netns: str, kind: str, dst: str, port: int, payload: str, timeout: float = 3.0
+        ) -> str | None:
+    """Send payload (UDP datagram, or over a TCP connection) and return the answer received
+    within timeout (None: no answer, or the connection failed)."""
+    done = subprocess.run(in_netns(netns, sys.executable, "-c", _ASKER, kind, dst, str(port),
+                                   payload, str(timeout)),
+                          capture_output=True, text=True, timeout=SEND_TIMEOUT + timeout,
+                          check=False)
+    return done.stdout.removeprefix("answer ").rstrip("\n") \
+        if done.stdout.startswith("answer ") else None
 
 
 def ping(netns: str, dst: str, *extra: str, count: int = 1, wait: float = 2.0) -> bool:
