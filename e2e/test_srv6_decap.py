@@ -17,6 +17,7 @@ from e2e.harness.kernel import run_ip, temporary_netns
 from e2e.harness.kube import Kube
 from e2e.harness.plugin import Plugin, base_conf, host_local, with_prev
 from e2e.harness.publishing import Node, create_pod, make_node, vrf_instance
+from e2e.harness.wait import wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.fullkernel]
 LOCATOR = "2001:db8:ff01::/48"
@@ -108,7 +109,7 @@ def test_the_vpc_sid_decapsulates_into_its_vrf_and_reaches_the_pod(
     assert "End.DT46 vrftable" in _sid_route(sid), "the next ADD answers the SID again"
 
 
-def test_the_sid_stays_while_another_attachment_of_the_vpc_is_on_the_node(
+def test_the_sid_stays_while_another_attachment_of_the_vpc_is_on_the_node_and_goes_with_the_last(
         kube: Kube, node: Node, netns: str, vpc: str, tmp_path: Path) -> None:
     uids = {pod: create_pod(kube, pod, node.name) for pod in ("srv6-b", "srv6-c")}
     first = _conf(vpc, "2", tmp_path)
@@ -126,5 +127,8 @@ def test_the_sid_stays_while_another_attachment_of_the_vpc_is_on_the_node(
         assert "End.DT46" in _sid_route(sid), "another attachment of the VPC is still here"
         node.plugin.ok("DEL", _conf(vpc, "3", tmp_path), container_id="ctr-c",
                        netns=second_netns, CNI_ARGS=node.cni_args("srv6-c", uids["srv6-c"]))
-    run_ip("link", "del", naming.vrf_name(vpc), check=False)  # if the last DEL left it
-    assert _sid_route(sid) == "", "the SID's route goes with the VRF"
+    # The last attachment's DEL removes the VPC's VRF (unused per-VPC state), the SID with it:
+    # at once in-process, right after the answer through the agent (it deletes retired links).
+    wait_until("the SID's route gone with the VPC's last attachment",
+               lambda: _sid_route(sid) == "", 10.0)
+    assert naming.vrf_name(vpc) not in run_ip("-br", "link", "show"), "the VRF went too"
