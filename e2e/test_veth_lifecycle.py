@@ -104,8 +104,8 @@ def test_veth_life_cycle_check_drift_and_idempotent_del(plugin: Plugin, netns: s
         assert f"host link '{host}' is not enslaved to its VRF" in plugin.call(
             "CHECK", checked, container_id="pod-b", netns=netns).body["details"]
     else:
-        run_ip("-4", "rule", "del", "iif", host)
-        assert f"policy rules 'iif {host} lookup" in plugin.call(
+        run_ip("link", "set", host, "group", "default")  # its packets lose the VPC's mark
+        assert f"host link '{host}' has device group 0x0, not its VPC's mark" in plugin.call(
             "CHECK", checked, container_id="pod-b", netns=netns).body["details"]
 
     assert host_local_reservations(tmp_path / "ipam", conf["name"])  # type: ignore[arg-type]
