@@ -86,10 +86,13 @@ def mark_rules(table: str, netns: str | None = None) -> list[str]:
 def remove_vpc_objects(vpcs: Iterable[str]) -> list[str]:
     """Delete the host links and policy rules of these VPCs (what a test or the bench may have
     left behind); what was removed."""
+    vpcs = list(vpcs)
     prefixes = tuple("G" + naming.pad_base62(vpc, naming.VPC_WIDTH) for vpc in vpcs)
     if not prefixes:
         return []
     removed = []
+    # Read first: the loop over iif rules below also deletes each VPC's table record.
+    tables = {vpc: vpc_table(vpc) for vpc in vpcs}
     for line in run_ip("-o", "link", "show", check=False).splitlines():
         link = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
         if link.startswith(prefixes):
@@ -101,8 +104,7 @@ def remove_vpc_objects(vpcs: Iterable[str]) -> list[str]:
             if iif.startswith(prefixes):
                 run_ip(family, "rule", "del", "iif", iif, check=False)
                 removed.append(f"rule {family} iif {iif}")
-    for vpc in vpcs:
-        table = vpc_table(vpc)
+    for vpc, table in tables.items():
         if table is None:
             continue
         for family in ("-4", "-6"):
