@@ -24,6 +24,7 @@ from e2e.harness.kube import Kube
 from e2e.harness.nodes import api_port, in_node, node_namespace
 from e2e.harness.plugin import Plugin, base_conf, host_local, random_vpc
 from e2e.harness.publishing import Node, advertisement, create_pod, endpoint_slice, make_node
+from e2e.harness.tenancy import bound
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.fullkernel]
 SID_ANNOTATION = "galactic.datum.net/srv6-sid"
@@ -155,6 +156,7 @@ def test_two_pods_of_one_vpc_on_two_nodes_talk_over_srv6_and_other_vpcs_do_not(
     other_vpc = random_vpc()  # its kernel state lives in node B's namespace, gone with it
     with attached(kube, node_a, vpc, "1", "fd00:d1:1::/64", "10.211.1.0/24") as pod_a, \
             attached(kube, node_b, vpc, "2", "fd00:d1:2::/64", "10.211.2.0/24") as pod_b, \
+            bound(kube, other_vpc), \
             attached(kube, node_b, other_vpc, "3", "fd00:d1:3::/64", "10.211.3.0/24") as stranger:
         routes = {"A": write_routes(kube, node_a, pod_b), "B": write_routes(kube, node_b, pod_a)}
         print(f"\nroutes written (galactic-router's part): {routes}")

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from cni_plugin.core import naming
-from e2e.harness.kernel import links_in, run_ip, vpc_table_of
+from e2e.harness.kernel import links_in, run_ip, temporary_netns, vpc_table_of
 from e2e.harness.plugin import Plugin, base_conf, host_local, host_local_reservations, with_prev
+from e2e.harness.wait import wait_until
 
 pytestmark = pytest.mark.root
 
@@ -234,7 +235,7 @@ def test_vrf_isolation_without_kernel_vrf_fails_clearly_and_leaves_nothing(
 
 
 @pytest.mark.fullkernel
-def test_vrf_isolation_enslaves_the_host_link_and_keeps_the_shared_vrf(
+def test_vrf_isolation_enslaves_the_host_link_and_keeps_the_shared_vrf_while_used(
         plugin: Plugin, netns: str, vpc: str, tmp_path: Path) -> None:
     conf = _conf(vpc, tmp_path, isolation="vrf")
     result = plugin.ok("ADD", conf, container_id="pod-vrf", netns=netns)
@@ -242,8 +243,15 @@ def test_vrf_isolation_enslaves_the_host_link_and_keeps_the_shared_vrf(
     assert f"master {vrf}" in run_ip("link", "show", naming.host_link_name(vpc, "7"))
     assert plugin.call("CHECK", with_prev(conf, result), container_id="pod-vrf",
                        netns=netns).status == 0
-    plugin.ok("DEL", with_prev(conf, result), container_id="pod-vrf", netns=netns)
-    assert vrf in links_in(), "the shared VRF is never deleted by DEL"
+    with temporary_netns("vpa-vrf2") as second_netns:
+        other = {**conf, "vpcattachment": "8"}
+        kept = plugin.ok("ADD", other, container_id="pod-vrf2", netns=second_netns)
+        plugin.ok("DEL", with_prev(conf, result), container_id="pod-vrf", netns=netns)
+        assert vrf in links_in(), "the VRF stays while another attachment of the VPC uses it"
+        plugin.ok("DEL", with_prev(other, kept), container_id="pod-vrf2", netns=second_netns)
+    # The last attachment's DEL removes the unused VRF (SPEC §14; through the agent, right after
+    # its answer, when the retired links are deleted).
+    wait_until("the unused VRF removed", lambda: vrf not in links_in(), 10.0)
 
 
 def test_status_and_gc(plugin: Plugin, netns: str, vpc: str, tmp_path: Path,
