@@ -152,13 +152,16 @@ def node(plugin: Plugin, tmp_path: Path, request: pytest.FixtureRequest) -> Iter
 def mode(request: pytest.FixtureRequest, node: Node) -> str:
     """The isolation mode (vrf only where the kernel has VRF devices)."""
     if request.param == "vrf":
-        probe = node.run_ip("link", "add", "vpaprobe", "type", "vrf", "table", "4000",
-                            check=False)
-        if "vpaprobe" not in node.run_ip("link", "show", check=False):
-            pytest.skip(f"this kernel cannot create VRF devices {probe.strip()}")
-        node.run_ip("link", "del", "vpaprobe")
-        node.isolation = "vrf"
+        _use_vrf(node)
     return str(request.param)
+
+
+def _use_vrf(node: Node) -> None:
+    probe = node.run_ip("link", "add", "vpaprobe", "type", "vrf", "table", "4000", check=False)
+    if "vpaprobe" not in node.run_ip("link", "show", check=False):
+        pytest.skip(f"this kernel cannot create VRF devices {probe.strip()}")
+    node.run_ip("link", "del", "vpaprobe")
+    node.isolation = "vrf"
 
 
 def _host_link(pod: Pod) -> str:
@@ -324,6 +327,31 @@ def test_host_access_opens_exactly_the_configured_ports_and_answers_reach_the_po
         assert send(a2.netns, "udp", a1.ip(4), 7403, "a2-control")
         pod_udp.wait_for("a2-control")
         assert pod_udp.payloads() == {"a2-control"} and pod_tcp.payloads() == set()
+
+
+@pytest.mark.fullkernel
+@pytest.mark.parametrize("node", ["udp/7400,tcp/7402"], indirect=True)
+def test_host_access_in_vrf_mode_reaches_a_service_bound_to_the_vpcs_vrf(node: Node) -> None:
+    _use_vrf(node)
+    a1, b1 = node.attach("a1", "1"), node.attach("b2", "1")  # same addresses, two VRFs
+    assert (b1.ip(4), b1.gateway(6)) == (a1.ip(4), a1.gateway(6))
+    vrf = naming.vrf_name("a1")
+    with listener(node.name, "udp", 7400, node.work, answer=True, device=vrf) as opened, \
+            listener(node.name, "udp", 7401, node.work, answer=True, device=vrf) as closed, \
+            listener(node.name, "tcp", 7402, node.work, answer=True, device=vrf), \
+            listener(node.name, "udp", 7400, node.work) as wildcard:
+        asked = set()
+        for target in (a1.gateway(4), a1.gateway(6)):  # what the Pod knows: its default route
+            assert ask(a1.netns, "udp", target, 7400, f"udp-{target}") == f"re:udp-{target}"
+            assert ask(a1.netns, "tcp", target, 7402, f"tcp-{target}") == f"re:tcp-{target}"
+            assert ask(a1.netns, "udp", target, 7401, f"closed-{target}", timeout=1) is None
+            # b2's VRF (same gateway addresses) has no service of its own: the wildcard
+            # listener does not serve it.
+            assert ask(b1.netns, "udp", target, 7400, f"b-{target}", timeout=1) is None
+            asked.add(f"udp-{target}")
+        assert opened.payloads() == asked
+        assert closed.payloads() == set() and wildcard.payloads() == set()
+    assert "udp dport 7400 goto host_access" in nft_table(node.name)
 
 
 def test_vpc_state_goes_with_its_last_attachment_and_a_reused_table_starts_clean(

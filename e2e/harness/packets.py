@@ -39,15 +39,17 @@ while True:
 
 # Like _LISTENER, but answers "re:<payload>" to each datagram (from the address it was sent
 # to, IP_PKTINFO/IPV6_PKTINFO, as DNS servers do; no interface, so routing picks the way back)
-# or connection; two sockets, one per family.
+# or connection; two sockets, one per family; bound to a device (a VRF) when one is given.
 _ECHO = r"""
 import select, socket, struct, sys
-kind, port = sys.argv[1], int(sys.argv[2])
+kind, port, device = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 IP_PKTINFO = 8
 socks = []
 for family in (socket.AF_INET, socket.AF_INET6):
     sock = socket.socket(family, socket.SOCK_DGRAM if kind == "udp" else socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if device:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, device.encode())
     if family == socket.AF_INET6:
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         if kind == "udp":
@@ -145,14 +147,17 @@ class Listener:
 
 
 @contextmanager
-def listener(netns: str, kind: str, port: int, work: Path, answer: bool = False
-             ) -> Iterator[Listener]:
+def listener(netns: str, kind: str, port: int, work: Path, answer: bool = False,
+             device: str = "") -> Iterator[Listener]:
     """A listener bound to the wildcard address of netns (both families); with answer, it also
-    answers each datagram or connection with "re:<payload>"."""
-    out = work / f"listener-{kind}-{port}-{os.path.basename(netns)}.txt"
-    script = _ECHO if answer else _LISTENER
+    answers each datagram or connection with "re:<payload>", and with device it is bound to
+    that device (a VRF: it serves only that VRF)."""
+    assert answer or not device, "only the answering listener binds to a device"
+    out = work / f"listener-{kind}-{port}-{device}-{os.path.basename(netns)}.txt"
+    script, argv = (_ECHO, [device]) if answer else (_LISTENER, [])
     with open(out, "w") as sink:
-        proc = subprocess.Popen(in_netns(netns, sys.executable, "-c", script, kind, str(port)),
+        proc = subprocess.Popen(in_netns(netns, sys.executable, "-c", script, kind, str(port),
+                                         *argv),
                                 stdout=sink, stderr=subprocess.STDOUT, text=True)
     try:
         wait_until(f"{kind} listener on {port}", lambda: out.read_text().startswith("ready"),
