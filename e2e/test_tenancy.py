@@ -70,6 +70,14 @@ def _conf(vpc: str, att: str, tmp_path: Path, **extra: Any) -> dict[str, Any]:
     return conf
 
 
+def _from_pod_conf(tmp_path: Path) -> dict[str, Any]:
+    """One config for every Pod: each chooses its attachment by annotation (`vpcFromPod`)."""
+    conf = _conf("1", "1", tmp_path)
+    del conf["vpc"], conf["vpcattachment"]
+    conf["vpcFromPod"] = True
+    return conf
+
+
 def _denied_events(kube: Kube, pod: str, ns: str) -> list[dict[str, Any]]:
     return [event for event in kube.list(f"/apis/events.k8s.io/v1/namespaces/{ns}/events")
             if (event.get("regarding") or {}).get("name") == pod and event["reason"] == DENIED]
@@ -220,9 +228,7 @@ def test_pods_of_two_namespaces_choose_their_attachments_within_their_bindings(
     removes what ADD made after the annotation changed."""
     node = make_node(kube, cluster, plugin)
     vpcs = [plugin_module.random_vpc() for _ in range(2)]
-    shared = _conf("1", "1", tmp_path)
-    del shared["vpc"], shared["vpcattachment"]
-    shared["vpcFromPod"] = True
+    shared = _from_pod_conf(tmp_path)
     with contextlib.ExitStack() as stack:
         stack.callback(remove_vpc_objects, vpcs)
         spaces = [stack.enter_context(namespace(kube, {"tenant": t})) for t in ("a", "b")]
@@ -261,9 +267,7 @@ def test_a_missing_or_malformed_annotation_is_code_7_naming_it(
         value: str | None, kube: Kube, cluster: Any, plugin: Plugin, netns: str,
         tmp_path: Path) -> None:
     node = make_node(kube, cluster, plugin)
-    shared = _conf("1", "1", tmp_path)
-    del shared["vpc"], shared["vpcattachment"]
-    shared["vpcFromPod"] = True
+    shared = _from_pod_conf(tmp_path)
     pod = _annotated_pod(kube, node, "default", value)
     answer = _add(plugin, node, shared, pod, "default", netns, "fp-bad")
     assert answer.code == 7, answer.stdout
@@ -379,9 +383,7 @@ def test_gc_of_a_shared_network_collects_the_attachments_its_records_name(
     records, the valid one stays."""
     node = make_node(kube, cluster, plugin)
     vpcs = [plugin_module.random_vpc() for _ in range(2)]
-    shared = _conf("1", "1", tmp_path)
-    del shared["vpc"], shared["vpcattachment"]
-    shared["vpcFromPod"] = True
+    shared = _from_pod_conf(tmp_path)
     with contextlib.ExitStack() as stack:
         stack.callback(remove_vpc_objects, vpcs)
         ns = stack.enter_context(namespace(kube))

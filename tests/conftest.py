@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,3 +31,13 @@ def kubeconfig(tmp_path: Path) -> str:
     path = tmp_path / "kubeconfig"
     path.write_text(KUBECONFIG)
     return str(path)
+
+
+@pytest.fixture
+def unix_listener(tmp_path: Path) -> Iterator[socket.socket]:
+    """A listening Unix stream socket (at `getsockname()`) that nothing answers on."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "agent.sock"))
+    listener.listen(8)
+    yield listener
+    listener.close()

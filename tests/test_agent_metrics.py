@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -144,14 +143,9 @@ def test_metrics_address_defaults_to_loopback_and_empty_turns_it_off() -> None:
 
 
 @pytest.fixture
-def verb_socket(tmp_path: Path) -> Iterator[str]:
+def verb_socket(unix_listener: socket.socket) -> str:
     """A listening Unix socket standing for the agent's verb socket."""
-    path = str(tmp_path / "agent.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(8)
-    yield path
-    listener.close()
+    return str(unix_listener.getsockname())
 
 
 def _get(server: HealthServer, path: str) -> tuple[int, str, str]:

@@ -251,12 +251,9 @@ def test_status_waits_only_its_own_short_deadline(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def silent_agent(tmp_path: Path) -> Iterator[str]:
+def silent_agent(unix_listener: socket.socket) -> Iterator[str]:
     """A Unix socket that accepts connections and never answers."""
-    path = str(tmp_path / "silent.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(8)
+    listener = unix_listener
     accepted: list[socket.socket] = []
     stop = threading.Event()
 
@@ -270,13 +267,12 @@ def silent_agent(tmp_path: Path) -> Iterator[str]:
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
     try:
-        yield path
+        yield str(listener.getsockname())
     finally:
         stop.set()
         thread.join(5)
         for conn in accepted:
             conn.close()
-        listener.close()
 
 
 def test_a_silent_agent_is_code_11_once_the_deadline_has_passed(
