@@ -4,7 +4,8 @@ nothing else, sends only from its own addresses, and per-VPC state goes with the
 Every test runs its own "node": a network namespace where the plugin (and, with
 VPC_ATTACH_E2E_VIA=agent, an agent) runs, so the `inet vpc_attach` table, the policy rules
 and the host links exist only there; Pods are further namespaces; `ext` stands for a network
-only the node's main table routes. VRF-mode runs need a kernel with VRF (skipped here).
+only the node's main table routes. VRF-mode runs need a kernel with VRF: where the host's has
+none they run in the full-kernel VM (`fullkernel`).
 """
 
 from __future__ import annotations
@@ -265,7 +266,7 @@ for frame in sys.argv[2:]:
 """
 
 
-def test_tap_frames_are_checked_like_a_pod(node: Node) -> None:
+def test_tap_frames_are_checked_like_a_pod(node: Node, mode: str) -> None:
     a2 = node.attach("a1", "2")
     vm = node.attach("a1", "60", attachment="tap", ipam={"type": "static", "addresses": [
         {"address": "10.80.0.60/32", "gateway": "10.80.0.1"}]})
