@@ -147,6 +147,9 @@ def test_a_healthy_node_passes_with_its_attachment_counted(
                         for check, findings in found.items()}
             vrf = statuses.pop("kernel.vrf")
             assert vrf in ({"ok"}, {"warn"}), "isolation 'table' does not need VRF"
+            assert statuses.pop("routes.remote") == {"warn"}, "a table-mode network publishes"
+            assert "networks 'vpc-jU' use isolation 'table'" in \
+                found["routes.remote"][0]["detail"]
             assert all(s == {"ok"} for s in statuses.values()), statuses
             assert "1 vpc-attach-ipam allocation(s), each with its attachment" in \
                 found["leftovers.ipam"][0]["detail"]

@@ -82,13 +82,35 @@ def test_configs_referencing_vpc_attach_are_validated(tmp_path: Path) -> None:
     (tmp_path / "net.d" / "40-other.conf").write_text('{"type": "bridge"}')
     node = _node(tmp_path, VPC_ATTACH_IPAM_DATA_ROOT=str(tmp_path))
     found = check_networks(node)
-    assert [f.status for f in found] == [OK, FAIL, FAIL, FAIL, FAIL]
+    assert [f.status for f in found] == [OK, FAIL, FAIL, FAIL, FAIL, WARN]
+    assert found[5].check == "routes.remote" and "'10-good'" in found[5].detail
     assert "unknown config key 'mtuu'" in found[1].detail
     assert "'host-local' not found in CNI_PATH" in found[2].detail
     assert "config key 'logFile' is a host setting" in found[3].detail
     assert "'ipam.dataDir'" in found[4].detail and "ipamDataRoot" in found[4].detail
     assert [conf.name for _, conf in node.networks] == ["10-good"]
     assert node.ipam_data_dirs == [str(tmp_path / "ipam")]
+
+
+def test_only_table_mode_networks_that_publish_bgp_are_warned_about_remote_routes(
+        tmp_path: Path) -> None:
+    _binaries(tmp_path, "vpc-attach", "host-local")
+    ipam = {"type": "host-local", "subnet": "10.9.0.0/24"}
+    _write_conflist(tmp_path, "10-vrf.conflist", {"vpc": "10", "vpcattachment": "1",
+                                                 "isolation": "vrf", "ipam": ipam})
+    _write_conflist(tmp_path, "20-local.conflist", {"vpc": "20", "vpcattachment": "1",
+                                                   "isolation": "table", "ipam": ipam,
+                                                   "publish": {"bgp": False}})
+    _write_conflist(tmp_path, "30-table.conflist", {"vpc": "30", "vpcattachment": "1",
+                                                   "isolation": "table", "ipam": ipam})
+    listed = check_networks(_node(tmp_path))
+    assert [f.status for f in listed if f.check == "cni.conflist"] == [OK, OK, OK]
+    found = {f.check: f for f in listed}
+    assert found["routes.remote"].status == WARN
+    assert "networks '30-table' use isolation 'table'" in found["routes.remote"].detail
+    assert "vrf" in found["routes.remote"].fix
+    (tmp_path / "net.d" / "30-table.conflist").unlink()
+    assert "routes.remote" not in {f.check for f in check_networks(_node(tmp_path))}
 
 
 def test_a_node_that_allows_stanza_host_settings_is_warned_about(tmp_path: Path) -> None:

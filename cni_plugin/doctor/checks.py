@@ -154,7 +154,23 @@ def networks(node: Node) -> list[Finding]:
         return [Finding("cni.conflist", WARN, f"no config in {node.cni_conf_dir} references "
                         "vpc-attach (fine when NetworkAttachmentDefinitions do, through "
                         "Multus)")]
-    return findings
+    return findings + remote_routes(node)
+
+
+def remote_routes(node: Node) -> list[Finding]:
+    """Networks whose Pods other nodes announce routes to, but whose routes galactic-router
+    cannot install here: it finds a VPC's kernel table only through the VPC's VRF device."""
+    table_networks = sorted({conf.name for _, conf in node.networks
+                             if conf.publish.bgp and conf.attachment != "existing"
+                             and conf.isolation == "table"})
+    if not table_networks:
+        return []
+    return [Finding(
+        "routes.remote", WARN,
+        f"networks {', '.join(map(repr, table_networks))} use isolation 'table': galactic-router "
+        "installs the routes other nodes announce only into a VPC's VRF device (G…V), so their "
+        "Pods here reach Pods of the same VPC on this node only",
+        "set \"isolation\": \"vrf\" on nodes whose Pods talk to other nodes (a kernel with VRF)")]
 
 
 def _network_file(node: Node, path: str) -> list[Finding]:
