@@ -11,6 +11,7 @@ none they run in the full-kernel VM (`fullkernel`).
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import secrets
 import socket
@@ -113,7 +114,8 @@ class Node:
 def node(plugin: Plugin, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Node]:
     """A node netns with an uplink to `ext`; the plugin (or agent) inside; torn down after.
     (`plugin` gives the CNI bin dir, and marks these tests as plugin tests for the agent pass.)"""
-    host_access = getattr(request, "param", "")
+    param = getattr(request, "param", "")  # hostAccess, or the node's whole host file
+    host_access, host_file = (param, None) if isinstance(param, str) else ("", param)
     suffix = secrets.token_hex(3)
     name, ext = f"vpa-node-{suffix}", f"vpa-ext-{suffix}"
     with ExitStack() as stack:
@@ -131,6 +133,11 @@ def node(plugin: Plugin, tmp_path: Path, request: pytest.FixtureRequest) -> Iter
         lock_dir = tmp_path / "node-locks"
         lock_dir.mkdir()
         environ = {"VPC_ATTACH_HOST_ACCESS": host_access} if host_access else {}
+        host_path = lock_dir / "absent-host.json"
+        if host_file is not None:
+            host_path = tmp_path / "host.json"
+            host_path.write_text(json.dumps(host_file))
+            environ["VPC_ATTACH_HOST_CONFIG"] = str(host_path)
         runner = Plugin(cni_bin=plugin.cni_bin, lock_dir=lock_dir, environ=environ,
                         prefix=in_netns(name))
         if plugin_module.VIA_AGENT:
@@ -139,7 +146,7 @@ def node(plugin: Plugin, tmp_path: Path, request: pytest.FixtureRequest) -> Iter
             agent_dir.mkdir()
             agent = stack.enter_context(AgentProcess(agent_dir, prefix=in_netns(name), env={
                 **environ, "VPC_ATTACH_LOCK_DIR": str(lock_dir),
-                "VPC_ATTACH_HOST_CONFIG": str(lock_dir / "absent-host.json")}))
+                "VPC_ATTACH_HOST_CONFIG": str(host_path)}))
             runner.environ["VPC_ATTACH_AGENT_SOCKET"] = str(agent.socket)
             plugin_module.OWN_AGENT_RUNS["count"] += 1
             assert "chain prerouting" in nft_table(name), "the agent protects the node at start"
@@ -232,6 +239,29 @@ def test_spoofed_source_is_dropped_and_counted(node: Node, mode: str) -> None:
         assert send(a1.netns, "udp", a2.ip(4), 7200, "own-source", source=a1.ip(4))
         udp.wait_for("own-source")
         assert udp.payloads() == {"own-source"}
+
+
+@pytest.mark.parametrize("node", [{"allowedSourcePrefixes": [
+    {"vpc": "a1", "vpcattachment": "2", "prefixes": ["10.81.0.0/24", "fd81::/64"]}]}],
+    indirect=True)
+def test_allowed_source_prefixes_widen_only_the_named_attachment(node: Node, mode: str) -> None:
+    a1, a2 = node.attach("a1", "1"), node.attach("a1", "2")
+    assert "10.81.0.0/24" in nft_table(node.name)
+    before = node.counters()["source_dropped"]
+    with listener(a1.netns, "udp", 7250, node.work) as at_a1, \
+            listener(a2.netns, "udp", 7251, node.work) as at_a2:
+        for version, routed in ((4, "10.81.0.9"), (6, "fd81::9")):
+            assert send(a2.netns, "udp", a1.ip(version), 7250, f"routed-{version}",
+                        source=routed)
+            at_a1.wait_for(f"routed-{version}")
+            # The same prefix from an attachment the host file does not name: dropped.
+            assert send(a1.netns, "udp", a2.ip(version), 7251, f"not-named-{version}",
+                        source=routed)
+            before = wait_counter_above(node.name, "source_dropped", before)
+        assert send(a1.netns, "udp", a2.ip(4), 7251, "own-source", source=a1.ip(4))
+        at_a2.wait_for("own-source")
+        assert at_a2.payloads() == {"own-source"}
+        assert at_a1.payloads() == {"routed-4", "routed-6"}
 
 
 def test_path_mtu_discovery_reaches_the_pod(node: Node, mode: str) -> None:
