@@ -120,7 +120,7 @@ def pod_addresses(node: Node, netns: str, ifname: str = "eth0") -> list[str]:
 def sandbox(node: Node, pod_uid: str) -> SandboxStatus:
     """The ready sandbox of the Pod with this UID (its id is the CNI_CONTAINERID), through the
     node's CRI."""
-    with node.runtime.client() as cri:
+    with node.runtime.control.client() as cri:
         for sandbox_id in cri.list_pod_sandboxes():
             status = cri.pod_sandbox_status(sandbox_id)
             if status.uid == pod_uid and status.ready:
