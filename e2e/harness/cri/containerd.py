@@ -28,9 +28,9 @@ from e2e.harness.cri import cleanup
 from e2e.harness.cri.client import CriClient
 from e2e.harness.cri.control import (
     CRI_NAMESPACE,
-    SOCKET_PATH_LIMIT,
     ContainerdControl,
     ContainerdError,
+    check_socket_path,
     toml,
 )
 from e2e.harness.cri.pause import PauseImage
@@ -76,8 +76,7 @@ class Containerd:
         self._process: subprocess.Popen[bytes] | None = None
         self._client: CriClient | None = None
         self._control: ContainerdControl | None = None
-        if len(str(self.socket)) > SOCKET_PATH_LIMIT:
-            raise ContainerdError(f"socket path too long for a Unix socket: {self.socket}")
+        check_socket_path(self.socket)
 
     @property
     def control(self) -> ContainerdControl:

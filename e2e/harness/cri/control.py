@@ -30,6 +30,12 @@ def toml(value: str | int | bool | list[str]) -> str:
     return json.dumps(value)
 
 
+def check_socket_path(socket: Path) -> None:
+    """Refuse a socket path a Unix socket cannot bind."""
+    if len(str(socket)) > SOCKET_PATH_LIMIT:
+        raise ContainerdError(f"socket path too long for a Unix socket: {socket}")
+
+
 @dataclass(frozen=True)
 class ContainerdControl:
     """One containerd's gRPC socket and how to run `ctr` against it (for the node: inside
@@ -40,8 +46,7 @@ class ContainerdControl:
     cgroup_parent: str = ""  # for sandboxes run through client(); empty: the client's default
 
     def __post_init__(self) -> None:
-        if len(str(self.socket)) > SOCKET_PATH_LIMIT:
-            raise ContainerdError(f"socket path too long for a Unix socket: {self.socket}")
+        check_socket_path(self.socket)
 
     def client(self) -> CriClient:
         """A CRI client of this containerd (close it after use)."""
