@@ -4,8 +4,9 @@ its own DaemonSet installed from its own image into the node's `/opt/cni/bin`.
 One node serves the module (`Node.up`: control plane, kube-scheduler, containerd v2 + runc,
 kubelet, the DaemonSet from `packaging/`); the plugin on it reaches the API server through a
 fault proxy, so a test can make the API unreachable for the plugin alone. Everything is read
-through clients independent of vpc-attach: the Kubernetes API as admin, the node's CRI, `ip -j`
-and the plugin's own log lines (what the runtime sent it).
+through clients independent of vpc-attach: ADD and DEL outcomes from the node's CRI (sandboxes,
+their IPs and netns), the Kubernetes API as admin (Pods, Events, BGP objects) and `ip -j`; only
+STATUS calls, which leave nothing else to read, from the plugin's own log lines.
 """
 
 from __future__ import annotations
@@ -34,16 +35,19 @@ from e2e.node.node import EXAMPLES
 from e2e.node.observe import (
     Snapshot,
     advertisements,
+    bgp_router,
     create_pod,
     delete_pod,
     get_pod,
     host_links,
+    netns_exists,
     pod_addresses,
     pod_events,
     pod_manifest,
     pod_slices,
     sandbox,
     sandbox_failures,
+    sandboxes,
     snapshot,
     unique,
     verb_lines,
@@ -222,31 +226,36 @@ def test_a_pod_runs_with_its_vpc_address_published_and_deletion_withdraws_it(
         {ip for ip in pod_ips if ipaddress.ip_address(ip).version == 6}
 
     (ad,) = _advertising(node, admin, sandbox_id)
-    assert ad["spec"]["routerRef"]["name"] == node.node_name or \
-        node.node_name in json.dumps(ad["spec"])
+    router = bgp_router(node, admin)
+    assert ad["spec"]["routerRef"] == {"name": router}
     prefixes = set(ad["spec"]["prefixes"])
     v4 = next(ip for ip in pod_ips if ipaddress.ip_address(ip).version == 4)
     assert f"{v4}/32" in prefixes
     assert any(ipaddress.ip_address(ip) in ipaddress.ip_network(prefix)
                for prefix in prefixes if ":" in prefix for ip in pod_ips if ":" in ip)
-    assert any(instance["spec"]["vrfID"] == ad["spec"]["vrfID"]
-               for instance in vrf_instances(node, admin))
+    (instance,) = [instance for instance in vrf_instances(node, admin)
+                   if instance["spec"]["vrfID"] == ad["spec"]["vrfID"]]
+    assert instance["spec"]["routerRef"] == {"name": router}
 
-    (add,) = verb_lines(node, "ADD", sandbox_id)
-    assert (add["outcome"], add["pod"], add["netns"], add["cniVersion"]) == \
-        ("ok", f"default/{name}", netns, "1.1.0")
+    # One ADD, as the runtime saw it: one sandbox, ready, holding the Pod's IPs (a 1.1.0 config).
+    (box,) = sandboxes(node, uid)
+    assert (box.id, box.ready, box.netns) == (sandbox_id, True, netns)
+    assert {box.ip, *box.additional_ips} == pod_ips
+    assert (node.loaded_conflist() or {}).get("cniVersion") == "1.1.0"
+    assert sandbox_failures(admin, name) == []
+    assert netns_exists(node, netns)
 
     delete_pod(admin, name)
-    dels = verb_lines(node, "DEL", sandbox_id)
-    assert dels and dels[0]["netns"] == netns and dels[0]["outcome"] == "ok"
+    # The DEL of the sandbox's stop succeeded: the runtime stopped it and removed its netns.
+    wait_until(f"sandbox {sandbox_id} stopped and its netns removed", lambda: not any(
+        box.ready for box in sandboxes(node, uid)) and not netns_exists(node, netns), SETTLE_S)
     assert not _owned_slices(admin, uid) and not _advertising(node, admin, sandbox_id)
     assert _wait_nothing_left(node, admin, baseline) == {}
 
-    # kubelet's sandbox GC removes the sandbox later: DEL again, the netns gone.
-    wait_until("sandbox GC's DEL with an empty CNI_NETNS", lambda: any(
-        line["netns"] == "" for line in verb_lines(node, "DEL", sandbox_id)), GC_DEL_S,
-        interval=1.0)
-    assert all(line["outcome"] == "ok" for line in verb_lines(node, "DEL", sandbox_id))
+    # kubelet's sandbox GC removes the sandbox later (DEL again, the netns gone): the runtime
+    # forgets a sandbox only once that DEL succeeded too.
+    wait_until(f"sandbox {sandbox_id} removed by kubelet's sandbox GC",
+               lambda: sandboxes(node, uid) == [], GC_DEL_S, interval=1.0)
 
 
 def test_a_second_pod_shows_in_use_and_starts_once_the_first_is_deleted(
@@ -291,8 +300,9 @@ def test_an_add_asks_the_api_server_only_what_the_agents_watches_cannot_tell(
     pod, sandbox_id, _ = _start_pod(node, admin, "asks")
     name = pod["metadata"]["name"]
     seen = [s for s in real_node.proxy.seen()[mark:] if "watch=1" not in s.path]
-    (add,) = verb_lines(node, "ADD", sandbox_id)
-    assert add["outcome"] == "ok"
+    # One ADD, which succeeded: one sandbox for the Pod and no failed one.
+    assert [box.id for box in sandboxes(node, pod["metadata"]["uid"])] == [sandbox_id]
+    assert sandbox_failures(admin, name) == []
     lists = [f"{s.method} {s.path}" for s in seen if s.method == "GET" and s.name is None
              and s.resource in ("bgprouters", "bgpvrfinstances", "pods")]
     assert lists == [], "answered from the agent's watches"
@@ -316,12 +326,13 @@ def test_a_failing_add_is_the_pods_event_and_the_pod_recovers(
     name = unique("refused")
     with Denials(admin, unique("deny-slices"), "default") as denials:
         denials.deny(("CREATE", "endpointslices", f"{name}-7d-7d-ipv6"))
-        create_pod(admin, pod_manifest(name, _pause(node)))
+        uid = create_pod(admin, pod_manifest(name, _pause(node)))["metadata"]["uid"]
         wait_until(f"{name}'s FailedCreatePodSandBox event naming the refusal", lambda: any(
             "denied by the fault harness" in message
             for message in sandbox_failures(admin, name)), RETRY_S, interval=0.5)
-        failed = [line for line in verb_lines(node, "ADD") if line["pod"] == f"default/{name}"]
-        assert failed and all(line["outcome"] == "error" for line in failed)
+        assert not [box.id for box in sandboxes(node, uid) if box.ready], \
+            "a failed ADD leaves the Pod no ready sandbox"
+        assert (get_pod(admin, name) or {}).get("status", {}).get("phase") == "Pending"
         denials.deny()
         pod = wait_running(admin, name, timeout=RETRY_S)
     assert _owned_slices(admin, pod["metadata"]["uid"])
@@ -337,14 +348,13 @@ def test_a_namespace_without_a_binding_is_denied_until_one_is_created(
     namespace, kubelet's retry starts it."""
     with tenancy.namespace(admin) as ns:
         name = unique("tenant")
-        create_pod(admin, pod_manifest(name, _pause(node), namespace=ns))
+        uid = create_pod(admin, pod_manifest(name, _pause(node), namespace=ns))["metadata"]["uid"]
         wait_until(f"{name}'s VPCAttachDenied event", lambda: any(
             event.get("reason") == "VPCAttachDenied" for event in pod_events(admin, name, ns)),
             RETRY_S, interval=0.5)
         failures = sandbox_failures(admin, name, ns)
         assert any("no VPCBinding admits it" in message for message in failures), failures
-        denied = [line for line in verb_lines(node, "ADD") if line["pod"] == f"{ns}/{name}"]
-        assert denied and all(line["code"] == 106 for line in denied), denied
+        assert not [box.id for box in sandboxes(node, uid) if box.ready], "no sandbox runs"
         assert snapshot(node, admin).added_since(baseline) == {}, "nothing made for it"
         selector = {"matchLabels": {"kubernetes.io/metadata.name": ns}}
         with tenancy.bound(admin, "21", attachments=["21"], selector=selector,
@@ -395,8 +405,10 @@ def test_pods_start_while_the_agent_pod_is_replaced(node: Node, admin: Kube,
     agent = deploy.agent_pod(admin, node.node_name)
     assert agent is not None
     admin.delete(f"/api/v1/namespaces/{deploy.DAEMONSET[0]}/pods/{agent['metadata']['name']}")
-    pod, sandbox_id, _ = _start_pod(node, admin, "no-agent")
-    assert verb_lines(node, "ADD", sandbox_id)[-1]["outcome"] == "ok"
+    pod, sandbox_id, netns = _start_pod(node, admin, "no-agent")
+    assert ipaddress.ip_address(pod["status"]["podIP"]) in VPC_V4
+    assert {entry["ip"] for entry in pod["status"]["podIPs"]} == set(pod_addresses(node, netns))
+    assert [box.id for box in sandboxes(node, pod["metadata"]["uid"])] == [sandbox_id]
     replacement = deploy.wait_agent_ready(admin, node.node_name)
     assert replacement["metadata"]["uid"] != agent["metadata"]["uid"]
     delete_pod(admin, pod["metadata"]["name"])
@@ -406,8 +418,9 @@ def test_pods_start_while_the_agent_pod_is_replaced(node: Node, admin: Kube,
 def test_kubelet_and_containerd_restarts_neither_add_nor_delete(node: Node,
                                                                 admin: Kube) -> None:
     pod, sandbox_id, netns = _start_pod(node, admin, "steady")
-    calls_before = [(line["verb"], line["containerID"]) for line in verb_lines(node)
-                    if line["verb"] in ("ADD", "DEL")]
+    # The runtime calls ADD only to run a new sandbox and DEL only to stop one.
+    ready_before = _attached_sandboxes(node, admin)
+    eth0_before = _eth0(node, netns)
     node.restart_kubelet()
     node.restart_containerd()
     node.wait_schedulable(admin)
@@ -417,11 +430,26 @@ def test_kubelet_and_containerd_restarts_neither_add_nor_delete(node: Node,
     manifest["spec"]["hostNetwork"] = True
     create_pod(admin, manifest)
     wait_running(admin, probe)
-    calls_after = [(line["verb"], line["containerID"]) for line in verb_lines(node)
-                   if line["verb"] in ("ADD", "DEL")]
-    assert calls_after == calls_before, "a restart made the runtime call ADD or DEL"
+    assert _attached_sandboxes(node, admin) == ready_before, \
+        "a restart made the runtime call ADD or DEL"
     assert sandbox(node, pod["metadata"]["uid"]).id == sandbox_id
-    assert pod_addresses(node, netns)
+    assert _eth0(node, netns) == eth0_before, "the Pod's eth0 is the one its ADD made"
+
+
+def _attached_sandboxes(node: Node, admin: Kube) -> dict[str, str]:
+    """The node's ready sandboxes of Pods not on the host network (those the runtime calls the
+    plugin for): id -> Pod UID."""
+    host_network = {pod["metadata"]["uid"] for pod in admin.list("/api/v1/pods")
+                    if pod["spec"].get("hostNetwork")}
+    return {box.id: box.uid for box in sandboxes(node)
+            if box.ready and box.uid not in host_network}
+
+
+def _eth0(node: Node, netns: str) -> tuple[int, frozenset[str]]:
+    """A Pod's eth0 as the kernel has it: (ifindex, global addresses)."""
+    (link,) = json.loads(node.namespace.run(["nsenter", f"--net={netns}", "ip", "-j", "link",
+                                             "show", "dev", "eth0"]))
+    return int(link["ifindex"]), frozenset(pod_addresses(node, netns))
 
 
 def test_a_rebooted_node_brings_its_pods_back_attached_and_leaks_nothing(

@@ -4,6 +4,7 @@ with small shell-script plugins (real processes, no root)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.ipam import delegate
+from e2e.harness.wait import wait_until
 from netconf.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
 from netconf.runtime import RuntimeEnv
 
@@ -27,17 +29,24 @@ def plugin(directory: Path, name: str, body: str) -> RuntimeEnv:
 
 
 def test_the_delegate_runs_while_the_caller_works(tmp_path: Path) -> None:
-    # The plugin reads its stdin, says so, and answers only once the caller (busy with the
-    # kernel work) lets it: it ran before result() was asked for.
-    env = plugin(tmp_path, "slow-ipam", f"cat > {tmp_path}/stdin; touch {tmp_path}/read; "
-                 f"while [ ! -e {tmp_path}/go ]; do sleep 0.01; done; "
+    # The plugin reads its stdin, then answers only once the caller (busy with the kernel
+    # work) lets it through a FIFO: it ran before result() was asked for.
+    go = tmp_path / "go"
+    os.mkfifo(go)
+    env = plugin(tmp_path, "slow-ipam", f"cat > {tmp_path}/stdin; read _ < {go}; "
                  f"echo '{json.dumps(RESULT)}'")
     pending = delegate.backend("slow-ipam", env).start_add(b'{"name": "n"}', Deadline(30))
-    give_up = time.monotonic() + 20
-    while not (tmp_path / "read").exists():
-        assert time.monotonic() < give_up, "the delegate never got its stdin"
-        time.sleep(0.01)
-    (tmp_path / "go").touch()
+    writer: list[int] = []
+
+    def plugin_waits() -> bool:
+        # A FIFO opens for writing without blocking only once its reader has it open (ENXIO).
+        writer.append(os.open(go, os.O_WRONLY | os.O_NONBLOCK))
+        return True
+
+    wait_until("the delegate waiting on the FIFO after its stdin", plugin_waits, 20,
+               interval=0.01)
+    os.write(writer[0], b"go\n")
+    os.close(writer[0])
     result = pending.result()
     assert [str(ip.address) for ip in result.ips] == ["10.1.2.3/24"]
     assert (tmp_path / "stdin").read_bytes() == b'{"name": "n"}'

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import pytest
 from hypothesis import given
@@ -29,6 +31,7 @@ from cni_plugin.install.errors import (
 )
 from cni_plugin.install.targets import Root
 from cni_plugin.kube.config import load_kubeconfig
+from e2e.harness.wait import wait_until
 from netconf.host import HOST_CONFIG_ENV, resolve_host_settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -515,8 +518,25 @@ def test_api_server_comes_from_the_service_environment() -> None:
 
 # token refresh ----------------------------------------------------------------------------
 
-def watch_in_thread(host: Host) -> tuple[threading.Thread, threading.Event, list[int]]:
-    """`install --watch` on the host, refreshing every 50 ms, in a thread."""
+class Reported(io.StringIO):
+    """A stream the watcher writes to; `seen` is set by the first write holding `expected`."""
+
+    def __init__(self, expected: str) -> None:
+        super().__init__()
+        self.expected = expected
+        self.seen = threading.Event()
+
+    def write(self, text: str) -> int:
+        written = super().write(text)
+        if self.expected in text:
+            self.seen.set()
+        return written
+
+
+def watch_in_thread(host: Host, err: TextIO | None = None
+                    ) -> tuple[threading.Thread, threading.Event, list[int]]:
+    """`install --watch` on the host, refreshing every 50 ms, in a thread; its errors go to
+    `err` (to /dev/null without one)."""
     args = cli._parser("install").parse_args(
         host.base_args("--watch", "--refresh-interval", "0.05")[1:])
     stop = threading.Event()
@@ -525,7 +545,7 @@ def watch_in_thread(host: Host) -> tuple[threading.Thread, threading.Event, list
 
     def body() -> None:
         with devnull:
-            status.append(cli.install(args, dict(os.environ), devnull, devnull, stop))
+            status.append(cli.install(args, dict(os.environ), devnull, err or devnull, stop))
 
     thread = threading.Thread(target=body)
     thread.start()
@@ -533,11 +553,8 @@ def watch_in_thread(host: Host) -> tuple[threading.Thread, threading.Event, list
 
 
 def wait_for(condition: Callable[[], bool], seconds: float = 10.0) -> None:
-    """Poll until condition holds."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
+    """Until condition holds (a file being replaced may be missing for a moment)."""
+    wait_until("the watcher's copy", condition, seconds, interval=0.02)
 
 
 def test_watch_copies_the_rotated_token(host: Host) -> None:
@@ -559,14 +576,15 @@ def test_watch_copies_the_rotated_token(host: Host) -> None:
 
 
 def test_watch_survives_a_missing_token_and_recovers(host: Host) -> None:
-    thread, stop, status = watch_in_thread(host)
+    token = host.sa_dir / "token"
+    err = Reported(f"refreshing credentials: ServiceAccount token {token} not found")
+    thread, stop, status = watch_in_thread(host, err)
     token_copy = host.path("/etc/vpc-attach/token")
     try:
         wait_for(token_copy.exists)
-        token = host.sa_dir / "token"
         token.unlink()  # the kubelet swaps projected volumes by symlink: a gap is possible
-        time.sleep(0.2)
-        assert thread.is_alive()
+        assert err.seen.wait(10), f"the watcher never reported the missing token: {err.getvalue()}"
+        assert thread.is_alive(), "the watcher ended on a missing token"
         rotated = jwt(time.time() + 7200, marker="after-gap")
         token.write_bytes(rotated)
         wait_for(lambda: token_copy.read_bytes().strip() == rotated)

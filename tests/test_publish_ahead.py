@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any, cast
@@ -42,25 +41,29 @@ def test_a_failure_in_the_block_waits_for_the_thread_so_the_rollback_undoes_its_
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The kernel work fails while the thread is still creating the instance: the block's end
     waits for the thread, so the rollback that follows deletes the instance it created."""
-    creating, failed = threading.Event(), threading.Event()
+    creating, joining = threading.Event(), threading.Event()
     undone: list[str] = []
+    wait = publish.Ahead.wait
+
+    def block_end_waits(ahead: publish.Ahead) -> None:
+        joining.set()
+        wait(ahead)
 
     def create_instance(_ctx: Any, _router: Router, rollback: Rollback,
                         _deadline: Deadline) -> int:
         creating.set()
-        failed.wait(5)
-        time.sleep(0.05)  # its answer comes after the block failed
+        assert joining.wait(5)  # its answer comes once the failed block's end waits for it
         rollback.created("BGPVRFInstance 3e-worker-1", lambda _d: undone.append("instance"))
         return 7
 
     monkeypatch.setattr(bgp, "ensure_vrf_instance", create_instance)
+    monkeypatch.setattr(publish.Ahead, "wait", block_end_waits)
     publisher = publish.Publisher(fake_context(), ROUTER)
     with pytest.raises(CniError, match="kernel"), Rollback(Deadline(6)) as rollback, \
             publisher.ahead(rollback):
         assert creating.wait(5)
-        failed.set()
         raise CniError(11, "kernel: the link vanished")
-    assert undone == ["instance"]
+    assert joining.is_set() and undone == ["instance"]
 
 
 def test_the_threads_error_is_raised_to_the_verb(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,10 @@ from typing import Any, TypeVar
 from e2e.bench import rounds, spawn
 from e2e.bench.run import CONCURRENCY, Invocation, Run
 from e2e.bench.subjects import AGENT, Subject
+from e2e.harness.wait import wait_until
 from netconf import base62
+
+BURST_END_S = 120.0  # a failed burst's threads end once their children are killed
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -80,9 +83,12 @@ def _concurrently(work: Callable[[T], U], items: Sequence[T]) -> list[U]:
         return [future.result() for future in futures]
     except BaseException:
         barrier.abort()
-        while not all(f.done() for f in futures):  # kill what runs so the threads end
-            spawn.kill_all()
-            time.sleep(0.05)
+
+        def ended() -> bool:
+            spawn.kill_all()  # kill what runs so the threads end
+            return all(f.done() for f in futures)
+
+        wait_until("the burst's threads to end", ended, BURST_END_S, interval=0.05)
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

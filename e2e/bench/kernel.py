@@ -7,11 +7,11 @@ made (also what an interrupted step left half-made) and never anything else on t
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import dataclass
 
 from cni_plugin.kernel import links, netns
 from e2e.harness.kernel import remove_vpc_objects, run_ip
+from e2e.harness.wait import wait_until
 
 REAPER_TIMEOUT = 10.0
 
@@ -19,12 +19,13 @@ REAPER_TIMEOUT = 10.0
 def reaper_done(timeout: float = REAPER_TIMEOUT) -> bool:
     """Wait until no retired link is left on the host (cni_plugin/kernel/links.py): the agent
     has finished the kernel work a DEL through it deferred. Whether it did within timeout."""
-    give_up = time.monotonic() + timeout
     with netns.open_netlink(None) as rtnl:
-        while any(links.is_retired(link) for link in links.all_links(rtnl)):
-            if time.monotonic() > give_up:
-                return False
-            time.sleep(0.002)
+        try:
+            wait_until("no retired link left", lambda: not any(
+                links.is_retired(link) for link in links.all_links(rtnl)), timeout,
+                interval=0.002)
+        except TimeoutError:
+            return False
     return True
 
 

@@ -34,6 +34,7 @@ from typing import Any
 from e2e.bench.machine import _cpu_model, load_average
 from e2e.bench.stats import ratio, summarize
 from e2e.harness.kube import Kube
+from e2e.harness.wait import wait_until
 from e2e.node import Node
 from e2e.node.observe import create_pod, delete_pod, get_pod, pod_manifest, unique, verb_lines
 
@@ -84,13 +85,14 @@ def start_one(node: Node, kube: Kube, subject: Subject) -> tuple[str, float]:
     manifest = pod_manifest(name, node.runtime.pause.ref)
     began = time.monotonic()
     create_pod(kube, manifest)
-    deadline = began + READY_S
-    pod = None
-    while not ready(pod):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"pod {name} ({subject.name}) not Ready in {READY_S:.0f} s")
-        time.sleep(POLL_S)
+    pod: dict[str, Any] | None = None
+
+    def is_ready() -> bool:
+        nonlocal pod
         pod = get_pod(kube, name)
+        return ready(pod)
+
+    wait_until(f"pod {name} ({subject.name}) Ready", is_ready, READY_S, interval=POLL_S)
     elapsed = time.monotonic() - began
     assert pod is not None
     address = ipaddress.ip_address(pod["status"]["podIP"])

@@ -49,5 +49,3 @@ IN_PROCESS_ADD = Target("in-process-add", "T3 in-process ADD ≤ 450 ms median",
 FORWARDING_RSS = Target("forwarding-rss", "T4 forwarding-path peak RSS ≤ 20 MiB", 20.0, "MiB")
 SCALE = Target("scale", "T5 ADD with 2,000 objects ≤ 1.2x ADD with 10", 1.2, "x")
 CONCURRENT = Target("concurrent", "T6 32 concurrent ADDs all succeed, p95 ≤ 1 s", 1000.0, "ms")
-
-ALL = (KERNEL_ADD, KERNEL_DEL, FULL_ADD, IN_PROCESS_ADD, FORWARDING_RSS, SCALE, CONCURRENT)

@@ -8,14 +8,15 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from e2e.harness.cnibin import installed
+from e2e.harness.wait import wait_until
 
 HTTP_TIMEOUT_S = 10.0
+START_TIMEOUT_S = 30.0
 
 
 def free_port() -> int:
@@ -71,13 +72,22 @@ class AgentProcess:
         there: it must be this agent that answers)."""
         self.proc = subprocess.Popen(self._argv, env=self._env, stdout=subprocess.DEVNULL,
                                      stderr=open(self.directory / "agent.stderr", "ab"))  # noqa: SIM115
-        give_up = time.monotonic() + 30
-        while not self._accepts():
-            if self.proc.poll() is not None or time.monotonic() > give_up:
-                raise RuntimeError(f"agent did not start: "
-                                   f"{(self.directory / 'agent.stderr').read_text()}")
-            time.sleep(0.05)
+        proc = self.proc
+
+        def running() -> None:
+            if proc.poll() is not None:
+                raise RuntimeError(f"agent did not start: it exited with status "
+                                   f"{proc.returncode}: {self._stderr()}")
+
+        try:
+            wait_until(f"the agent accepting on {self.socket}", self._accepts, START_TIMEOUT_S,
+                       interval=0.05, alive=running)
+        except TimeoutError as exc:
+            raise RuntimeError(f"agent did not start: {exc}: {self._stderr()}") from exc
         return self
+
+    def _stderr(self) -> str:
+        return (self.directory / "agent.stderr").read_text(errors="replace")
 
     def _accepts(self) -> bool:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:

@@ -9,11 +9,13 @@ from e2e.harness.kube import ApiError
 
 
 def wait_until(what: str, condition: Callable[[], bool], timeout: float = 60.0,
-               interval: float = 0.2, alive: Callable[[], None] | None = None) -> None:
+               interval: float = 0.2, alive: Callable[[], None] | None = None,
+               detail: Callable[[], str] | None = None) -> None:
     """Poll `condition` until it is true; raise TimeoutError naming `what` otherwise.
 
     `alive` is called on every round and may raise to abort early (e.g. a process died).
     OSError and ApiError from `condition` count as "not yet" and the last one is reported.
+    `detail`, if given, is called on timeout and its text (what was last seen) ends the message.
     """
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
@@ -26,6 +28,10 @@ def wait_until(what: str, condition: Callable[[], bool], timeout: float = 60.0,
         except (OSError, ApiError) as exc:
             last_error = exc
         if time.monotonic() > deadline:
-            detail = f": last error: {last_error}" if last_error else ""
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}{detail}")
+            message = f"timed out after {timeout:.0f} s waiting for {what}"
+            if last_error is not None:
+                message += f": last error: {last_error}"
+            if detail is not None:
+                message += f"\n{detail()}"
+            raise TimeoutError(message)
         time.sleep(interval)

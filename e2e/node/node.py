@@ -38,7 +38,7 @@ from e2e.node.kubelet import (
     start_scheduler,
     wait_healthy,
 )
-from e2e.node.runtime import CNI_BIN_DIR, CNI_CONF_DIR, Runtime
+from e2e.node.runtime import CNI_BIN_DIR, CNI_CONF_DIR, IMPORT_S, Runtime
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class Node:
             node.components[SCHEDULER] = start_scheduler(
                 directory, binaries["kube-scheduler"], pki, cluster.server)
             node.components["containerd"] = runtime.start()
-            runtime.import_image(image_archive, _cri_ref(image_ref))
+            runtime.control.import_image(image_archive, _cri_ref(image_ref), IMPORT_S)
             node.components[KUBELET] = kubelet.start(pki, cluster.server)
             wait_healthy(node.components[KUBELET])
             with cluster.admin() as admin:
@@ -173,7 +173,7 @@ class Node:
 
     def loaded_conflist(self) -> dict[str, Any] | None:
         """The pod network configuration containerd's CRI uses now (verbose Status)."""
-        with self.runtime.client() as cri:
+        with self.runtime.control.client() as cri:
             _, info = cri.status()
         for network in (info.get("cniconfig") or {}).get("Networks") or []:
             if network.get("IFName") != "lo":

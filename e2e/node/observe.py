@@ -1,5 +1,6 @@
 """What a test reads off a running node, each through a client independent of vpc-attach: the
-official Kubernetes client, `ip -j` in the node's namespaces, the plugin's JSON log lines."""
+official Kubernetes client, the node's CRI, `ip -j` in the node's namespaces; and the plugin's
+JSON log lines, for what only the log tells (STATUS calls, timings)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e2e.harness.cri.client import SandboxStatus
+import grpc
+
+from e2e.harness.cri.client import CriError, SandboxStatus
 from e2e.harness.kube import Kube
 from e2e.harness.wait import wait_until
+from e2e.node.mountns import MountNamespaceError
 from e2e.node.node import Node
 
 POD_READY_S = 120.0
@@ -117,15 +121,48 @@ def pod_addresses(node: Node, netns: str, ifname: str = "eth0") -> list[str]:
     return found
 
 
+def sandboxes(node: Node, pod_uid: str | None = None) -> list[SandboxStatus]:
+    """Every sandbox the node's CRI knows (of one Pod, given its UID): what the runtime made
+    of its ADDs (a ready sandbox, its IPs and netns) and DELs (stopped, then removed)."""
+    found = []
+    with node.runtime.control.client() as cri:
+        for sandbox_id in cri.list_pod_sandboxes():
+            try:
+                status = cri.pod_sandbox_status(sandbox_id)
+            except CriError as exc:
+                if exc.code == grpc.StatusCode.NOT_FOUND:  # removed since it was listed
+                    continue
+                raise
+            if pod_uid is None or status.uid == pod_uid:
+                found.append(status)
+    return found
+
+
 def sandbox(node: Node, pod_uid: str) -> SandboxStatus:
     """The ready sandbox of the Pod with this UID (its id is the CNI_CONTAINERID), through the
     node's CRI."""
-    with node.runtime.client() as cri:
-        for sandbox_id in cri.list_pod_sandboxes():
-            status = cri.pod_sandbox_status(sandbox_id)
-            if status.uid == pod_uid and status.ready:
-                return status
+    for status in sandboxes(node, pod_uid):
+        if status.ready:
+            return status
     raise LookupError(f"no ready sandbox of pod {pod_uid}")
+
+
+def netns_exists(node: Node, netns: str) -> bool:
+    """Whether the node still has this network namespace path (the runtime removes a
+    sandbox's once the CNI DEL of its stop succeeded)."""
+    try:
+        node.namespace.run(["test", "-e", netns])
+    except MountNamespaceError:
+        return False
+    return True
+
+
+def bgp_router(node: Node, kube: Kube) -> str:
+    """The name of the BGPRouter targeting this node (SPEC §6: exactly one)."""
+    (name,) = [str(router["metadata"]["name"]) for router in
+               kube.list(f"{BGP_API}/namespaces/{node.cluster.bgp_namespace}/bgprouters")
+               if router["spec"]["targetRef"]["name"] == node.node_name]
+    return name
 
 
 def ipam_records(node: Node) -> list[Path]:

@@ -8,39 +8,20 @@ namespaces are made under `/run/netns`, which is the state dir's `host/run/netns
 
 from __future__ import annotations
 
-import json
-import logging
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from e2e.harness.cluster import processes
 from e2e.harness.cri import cleanup
-from e2e.harness.cri.client import CriClient, CriError
+from e2e.harness.cri.control import CRI_NAMESPACE, ContainerdControl, toml
 from e2e.harness.cri.pause import PauseImage
-from e2e.harness.wait import wait_until
 from e2e.node.mountns import MountNamespace
 
-log = logging.getLogger(__name__)
-
 NAME = "containerd"
-CRI_NAMESPACE = "k8s.io"
 READY_S = 60.0
 IMPORT_S = 300.0
-SOCKET_PATH_LIMIT = 100  # sun_path is 108 bytes; containerd adds ".ttrpc" to a sibling
 CNI_BIN_DIR = "/opt/cni/bin"
 CNI_CONF_DIR = "/etc/cni/net.d"
-
-
-class NodeRuntimeError(RuntimeError):
-    """containerd could not be configured, started or stopped."""
-
-
-def _toml(value: str | int | bool | list[str]) -> str:
-    """A TOML value (JSON strings are valid TOML basic strings)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return json.dumps(value)
 
 
 @dataclass(frozen=True)
@@ -69,6 +50,12 @@ class Runtime:
         return self.workdir / "runc"
 
     @property
+    def control(self) -> ContainerdControl:
+        """Its CRI client, `ctr` (inside the node's namespace), readiness and image import."""
+        return ContainerdControl(self.socket,
+                                 tuple(self.namespace.enter([str(self.binaries["ctr"])])))
+
+    @property
     def endpoint(self) -> str:
         """The CRI endpoint as kubelet's `containerRuntimeEndpoint` wants it."""
         return f"unix://{self.socket}"
@@ -80,17 +67,17 @@ class Runtime:
         images = '[plugins."io.containerd.cri.v1.images"'
         return "\n".join([
             "version = 3",
-            f"root = {_toml(str(w / 'root'))}",
-            f"state = {_toml(str(w / 'state'))}",
-            "disabled_plugins = " + _toml([
+            f"root = {toml(str(w / 'root'))}",
+            f"state = {toml(str(w / 'state'))}",
+            "disabled_plugins = " + toml([
                 "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
                 "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
                 "io.containerd.snapshotter.v1.blockfile", "io.containerd.snapshotter.v1.erofs",
                 "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]),
             "[grpc]",
-            f"  address = {_toml(str(self.socket))}",
+            f"  address = {toml(str(self.socket))}",
             "[ttrpc]",
-            f"  address = {_toml(str(self.socket) + '.ttrpc')}",
+            f"  address = {toml(str(self.socket) + '.ttrpc')}",
             "[debug]",
             '  address = ""',
             '  level = "info"',
@@ -101,21 +88,21 @@ class Runtime:
             "  enable_selinux = false",
             "  disable_apparmor = true",
             runtime + ".cni]",
-            f"  bin_dirs = {_toml([CNI_BIN_DIR])}",
-            f"  conf_dir = {_toml(CNI_CONF_DIR)}",
+            f"  bin_dirs = {toml([CNI_BIN_DIR])}",
+            f"  conf_dir = {toml(CNI_CONF_DIR)}",
             "  max_conf_num = 1",
             runtime + ".containerd]",
             '  default_runtime_name = "runc"',
             runtime + ".containerd.runtimes.runc]",
             '  runtime_type = "io.containerd.runc.v2"',
             runtime + ".containerd.runtimes.runc.options]",
-            f"  BinaryName = {_toml(str(self.binaries['runc']))}",
-            f"  Root = {_toml(str(self.runc_root))}",
+            f"  BinaryName = {toml(str(self.binaries['runc']))}",
+            f"  Root = {toml(str(self.runc_root))}",
             "  SystemdCgroup = false",
             images + "]",
             '  snapshotter = "overlayfs"',
             images + ".pinned_images]",
-            f"  sandbox = {_toml(self.pause.ref)}",
+            f"  sandbox = {toml(self.pause.ref)}",
             '[plugins."io.containerd.grpc.v1.cri"]',
             "  disable_tcp_service = true",
             '  stream_server_address = "127.0.0.1"',
@@ -131,15 +118,14 @@ class Runtime:
 
     def start(self) -> processes.Component:
         """Start containerd in the node's namespace; wait for the CRI; import the pause image."""
-        if len(str(self.socket)) > SOCKET_PATH_LIMIT:
-            raise NodeRuntimeError(f"socket path too long for a Unix socket: {self.socket}")
+        control = self.control  # refuses a socket path too long
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(self.config())
         argv = self.namespace.enter([str(self.binaries["containerd"]), "--config",
                                      str(self.config_path)])
         component = processes.start(NAME, argv, self.state_dir, self.environment())
         self.wait_ready(component)
-        self.import_image(self.pause.archive, self.pause.ref)
+        control.import_image(self.pause.archive, self.pause.ref, IMPORT_S)
         return component
 
     def restart(self, component: processes.Component) -> processes.Component:
@@ -148,50 +134,15 @@ class Runtime:
         self.wait_ready(started)
         return started
 
-    def client(self) -> CriClient:
-        """A CRI client of this containerd (close it after use)."""
-        return CriClient(self.socket)
-
     def wait_ready(self, component: processes.Component) -> None:
-        """Until the CRI answers and reports RuntimeReady."""
-        def ready() -> bool:
-            if not self.socket.exists():
-                return False
-            with self.client() as cri:
-                try:
-                    conditions, _ = cri.status(timeout=5)
-                except CriError:
-                    return False
-                return bool(conditions.get("RuntimeReady"))
-
-        wait_until("containerd's CRI RuntimeReady", ready, READY_S, interval=0.1,
-                   alive=component.check_alive)
-
-    def ctr(self, *args: str, timeout: float = IMPORT_S) -> str:
-        """`ctr` against this containerd, in the CRI namespace, inside the node's namespace."""
-        argv = self.namespace.enter([str(self.binaries["ctr"]), "--address", str(self.socket),
-                                     "--namespace", CRI_NAMESPACE, *args])
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL, check=False)
-        if proc.returncode != 0:
-            raise NodeRuntimeError(f"ctr {' '.join(args)}: {proc.stderr.strip()}")
-        return proc.stdout
-
-    def import_image(self, archive: Path, ref: str) -> None:
-        """`ctr images import` an OCI archive; wait until the CRI image store has `ref`."""
-        self.ctr("images", "import", str(archive))
-
-        def present() -> bool:
-            with self.client() as cri:
-                return cri.image_present(ref)
-
-        wait_until(f"image {ref} in the CRI", present, READY_S)
+        """Until the CRI answers and reports RuntimeReady (or containerd exits)."""
+        self.control.wait_ready(READY_S, alive=component.check_alive)
 
     # -- teardown ----------------------------------------------------------------------------
 
     def remove_sandboxes(self) -> list[str]:
         """Stop and remove every sandbox through the CRI (each runs the CNI DEL)."""
-        with self.client() as cri:
+        with self.control.client() as cri:
             return cleanup.remove_sandboxes(cri)
 
     def delete_containers(self) -> list[str]:

@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from e2e.harness.wait import wait_until
+
 log = logging.getLogger(__name__)
 
 GOMOD_DIR = Path(__file__).resolve().parent / "gomod"
@@ -383,16 +385,16 @@ class _exclusive_lock:
 
     def __enter__(self) -> None:
         self._fd = os.open(self._path, os.O_CREAT | os.O_RDWR, 0o644)
-        deadline = time.monotonic() + LOCK_TIMEOUT_S
-        while True:
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    os.close(self._fd)
-                    raise BuildError(f"timed out waiting for build lock {self._path}") from None
-                time.sleep(1.0)
+
+        def locked() -> bool:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: not yet
+            return True
+
+        try:
+            wait_until(f"build lock {self._path}", locked, LOCK_TIMEOUT_S, interval=1.0)
+        except TimeoutError as exc:
+            os.close(self._fd)
+            raise BuildError(str(exc)) from None
 
     def __exit__(self, *exc_info: object) -> None:
         fcntl.flock(self._fd, fcntl.LOCK_UN)

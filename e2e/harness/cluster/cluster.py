@@ -8,7 +8,6 @@ run side by side. ``Cluster.up`` leaves the processes running detached; ``Cluste
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import http.client
@@ -215,15 +214,6 @@ class Cluster:
         """SIGCONT a paused component."""
         processes.send(name, self.state_dir, signal.SIGCONT)
         log.info("resumed %s", name)
-
-    @contextlib.contextmanager
-    def paused(self, name: str) -> Iterator[None]:
-        """A component paused for the block, resumed after it whatever happened."""
-        self.pause(name)
-        try:
-            yield
-        finally:
-            self.resume(name)
 
     def kill(self, name: str) -> None:
         """SIGKILL a component (a crash); `restart` brings it back."""

@@ -12,9 +12,10 @@ import logging
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Mapping
 from pathlib import Path
+
+from e2e.harness.wait import wait_until
 
 log = logging.getLogger(__name__)
 
@@ -188,19 +189,19 @@ def _signal(pid: int, signum: signal.Signals) -> None:
 def _wait_gone(
     pid: int, state_dir: Path, popen: subprocess.Popen[bytes] | None, timeout: float
 ) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def gone() -> bool:
         if popen is not None:
             # Our child is gone once reaped: an exiting process loses its cmdline (so is_ours
             # turns False) a moment before it can be waited for.
-            if popen.poll() is not None:
-                return True
-        else:
-            _reap(pid, popen)
-            if not is_ours(pid, state_dir):
-                return True
-        time.sleep(0.1)
-    return False
+            return popen.poll() is not None
+        _reap(pid, popen)
+        return not is_ours(pid, state_dir)
+
+    try:
+        wait_until(f"pid {pid} gone", gone, timeout, interval=0.1)
+    except TimeoutError:
+        return False
+    return True
 
 
 def _reap(pid: int, popen: subprocess.Popen[bytes] | None) -> None:

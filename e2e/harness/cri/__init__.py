@@ -4,6 +4,8 @@
 - `pause`: a pause image built locally (a static binary packed as an OCI image archive);
 - `containerd`: one isolated containerd (own root, state, socket, config), started and stopped
   exactly;
+- `control`: reaching one containerd (CRI client, `ctr`, readiness, image import), shared with
+  the node's containerd (`e2e/node/runtime.py`);
 - `client`: a small CRI client (RunPodSandbox, StopPodSandbox, RemovePodSandbox, status) with a
   timeout on every call.
 

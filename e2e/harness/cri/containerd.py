@@ -18,7 +18,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,24 +25,21 @@ from types import TracebackType
 from typing import Any
 
 from e2e.harness.cri import cleanup
-from e2e.harness.cri.client import CriClient, CriError
+from e2e.harness.cri.client import CriClient
+from e2e.harness.cri.control import (
+    CRI_NAMESPACE,
+    ContainerdControl,
+    ContainerdError,
+    check_socket_path,
+    toml,
+)
 from e2e.harness.cri.pause import PauseImage
+from e2e.harness.wait import wait_until
 
 START_TIMEOUT = 30.0
 STOP_GRACE = 10.0
-CRI_NAMESPACE = "k8s.io"
-SOCKET_PATH_LIMIT = 100  # sun_path is 108 bytes; containerd adds ".ttrpc" to a sibling
 
-
-class ContainerdError(RuntimeError):
-    """containerd could not be started, configured or stopped."""
-
-
-def _toml(value: str | int | bool | list[str]) -> str:
-    """A TOML value (JSON strings are valid TOML basic strings)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return json.dumps(value)
+__all__ = ["CniSettings", "Containerd", "ContainerdError"]
 
 
 def _binary(name: str) -> str:
@@ -79,8 +75,15 @@ class Containerd:
         self.cgroup_parent = f"/vpc-attach-e2e-{secrets.token_hex(4)}"
         self._process: subprocess.Popen[bytes] | None = None
         self._client: CriClient | None = None
-        if len(str(self.socket)) > SOCKET_PATH_LIMIT:
-            raise ContainerdError(f"socket path too long for a Unix socket: {self.socket}")
+        self._control: ContainerdControl | None = None
+        check_socket_path(self.socket)
+
+    @property
+    def control(self) -> ContainerdControl:
+        """Its CRI, `ctr`, readiness and image import (shared with the node's containerd)."""
+        if self._control is None:
+            raise ContainerdError("containerd is not started")
+        return self._control
 
     @property
     def client(self) -> CriClient:
@@ -100,24 +103,24 @@ class Containerd:
         cri = '[plugins."io.containerd.grpc.v1.cri"'
         return "\n".join([
             "version = 2",
-            f"root = {_toml(str(w / 'root'))}",
-            f"state = {_toml(str(w / 'state'))}",
-            "disabled_plugins = " + _toml([
+            f"root = {toml(str(w / 'root'))}",
+            f"state = {toml(str(w / 'state'))}",
+            "disabled_plugins = " + toml([
                 "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
                 "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]),
             "[grpc]",
-            f"  address = {_toml(str(self.socket))}",
+            f"  address = {toml(str(self.socket))}",
             "[ttrpc]",
-            f"  address = {_toml(str(self.socket) + '.ttrpc')}",
+            f"  address = {toml(str(self.socket) + '.ttrpc')}",
             "[debug]",
             '  address = ""',
             '  level = "info"',
             "[metrics]",
             '  address = ""',
             '[plugins."io.containerd.internal.v1.opt"]',
-            f"  path = {_toml(str(w / 'opt'))}",
+            f"  path = {toml(str(w / 'opt'))}",
             cri + "]",
-            f"  sandbox_image = {_toml(self.pause.ref)}",
+            f"  sandbox_image = {toml(self.pause.ref)}",
             "  restrict_oom_score_adj = true",
             "  netns_mounts_under_state_dir = true",  # sandbox netns under our state dir
             '  stream_server_address = "127.0.0.1"',
@@ -125,8 +128,8 @@ class Containerd:
             "  disable_apparmor = true",
             "  enable_selinux = false",
             cri + ".cni]",
-            f"  bin_dir = {_toml(str(self.cni.bin_dir))}",
-            f"  conf_dir = {_toml(str(self.cni.conf_dir))}",
+            f"  bin_dir = {toml(str(self.cni.bin_dir))}",
+            f"  conf_dir = {toml(str(self.cni.conf_dir))}",
             f"  max_conf_num = {self.cni.max_conf_num}",
             '  conf_template = ""',
             cri + ".containerd]",
@@ -135,8 +138,8 @@ class Containerd:
             cri + ".containerd.runtimes.runc]",
             '  runtime_type = "io.containerd.runc.v2"',
             cri + ".containerd.runtimes.runc.options]",
-            f"  BinaryName = {_toml(_binary('runc'))}",
-            f"  Root = {_toml(str(self.runc_root))}",
+            f"  BinaryName = {toml(_binary('runc'))}",
+            f"  Root = {toml(str(self.runc_root))}",
             "  SystemdCgroup = false",
             "",
         ])
@@ -150,6 +153,7 @@ class Containerd:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.cni.conf_dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(self.config())
+        self._control = ContainerdControl(self.socket, (_binary("ctr"),), self.cgroup_parent)
         env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                "HOME": str(self.workdir), **self.env}
         with open(self.log_path, "ab") as log:
@@ -166,25 +170,8 @@ class Containerd:
         return self
 
     def _wait_ready(self) -> None:
-        give_up = time.monotonic() + START_TIMEOUT
-        while not self.socket.exists():
-            self._check_alive()
-            if time.monotonic() > give_up:
-                raise ContainerdError(f"no socket {self.socket} after {START_TIMEOUT:.0f}s\n"
-                                      + self.log_tail())
-            time.sleep(0.05)
-        self._client = CriClient(self.socket, cgroup_parent=self.cgroup_parent)
-        while True:
-            self._check_alive()
-            try:
-                conditions, _ = self._client.status(timeout=5)
-                if conditions.get("RuntimeReady"):
-                    return
-            except CriError:
-                pass
-            if time.monotonic() > give_up:
-                raise ContainerdError("the CRI never became RuntimeReady\n" + self.log_tail())
-            time.sleep(0.1)
+        self.control.wait_ready(START_TIMEOUT, alive=self._check_alive, detail=self.log_tail)
+        self._client = self.control.client()
 
     def _check_alive(self) -> None:
         if self._process is not None and self._process.poll() is not None:
@@ -193,38 +180,26 @@ class Containerd:
 
     def ctr(self, *args: str, timeout: float = 60) -> str:
         """Run `ctr` against this containerd in the CRI namespace."""
-        argv = [_binary("ctr"), "--address", str(self.socket), "--namespace", CRI_NAMESPACE,
-                *args]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL, check=False)
-        if proc.returncode != 0:
-            raise ContainerdError(f"{' '.join(argv)}: {proc.stderr.strip()}")
-        return proc.stdout
+        return self.control.ctr(*args, timeout=timeout)
 
     def import_image(self, image: PauseImage) -> None:
         """`ctr images import` the archive, then wait until the CRI image store has it."""
-        self.ctr("images", "import", str(image.archive))
-        give_up = time.monotonic() + START_TIMEOUT
-        while not self.client.image_present(image.ref):
-            if time.monotonic() > give_up:
-                raise ContainerdError(f"imported {image.ref} never appeared in the CRI")
-            time.sleep(0.1)
+        self.control.import_image(image.archive, image.ref, START_TIMEOUT)
 
     def wait_networks(self, sources: list[dict[str, Any]], timeout: float = 30) -> None:
         """Wait until the CRI has loaded exactly these conflists (after a conf dir change)."""
         wanted = [json.dumps(source, sort_keys=True) for source in sources]
-        give_up = time.monotonic() + timeout
         loaded: list[str] = []
-        while True:
+
+        def exactly_these() -> bool:
             _, info = self.client.status()
             networks = info.get("cniconfig", {}).get("Networks") or []
-            loaded = [json.dumps(json.loads(n["Config"]["Source"]), sort_keys=True)
-                      for n in networks if n.get("IFName") != "lo"]
-            if loaded == wanted:
-                return
-            if time.monotonic() > give_up:
-                raise ContainerdError(f"CNI config not loaded after {timeout:.0f}s: {loaded}")
-            time.sleep(0.1)
+            loaded[:] = [json.dumps(json.loads(n["Config"]["Source"]), sort_keys=True)
+                         for n in networks if n.get("IFName") != "lo"]
+            return loaded == wanted
+
+        wait_until("the CRI to load exactly these CNI configs", exactly_these, timeout,
+                   interval=0.1, detail=lambda: f"loaded: {loaded}")
 
     def log_tail(self, lines: int = 40) -> str:
         """The end of containerd's log (for error messages)."""
