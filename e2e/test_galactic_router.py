@@ -29,7 +29,7 @@ from e2e.harness.galactic.fabric import (
     is_true,
     running_fabric,
 )
-from e2e.harness.galactic.rib import EvpnRoute
+from e2e.harness.galactic.rib import EvpnRoute, sorted_routes
 from e2e.harness.galactic.verdict import SidecarRoute, Verdict, judge
 from e2e.harness.kernel import temporary_netns
 from e2e.harness.kube import Kube
@@ -156,9 +156,10 @@ def expected_routes(gnode: GalacticNode, vpc: str, vrf_id: int,
                     prefixes: set[str]) -> list[EvpnRoute]:
     """What the collector must hold for ``prefixes`` announced by ``gnode``'s router."""
     sid = naming.srv6_sid(LOCATOR, gnode.index, vrf_id)
-    return sorted(EvpnRoute(prefix, f"{router_id(gnode.index)}:{vrf_id}",
-                            (naming.route_target(ASN, vpc),), sid, gnode.address, gnode.address)
-                  for prefix in prefixes)
+    return sorted_routes(EvpnRoute(prefix, f"{router_id(gnode.index)}:{vrf_id}",
+                                   (naming.route_target(ASN, vpc),), sid, gnode.address,
+                                   gnode.address)
+                         for prefix in prefixes)
 
 
 def judge_slices(kube: Kube, galactic: GalacticBuild, names: list[str]) -> dict[str, Verdict]:
@@ -242,8 +243,8 @@ def test_two_nodes_each_pod_is_announced_by_its_own_nodes_router_only(
         rib = fabric.rib()
         for route in rib:
             print(f"collector RIB: {route}")
-        assert rib == sorted(expected_routes(first, vpc, first_vrf, first_prefixes)
-                             + expected_routes(second, vpc, second_vrf, second_prefixes))
+        assert rib == sorted_routes(expected_routes(first, vpc, first_vrf, first_prefixes)
+                                    + expected_routes(second, vpc, second_vrf, second_prefixes))
         from_first = {r.prefix for r in rib if r.router == first.address}
         assert not from_first & second_prefixes, "node 1's router announces node 2's Pod"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,7 @@ TLV_SRV6_L3_SERVICE = 5
 SUBTLV_SRV6_SID_INFORMATION = 1
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class EvpnRoute:
     """One path: the prefix, its RD, route targets, SRv6 SID, next hop and the peer it came from."""
 
@@ -33,10 +34,16 @@ class EvpnRoute:
     router: str  # the neighbor address the collector learned it from
 
 
+def sorted_routes(routes: Iterable[EvpnRoute]) -> list[EvpnRoute]:
+    """Routes in one order (a route without a SID sorts before one with)."""
+    return sorted(routes, key=lambda r: (r.prefix, r.rd, r.route_targets, r.sid or "",
+                                         r.sid is not None, r.next_hop, r.router))
+
+
 def parse_rib(text: str) -> list[EvpnRoute]:
-    """Every path of the JSON RIB, sorted."""
+    """Every path of the JSON RIB, in ``sorted_routes`` order."""
     destinations: dict[str, list[dict[str, Any]]] = json.loads(text) or {}
-    return sorted(parse_path(path) for paths in destinations.values() for path in paths)
+    return sorted_routes(parse_path(path) for paths in destinations.values() for path in paths)
 
 
 def parse_path(path: dict[str, Any]) -> EvpnRoute:
