@@ -73,6 +73,7 @@ class GalacticNode:
     index: int
     node: Node
     address: str
+    peer: str  # its BGPPeer's path
 
 
 def start_node(stack: contextlib.ExitStack, fabric: Fabric, index: int, kube: Kube,
@@ -93,7 +94,8 @@ def start_node(stack: contextlib.ExitStack, fabric: Fabric, index: int, kube: Ku
         plugin_module.OWN_AGENT_RUNS["count"] += 1
     node = make_node(kube, cluster, node_plugin, locator=LOCATOR, node_id=index,
                      router_id=router_id(index))
-    stack.callback(kube.delete, create_peer(kube, BGP_NS, node.router, index))
+    peer = create_peer(kube, BGP_NS, node.router, index)
+    stack.callback(kube.delete, peer)
     # Stopped before its namespace goes (the stack unwinds in reverse).
     stack.callback(fabric.start_router(index, netns, node.name, cluster.admin_kubeconfig).stop)
     wait_until(f"BGPRouter {node.router} Ready",
@@ -101,7 +103,7 @@ def start_node(stack: contextlib.ExitStack, fabric: Fabric, index: int, kube: Ku
                ROUTE_TIMEOUT_S, alive=fabric.alive)
     wait_until(f"{node.router}'s session with the collector",
                lambda: address in fabric.established(), ROUTE_TIMEOUT_S, alive=fabric.alive)
-    return GalacticNode(index, node, address)
+    return GalacticNode(index, node, address, peer)
 
 
 @dataclass
@@ -147,6 +149,10 @@ def wait_announced(kube: Kube, fabric: Fabric, gnode: GalacticNode, vpc: str, at
     wait_until(f"the collector to receive {sorted(prefixes)} from {gnode.address}",
                lambda: {r.prefix for r in fabric.rib() if r.router == gnode.address} == prefixes,
                ROUTE_TIMEOUT_S, alive=fabric.alive)
+    # The router's own view of the session (its status is refreshed when it reconciles).
+    wait_until(f"{gnode.peer} Established in its status",
+               lambda: (kube.get(gnode.peer) or {}).get("status", {}).get("sessionState")
+               == "Established", ROUTE_TIMEOUT_S, alive=fabric.alive)
     instance = vrf_instance(kube, vrf_name)
     assert instance is not None
     return int(instance["spec"]["vrfID"])
@@ -200,6 +206,7 @@ def test_one_node_router_announces_the_pod_with_rd_rt_sid_and_withdraws_it_after
         adv = advertisement(kube, naming.advertisement_name(vpc, "10"))
         assert (condition(instance, "Ready") or {}).get("reason") == "Accepted"
         assert (condition(adv, "Advertised") or {}).get("reason") == "Advertised"
+        assert adv is not None and adv["status"]["advertisedPrefixes"] == len(prefixes)
 
         rib = fabric.rib()
         for route in rib:
