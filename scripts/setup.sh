@@ -20,6 +20,10 @@ command -v pkg-config >/dev/null || need_apt+=(pkg-config)
 # Host protection writes its nftables table with nft; the datapath bench and tests use iperf3.
 command -v nft >/dev/null || [ -x /usr/sbin/nft ] || need_apt+=(nftables)
 command -v iperf3 >/dev/null || need_apt+=(iperf3)
+# galactic-router's generated eBPF objects (e2e/harness/galactic): clang-14, llvm-strip-14, libbpf.
+command -v clang-14 >/dev/null || need_apt+=(clang-14)
+command -v llvm-strip-14 >/dev/null || need_apt+=(llvm-14)
+dpkg -s libbpf-dev >/dev/null 2>&1 || need_apt+=(libbpf-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}" >&2
   apt-get update -qq
@@ -55,3 +59,6 @@ fi
 .venv/bin/python -m e2e.harness.cluster build >&2
 # The CRI API stubs and the local pause image for the containerd e2e.
 .venv/bin/python -m e2e.harness.cri build >&2
+# galactic-router and the sidecar-verdict program from ../shared/peers' source archives, and
+# gobgpd/gobgp for the route collector (e2e/test_galactic_router.py), same cache.
+.venv/bin/python -m e2e.harness.galactic build >&2

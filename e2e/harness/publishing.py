@@ -24,10 +24,10 @@ BGP_NS = "galactic-system"
 
 
 def create_router(kube: Kube, node: str, asn: int = 65000, locator: str | None = None,
-                  node_id: int | None = None) -> str:
+                  node_id: int | None = None, router_id: str = "192.0.2.1") -> str:
     """A BGPRouter targeting node; returns its name."""
     spec: dict[str, Any] = {"targetRef": {"kind": "Node", "name": node}, "localASN": asn,
-                            "routerID": "192.0.2.1", "roles": ["tenant"],
+                            "routerID": router_id, "roles": ["tenant"],
                             "addressFamilies": [{"afi": "l2vpn", "safi": "evpn"}]}
     if locator:
         spec["srv6Locator"] = locator
