@@ -10,7 +10,7 @@ import pytest
 
 from cni_plugin.agent import warm
 from cni_plugin.agent.warm import WarmCluster
-from cni_plugin.kube.client import KubeClient
+from cni_plugin.kube.client import KubeClient, Resource
 
 
 def on_another_thread(cluster: WarmCluster, kubeconfig: str) -> KubeClient:
@@ -55,9 +55,10 @@ def test_racing_first_uses_start_one_watch(kubeconfig: str,
     started: list[str] = []
 
     class CountingWatch:
-        def __init__(self, _creds: object, path: str, _selector: str,
-                     _observe: object = None, _absent_ok: bool = False) -> None:
-            self.path = path
+        def __init__(self, _creds: object, resource: Resource, _selector: str,
+                     _observe: object = None, _absent_ok: bool = False, *,
+                     namespace: str | None = None) -> None:
+            self.path = resource.path(namespace)
 
         def start(self) -> CountingWatch:
             started.append(self.path)
@@ -87,9 +88,10 @@ def test_knowing_the_nodes_router_starts_the_watch_of_its_vrf_instances(
     started: list[tuple[str, str]] = []
 
     class SyncedWatch:
-        def __init__(self, _creds: object, path: str, selector: str,
-                     _observe: object = None, _absent_ok: bool = False) -> None:
-            self.path, self.selector = path, selector
+        def __init__(self, _creds: object, resource: Resource, selector: str,
+                     _observe: object = None, _absent_ok: bool = False, *,
+                     namespace: str | None = None) -> None:
+            self.path, self.selector = resource.path(namespace), selector
 
         def start(self) -> SyncedWatch:
             started.append((self.path, self.selector))

@@ -24,7 +24,7 @@ from typing import Any
 from cni_plugin.agent.warm import WarmCluster
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Request
-from cni_plugin.kube.client import MERGE_PATCH, ApiError, KubeClient
+from cni_plugin.kube.client import MERGE_PATCH, ApiError, KubeClient, Target
 from cni_plugin.kube.events import EVENTS, micro_time, pod_event_body, truncated
 from cni_plugin.publish.resources import PODS
 from netconf.config import lookup_ci
@@ -225,7 +225,7 @@ class EventRecorder:
             return False
         body = {"series": {"count": series.count + 1, "lastObservedTime": micro_time(time.time())}}
         try:
-            client.request("PATCH", EVENTS.path(event.namespace, series.name), deadline,
+            client.request("PATCH", Target(EVENTS, event.namespace, series.name), deadline,
                            body=body, content_type=MERGE_PATCH)
         except ApiError as exc:
             if exc.status != 404:  # expired (Events live an hour): start a new one
@@ -241,7 +241,7 @@ class EventRecorder:
         uid = event.uid or self._pod_uid(client, event, deadline)
         body = pod_event_body(event.namespace, event.pod, uid, event.node, event.reason,
                               event.type, event.note)
-        client.request("POST", EVENTS.path(event.namespace), deadline, body=body)
+        client.create(EVENTS, body, namespace=event.namespace, deadline=deadline)
         self._series[event.key] = _Series(body["metadata"]["name"], 1)
         while len(self._series) > MAX_SERIES:
             self._series.popitem(last=False)
@@ -251,6 +251,6 @@ class EventRecorder:
         pod = self.cluster.pod(event.kubeconfig, event.node, event.namespace, event.pod)
         if pod is None:
             with contextlib.suppress(ApiError, CniError):
-                pod = client.get(PODS.path(event.namespace, event.pod), deadline)
+                pod = client.get(PODS, event.pod, namespace=event.namespace, deadline=deadline)
         uid = ((pod or {}).get("metadata") or {}).get("uid")
         return uid if isinstance(uid, str) else None

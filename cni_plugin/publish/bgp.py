@@ -46,15 +46,15 @@ MAX_ANNOTATION_BYTES = 256 * 1024  # the API server's limit on all annotations o
 def _list_selected(ctx: PublishContext, resource: Resource, field: str, value: str,
                    deadline: Deadline) -> list[dict[str, Any]]:
     """Objects whose `field` equals value, narrowed by the API server when the CRD allows."""
-    path = resource.path(ctx.namespace)
     try:
-        return ctx.client.list(path, deadline, fields=f"{field}={value}")
+        return ctx.client.list(resource, namespace=ctx.namespace, deadline=deadline,
+                               fields=f"{field}={value}")
     except ApiError as exc:
         if exc.status != 400:  # 400: this CRD declares no selectable field (upstream's)
             raise
     keys = field.split(".")
     items = []
-    for item in ctx.client.list(path, deadline):
+    for item in ctx.client.list(resource, namespace=ctx.namespace, deadline=deadline):
         node: Any = item
         for key in keys:
             node = node.get(key) if isinstance(node, dict) else None
@@ -131,7 +131,6 @@ def ensure_vrf_instance(ctx: PublishContext, router: Router, rollback: Rollback,
     """The VRF ID of this VPC on this node, creating or completing its BGPVRFInstance."""
     conf = ctx.inv.conf
     name = naming.vrf_instance_name(conf.vpc, ctx.node)
-    path = VRF_INSTANCES.path(ctx.namespace, name)
     target = naming.route_target(router.local_asn, conf.vpc)
     recorded: list[bool] = []
 
@@ -142,12 +141,13 @@ def ensure_vrf_instance(ctx: PublishContext, router: Router, rollback: Rollback,
         if not recorded:  # recorded before the write: its answer may be lost
             written = {k: copy.deepcopy(obj["spec"].get(k)) for k in INSTANCE_KEYS}
             rollback.created(f"route target {target} on BGPVRFInstance {name}",
-                             lambda d: _restore_instance(ctx, router, path, written, before, d))
+                             lambda d: _restore_instance(ctx, router, name, written, before, d))
             recorded.append(True)
         return True
 
     for _ in range(MAX_ATTEMPTS):
-        existing = update_with_retry(ctx.client, path, deadline, fill)
+        existing = update_with_retry(ctx.client, VRF_INSTANCES, name, namespace=ctx.namespace,
+                                     deadline=deadline, mutate=fill)
         if existing is not None:  # checked when created; checked again in case of a late rival
             return _resolve_collision(ctx, router, existing, deadline, cached=True)
         existing = _create_instance(ctx, router, name, target, rollback, deadline)
@@ -192,7 +192,6 @@ def _resolve_collision(ctx: PublishContext, router: Router, ours: dict[str, Any]
     every ADD only catches a rival created in the same second after that check, which a
     cache a few milliseconds old sees as well. A move is always decided on a fresh list."""
     name = ours["metadata"]["name"]
-    path = VRF_INSTANCES.path(ctx.namespace, name)
     for _ in range(MAX_ATTEMPTS):
         vrf_id = _vrf_id(ours)
         others = [i for i in _router_instances(ctx, router, deadline, cached=cached)
@@ -213,7 +212,8 @@ def _resolve_collision(ctx: PublishContext, router: Router, ours: dict[str, Any]
             obj["spec"]["vrfID"] = new
             return True
 
-        updated = update_with_retry(ctx.client, path, deadline, move)
+        updated = update_with_retry(ctx.client, VRF_INSTANCES, name, namespace=ctx.namespace,
+                                    deadline=deadline, mutate=move)
         if updated is None:
             raise CniError(TRY_AGAIN_LATER, f"BGPVRFInstance {name!r} vanished")
         ours = updated
@@ -233,7 +233,7 @@ def _users(ctx: PublishContext, router: Router, instance: dict[str, Any], deadli
         return on_router
     # No selector narrows by annotation: the namespace's advertisements, read only here.
     return [a["metadata"]["name"] for a in
-            ctx.client.list(ADVERTISEMENTS.path(ctx.namespace), deadline)
+            ctx.client.list(ADVERTISEMENTS, namespace=ctx.namespace, deadline=deadline)
             if a["metadata"]["name"].startswith(prefix) and
             _live_containers(a["metadata"].get("annotations") or {}, ctx.node) - {ignoring}]
 
@@ -257,9 +257,8 @@ def _delete_unless_used(ctx: PublishContext, router: Router, name: str,
     """Delete the instance unless kept_because(it) names a reason or an advertisement uses
     it; whether it was deleted. A concurrent change wins (uid + resourceVersion
     preconditions); an ADD about to rely on it holds `instance_in_use`."""
-    path = VRF_INSTANCES.path(ctx.namespace, name)
     with file_lock(_instance_lock(ctx, name), deadline.remaining()):
-        current = ctx.client.get(path, deadline)
+        current = ctx.client.get(VRF_INSTANCES, name, namespace=ctx.namespace, deadline=deadline)
         if current is None:
             return False
         reason = kept_because(current)
@@ -270,8 +269,8 @@ def _delete_unless_used(ctx: PublishContext, router: Router, name: str,
             log.info("keeping BGPVRFInstance %s: %s", name, reason)
             return False
         meta = current["metadata"]
-        if ctx.client.delete(path, deadline, uid=meta["uid"],
-                             resource_version=meta["resourceVersion"]):
+        if ctx.client.delete(VRF_INSTANCES, name, namespace=ctx.namespace, deadline=deadline,
+                             uid=meta["uid"], resource_version=meta["resourceVersion"]):
             log.info("deleted BGPVRFInstance %s (created by %s)", name, created_by(current))
             return True
         log.info("keeping BGPVRFInstance %s: it changed meanwhile", name)
@@ -324,7 +323,7 @@ def gc_keeps_instance(instance: dict[str, Any], router: Router, vpc: str,
     return None
 
 
-def _restore_instance(ctx: PublishContext, router: Router, path: str,
+def _restore_instance(ctx: PublishContext, router: Router, name: str,
                       written: dict[str, Any], before: dict[str, Any],
                       deadline: Deadline) -> None:
     """Put back the route targets and router ref an ADD added to an instance it found, unless
@@ -342,7 +341,8 @@ def _restore_instance(ctx: PublishContext, router: Router, path: str,
                 spec[key] = value
         return True
 
-    update_with_retry(ctx.client, path, deadline, put_back)
+    update_with_retry(ctx.client, VRF_INSTANCES, name, namespace=ctx.namespace,
+                      deadline=deadline, mutate=put_back)
 
 
 # Advertisements ---------------------------------------------------------------------------
@@ -417,7 +417,7 @@ def read_advertisement(ctx: PublishContext, deadline: Deadline) -> dict[str, Any
     """The attachment's BGPAdvertisement, or None."""
     conf = ctx.inv.conf
     name = naming.advertisement_name(conf.vpc, conf.vpcattachment)
-    return ctx.client.get(ADVERTISEMENTS.path(ctx.namespace, name), deadline)
+    return ctx.client.get(ADVERTISEMENTS, name, namespace=ctx.namespace, deadline=deadline)
 
 
 def ensure_advertisement(ctx: PublishContext, router: Router, vrf_id: int, plan: Addressing,
@@ -432,7 +432,6 @@ def ensure_advertisement(ctx: PublishContext, router: Router, vrf_id: int, plan:
         return  # nothing to advertise (an L2-only tap)
     conf = ctx.inv.conf
     name = naming.advertisement_name(conf.vpc, conf.vpcattachment)
-    path = ADVERTISEMENTS.path(ctx.namespace, name)
     target = naming.route_target(router.local_asn, conf.vpc)
     cid = naming.annotation_cid(ctx.inv.env.container_id)
 
@@ -456,7 +455,8 @@ def ensure_advertisement(ctx: PublishContext, router: Router, vrf_id: int, plan:
     existing = read
     for attempt in range(MAX_ATTEMPTS):
         if attempt:
-            existing = ctx.client.get(path, deadline)
+            existing = ctx.client.get(ADVERTISEMENTS, name, namespace=ctx.namespace,
+                                      deadline=deadline)
         if existing is not None:
             had_ours = all(existing["metadata"].get("annotations", {}).get(k) == v
                            for k, v in ours.items())
@@ -464,7 +464,8 @@ def ensure_advertisement(ctx: PublishContext, router: Router, vrf_id: int, plan:
                 before = {k: (existing.get("spec") or {}).get(k) for k in SHARED_SPEC_KEYS}
                 rollback.created(f"annotations of {cid} on BGPAdvertisement {name}",
                                  _restoring_withdrawal(ctx, written, before))
-            if update_with_retry(ctx.client, path, deadline, merge) is None:
+            if update_with_retry(ctx.client, ADVERTISEMENTS, name, namespace=ctx.namespace,
+                                 deadline=deadline, mutate=merge) is None:
                 continue  # deleted meanwhile: create it
             return
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "BGPAdvertisement",
@@ -508,10 +509,9 @@ def withdraw_advertisement(ctx: PublishContext, deadline: Deadline, *, may_delet
     spec fields back, unless someone has changed them since."""
     conf = ctx.inv.conf
     name = naming.advertisement_name(conf.vpc, conf.vpcattachment)
-    path = ADVERTISEMENTS.path(ctx.namespace, name)
     cid = naming.annotation_cid(ctx.inv.env.container_id)
     for _ in range(MAX_ATTEMPTS):
-        current = ctx.client.get(path, deadline)
+        current = ctx.client.get(ADVERTISEMENTS, name, namespace=ctx.namespace, deadline=deadline)
         if current is None:
             return
         annotations = dict(current["metadata"].get("annotations") or {})
@@ -524,15 +524,15 @@ def withdraw_advertisement(ctx: PublishContext, deadline: Deadline, *, may_delet
                 log.info("leaving %s untouched: it would have no prefixes", name)
                 return
             meta = current["metadata"]
-            if ctx.client.delete(path, deadline, uid=meta["uid"],
-                                 resource_version=meta["resourceVersion"]):
+            if ctx.client.delete(ADVERTISEMENTS, name, namespace=ctx.namespace, deadline=deadline,
+                                 uid=meta["uid"], resource_version=meta["resourceVersion"]):
                 return
             continue  # changed meanwhile (a concurrent ADD): re-read
         current["metadata"]["annotations"] = annotations
         current["spec"]["prefixes"] = prefixes
         if restore is not None:
             _restore_fields(current["spec"], *restore)
-        if ctx.client.put_unless_changed(path, deadline, current):
+        if ctx.client.put_unless_changed(ADVERTISEMENTS, current, deadline=deadline):
             return
     raise CniError(TRY_AGAIN_LATER, f"BGPAdvertisement {name!r} keeps changing")
 
@@ -551,7 +551,7 @@ def _restore_fields(spec: dict[str, Any], written: dict[str, Any],
 def instance_vrf_id(ctx: PublishContext, deadline: Deadline) -> int | None:
     """The vrfID of the VPC's BGPVRFInstance on this node; None when it does not exist."""
     name = naming.vrf_instance_name(ctx.inv.conf.vpc, ctx.node)
-    instance = ctx.client.get(VRF_INSTANCES.path(ctx.namespace, name), deadline)
+    instance = ctx.client.get(VRF_INSTANCES, name, namespace=ctx.namespace, deadline=deadline)
     return None if instance is None else _vrf_id(instance)
 
 
@@ -562,13 +562,14 @@ def advertisement_differences(ctx: PublishContext, plan: Addressing,
     ours = container_annotations(ctx, plan)
     diffs: list[str] = []
     instance_name = naming.vrf_instance_name(conf.vpc, ctx.node)
-    instance = ctx.client.get(VRF_INSTANCES.path(ctx.namespace, instance_name), deadline)
+    instance = ctx.client.get(VRF_INSTANCES, instance_name, namespace=ctx.namespace,
+                              deadline=deadline)
     if instance is None:
         diffs.append(f"BGPVRFInstance {instance_name!r} is missing")
     if not ours:
         return diffs
     name = naming.advertisement_name(conf.vpc, conf.vpcattachment)
-    adv = ctx.client.get(ADVERTISEMENTS.path(ctx.namespace, name), deadline)
+    adv = ctx.client.get(ADVERTISEMENTS, name, namespace=ctx.namespace, deadline=deadline)
     if adv is None:
         return [*diffs, f"BGPAdvertisement {name!r} is missing"]
     annotations = adv["metadata"].get("annotations") or {}

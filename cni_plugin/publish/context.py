@@ -67,23 +67,24 @@ def create(ctx: PublishContext, resource: Resource, body: dict[str, Any], rollba
     meta = body["metadata"]
     marked = {**body, "metadata": {**meta, "annotations": {
         **(meta.get("annotations") or {}), CREATED_BY_ANNOTATION: ctx.inv.created_by}}}
-    path = resource.path(meta["namespace"], meta["name"])
+    namespace, name = meta["namespace"], meta["name"]
     kind = body.get("kind", resource.kind)
 
     def undo_ours(d: Deadline) -> None:
-        found = ctx.client.get(path, d)
+        found = ctx.client.get(resource, name, namespace=namespace, deadline=d)
         if found is not None and created_by(found) == ctx.inv.created_by:
             undo(found, d)
 
-    rollback.created(f"{kind} {meta['namespace']}/{meta['name']}", undo_ours)
+    rollback.created(f"{kind} {namespace}/{name}", undo_ours)
     try:
-        created: dict[str, Any] = ctx.client.request("POST", resource.path(meta["namespace"]),
-                                                     deadline, body=marked)
+        created: dict[str, Any] = ctx.client.create(resource, marked, namespace=namespace,
+                                                    deadline=deadline)
         return created
     except ApiError as exc:
         if exc.status != 409:
             raise
-    found = ctx.client.get(path, deadline)  # ours after a lost answer, or someone else's
+    # Ours after a lost answer, or someone else's.
+    found = ctx.client.get(resource, name, namespace=namespace, deadline=deadline)
     return found if found is not None and created_by(found) == ctx.inv.created_by else None
 
 
