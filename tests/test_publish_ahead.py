@@ -16,7 +16,7 @@ import pytest
 from cni_plugin import publish
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.rollback import Rollback
-from cni_plugin.publish import bgp
+from cni_plugin.publish.bgp import advertisement, instance
 from cni_plugin.publish.context import PublishContext, Router
 from netconf.errors import INVALID_CONFIG, CniError
 
@@ -34,8 +34,8 @@ def no_instance_lock(monkeypatch: pytest.MonkeyPatch) -> None:
     def held(_ctx: Any, _deadline: Any) -> Iterator[None]:
         yield
 
-    monkeypatch.setattr(bgp, "instance_in_use", held)
-    monkeypatch.setattr(bgp, "read_advertisement", lambda _ctx, _deadline: None)
+    monkeypatch.setattr(instance, "instance_in_use", held)
+    monkeypatch.setattr(advertisement, "read_advertisement", lambda _ctx, _deadline: None)
 
 
 def test_a_failure_in_the_block_waits_for_the_thread_so_the_rollback_undoes_its_create(
@@ -53,7 +53,7 @@ def test_a_failure_in_the_block_waits_for_the_thread_so_the_rollback_undoes_its_
         rollback.created("BGPVRFInstance 3e-worker-1", lambda _d: undone.append("instance"))
         return 7
 
-    monkeypatch.setattr(bgp, "ensure_vrf_instance", create_instance)
+    monkeypatch.setattr(instance, "ensure_vrf_instance", create_instance)
     publisher = publish.Publisher(fake_context(), ROUTER)
     with pytest.raises(CniError, match="kernel"), Rollback(Deadline(6)) as rollback, \
             publisher.ahead(rollback):
@@ -67,7 +67,7 @@ def test_the_threads_error_is_raised_to_the_verb(monkeypatch: pytest.MonkeyPatch
     def no_router(_ctx: Any, _router: Router, _rollback: Rollback, _deadline: Deadline) -> int:
         raise CniError(INVALID_CONFIG, "BGPVRFInstance refused")
 
-    monkeypatch.setattr(bgp, "ensure_vrf_instance", no_router)
+    monkeypatch.setattr(instance, "ensure_vrf_instance", no_router)
     ahead = publish.Ahead(fake_context(), ROUTER, Rollback(Deadline(6)))
     with pytest.raises(CniError, match="refused") as caught:
         ahead.result()
@@ -76,7 +76,8 @@ def test_the_threads_error_is_raised_to_the_verb(monkeypatch: pytest.MonkeyPatch
 
 def test_the_thread_hands_over_the_vrf_id_and_the_advertisement_it_read(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bgp, "ensure_vrf_instance", lambda *_: 9)
-    monkeypatch.setattr(bgp, "read_advertisement", lambda *_: {"metadata": {"name": "3e-3e"}})
+    monkeypatch.setattr(instance, "ensure_vrf_instance", lambda *_: 9)
+    monkeypatch.setattr(advertisement, "read_advertisement",
+                        lambda *_: {"metadata": {"name": "3e-3e"}})
     ahead = publish.Ahead(fake_context(), ROUTER, Rollback(Deadline(6)))
     assert ahead.result() == (9, {"metadata": {"name": "3e-3e"}})

@@ -240,7 +240,10 @@ def _bind(path: str) -> socket.socket:
 def _warm_up() -> None:
     # Import what every verb needs now, not on the first Pod.
     import cni_plugin.attachment
-    import cni_plugin.publish.bgp
+    import cni_plugin.publish.bgp.advertisement
+    import cni_plugin.publish.bgp.check
+    import cni_plugin.publish.bgp.instance
+    import cni_plugin.publish.bgp.router
     import cni_plugin.publish.endpointslice
     import cni_plugin.verbs.add
     import cni_plugin.verbs.check

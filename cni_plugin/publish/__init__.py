@@ -78,11 +78,11 @@ class Ahead:
         self._thread.start()
 
     def _run(self, router: Router, rollback: Rollback) -> None:
-        from cni_plugin.publish import bgp
+        from cni_plugin.publish.bgp import advertisement, instance
         ctx, deadline = self._ctx, self._ctx.inv.deadline
         try:
-            vrf_id = bgp.ensure_vrf_instance(ctx, router, rollback, deadline)
-            self._done = (vrf_id, bgp.read_advertisement(ctx, deadline))
+            vrf_id = instance.ensure_vrf_instance(ctx, router, rollback, deadline)
+            self._done = (vrf_id, advertisement.read_advertisement(ctx, deadline))
         except BaseException as exc:  # handed to the verb's thread by result()
             self._error = exc
 
@@ -116,7 +116,7 @@ class Publisher:
         with connected(inv, source) as ctx:
             router = None
             if ctx is not None and inv.conf.publish.bgp:
-                from cni_plugin.publish.bgp import find_router
+                from cni_plugin.publish.bgp.router import find_router
                 with api_boundary(f"find the BGPRouter of node {ctx.node!r}"):
                     router = find_router(ctx, inv.deadline)
             yield cls(ctx, router)
@@ -130,8 +130,8 @@ class Publisher:
         if ctx is None or router is None:
             yield
             return
-        from cni_plugin.publish import bgp
-        with bgp.instance_in_use(ctx, ctx.inv.deadline):
+        from cni_plugin.publish.bgp import instance
+        with instance.instance_in_use(ctx, ctx.inv.deadline):
             self._ahead = Ahead(ctx, router, rollback)
             try:
                 yield
@@ -145,16 +145,17 @@ class Publisher:
         if ctx is None:
             return None
         from cni_plugin.core import naming
-        from cni_plugin.publish import bgp, endpointslice
+        from cni_plugin.publish import endpointslice
+        from cni_plugin.publish.bgp import advertisement
         deadline = ctx.inv.deadline
         sid = None
         with api_boundary("publish the attachment"):
             if self.router is not None:
                 if self._ahead is None:
                     raise RuntimeError("Publisher.publish runs inside Publisher.ahead")
-                vrf_id, advertisement = self._ahead.result()
-                bgp.ensure_advertisement(ctx, self.router, vrf_id, plan, rollback, deadline,
-                                         advertisement)
+                vrf_id, read = self._ahead.result()
+                advertisement.ensure_advertisement(ctx, self.router, vrf_id, plan, rollback,
+                                                   deadline, read)
                 if self.router.srv6_locator and self.router.node_id:
                     sid = naming.srv6_sid(self.router.srv6_locator, self.router.node_id, vrf_id)
             if ctx.inv.conf.publish.endpoint_slice:
@@ -168,26 +169,28 @@ def unpublish(inv: Invocation, source: ClusterSource) -> None:
         check_settings(inv)
     except CniError:
         return  # never configured, so nothing can have been published
-    from cni_plugin.publish import bgp, endpointslice
+    from cni_plugin.publish import endpointslice
+    from cni_plugin.publish.bgp.advertisement import withdraw_advertisement
     with connected(inv, source) as ctx, api_boundary("withdraw the attachment"):
         if ctx is None:
             return
         if inv.conf.publish.endpoint_slice:
             endpointslice.delete_slices(ctx, inv.deadline)
         if inv.conf.publish.bgp:
-            bgp.withdraw_advertisement(ctx, inv.deadline, may_delete=True)
+            withdraw_advertisement(ctx, inv.deadline, may_delete=True)
 
 
 def published_differences(inv: Invocation, source: ClusterSource, prev: Result) -> list[str]:
     """What CHECK finds changed in the published objects."""
-    from cni_plugin.publish import bgp, endpointslice
+    from cni_plugin.publish import endpointslice
+    from cni_plugin.publish.bgp.check import advertisement_differences
     plan = Addressing.from_result(prev)
     with connected(inv, source) as ctx, api_boundary("check the published objects"):
         if ctx is None:
             return []
         diffs: list[str] = []
         if inv.conf.publish.bgp:
-            diffs += bgp.advertisement_differences(ctx, plan, inv.deadline)
+            diffs += advertisement_differences(ctx, plan, inv.deadline)
         if inv.conf.publish.endpoint_slice:
             diffs += endpointslice.slice_differences(ctx, plan, inv.deadline)
         return diffs
@@ -199,7 +202,8 @@ def published_sid(inv: Invocation, source: ClusterSource) -> str | None:
     if not inv.conf.publish.bgp:
         return None
     from cni_plugin.core import naming
-    from cni_plugin.publish.bgp import find_router, instance_vrf_id
+    from cni_plugin.publish.bgp.instance import instance_vrf_id
+    from cni_plugin.publish.bgp.router import find_router
     with connected(inv, source) as ctx, api_boundary("read the VPC's SID"):
         if ctx is None:
             return None
@@ -216,7 +220,7 @@ def router_has_sids(inv: Invocation, source: ClusterSource) -> bool:
     """Whether this node's router has an SRv6 locator and node ID (STATUS)."""
     if not inv.conf.publish.bgp:
         return False
-    from cni_plugin.publish.bgp import find_router
+    from cni_plugin.publish.bgp.router import find_router
     with connected(inv, source) as ctx, api_boundary("find the node's BGPRouter"):
         if ctx is None:
             return False
@@ -226,7 +230,7 @@ def router_has_sids(inv: Invocation, source: ClusterSource) -> bool:
 
 def publishing_status(inv: Invocation, source: ClusterSource) -> None:
     """Code 50 unless the kubeconfig works, the API answers and RBAC allows what ADD does."""
-    from cni_plugin.publish.bgp import find_router
+    from cni_plugin.publish.bgp.router import find_router
     from cni_plugin.publish.status import check_access
     try:
         with connected(inv, source) as ctx, api_boundary("check access"):
@@ -259,8 +263,9 @@ def collect_unused_instance(inv: Invocation, source: ClusterSource, valid: set[t
     advertisement uses it any more."""
     if not inv.conf.publish.bgp:
         return
-    from cni_plugin.publish import bgp
+    from cni_plugin.publish.bgp.instance import collect_instance
+    from cni_plugin.publish.bgp.router import find_router
     with connected(inv, source) as ctx, api_boundary("collect the VPC's unused BGPVRFInstance"):
         if ctx is not None:
-            router = bgp.find_router(ctx, inv.deadline)
-            bgp.collect_instance(ctx, router, valid, attached, inv.deadline)
+            router = find_router(ctx, inv.deadline)
+            collect_instance(ctx, router, valid, attached, inv.deadline)

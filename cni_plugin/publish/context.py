@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
+from cni_plugin.core import naming
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Invocation
 from cni_plugin.core.rollback import Rollback
@@ -37,6 +39,21 @@ class PublishContext:
     def namespace(self) -> str:
         """Namespace of the BGP resources."""
         return self.inv.namespace
+
+    @cached_property
+    def instance_name(self) -> str:
+        """The VPC's BGPVRFInstance on this node."""
+        return naming.vrf_instance_name(self.inv.conf.vpc, self.node)
+
+    @cached_property
+    def advertisement_name(self) -> str:
+        """The attachment's BGPAdvertisement."""
+        return naming.advertisement_name(self.inv.conf.vpc, self.inv.conf.vpcattachment)
+
+    @cached_property
+    def cid(self) -> str:
+        """The container ID as it appears in the advertisement's annotation keys."""
+        return naming.annotation_cid(self.inv.env.container_id)
 
 
 @dataclass(frozen=True)
