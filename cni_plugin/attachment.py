@@ -219,7 +219,7 @@ class VethLinks:
         # The host end starts under a temporary name and becomes G…H together with its owner
         # mark in one request, so a G…H without its owner never exists, even if we are killed.
         temporary = f"vpa{secrets.token_hex(5)}"
-        with netns_fd(inv.env.netns) as fd:
+        with netns.opened(inv.env.netns) as fd:
             links.create_veth(host_rtnl, temporary, guest, fd, inv.conf.mtu)
         rollback.created(f"veth {temporary}", _undo_temporary(temporary))
         fresh = _require(links.find(host_rtnl, temporary), temporary)
@@ -314,19 +314,6 @@ def claim_pod_ifname(pod_rtnl: Rtnl, inv: Invocation) -> None:
         return
     raise CniError(INTERFACE_CONFLICT, f"interface {inv.env.ifname!r} already exists in netns "
                    f"{inv.env.netns!r}", "it was not created by vpc-attach for this container")
-
-
-@contextmanager
-def netns_fd(path: str) -> Iterator[int]:
-    """An open fd of the netns at path."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise netns.NetnsGone(path, exc.strerror or str(exc)) from None
-    try:
-        yield fd
-    finally:
-        os.close(fd)
 
 
 def _require(link: Link | None, name: str) -> Link:
