@@ -20,7 +20,7 @@ from netconf.errors import INTERNAL_ERROR, CniError
 from netconf.versions import CURRENT_VERSION, SUPPORTED_VERSIONS
 
 if TYPE_CHECKING:
-    from cni_plugin.verbs.environment import Environment
+    from cni_plugin.verbs.collaborators import Collaborators
     from netconf.result import Result
 
 log = logging.getLogger(__name__)
@@ -69,32 +69,32 @@ def run(request: Request, handler: Handler | None = None,
     return status, payload
 
 
-def plugin_verbs(env: Environment | None = None) -> Handler:
-    """The vpc-attach verbs with env (default: the executable's), imported on use: VERSION
-    loads none of them."""
+def plugin_verbs(collaborators: Collaborators | None = None) -> Handler:
+    """The vpc-attach verbs with what a transport lends them (default: the executable's),
+    imported on use: VERSION loads none of them."""
 
     def handle(request: Request, version: str) -> dict[str, Any] | None:
         command = request.command
         if command == "VERSION":
             from cni_plugin.verbs.version import version as version_verb
             return version_verb()
-        from cni_plugin.verbs.environment import Environment
-        verb_env = env or Environment()
+        from cni_plugin.verbs.collaborators import Collaborators
+        lent = collaborators or Collaborators()
         if command == "ADD":
             from cni_plugin.verbs.add import add
-            return add(request, verb_env).to_wire(version)
+            return add(request, lent).to_wire(version)
         if command == "DEL":
             from cni_plugin.verbs.delete import delete
-            delete(request, verb_env)
+            delete(request, lent)
         elif command == "CHECK":
             from cni_plugin.verbs.check import check
-            check(request, verb_env)
+            check(request, lent)
         elif command == "STATUS":
             from cni_plugin.verbs.status import status
-            status(request, verb_env)
+            status(request, lent)
         elif command == "GC":
             from cni_plugin.verbs.gc import gc
-            gc(request, verb_env)
+            gc(request, lent)
         else:
             _unknown_command(request)
         return None

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from cni_plugin.agent.warm import WatchCache
+from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Invocation, Request
 from cni_plugin.kube.client import ApiError, KubeClient, Resource, Target, api_failure
@@ -76,7 +77,7 @@ def test_check_answers_a_refused_read_as_code_104_not_an_internal_error(
     inv = Invocation.parse(Request(environ=environ, stdin=json.dumps(conf).encode()))
     prev = Result.from_wire({"cniVersion": "1.1.0", "ips": [{"address": "fd00::5/64"}]})
     with pytest.raises(CniError) as caught:
-        published_differences(inv, RefusingCluster(), prev)
+        published_differences(inv, RefusingCluster(), Addressing.from_result(prev))
     assert caught.value.code == PUBLISH_FAILURE
     assert "BGPVRFInstance" in caught.value.msg and "ClusterRole" in caught.value.msg
 

@@ -37,7 +37,7 @@ from cni_plugin.core import oplog
 from cni_plugin.core.request import Request
 from cni_plugin.kube.events import truncated
 from cni_plugin.tenancy import Denial
-from cni_plugin.verbs.environment import Environment
+from cni_plugin.verbs.collaborators import Collaborators
 from netconf.errors import INTERNAL_ERROR, CniError
 from netconf.host import resolve_host_settings
 
@@ -69,7 +69,7 @@ class Agent:
         self.reaper = reaper
         self.metrics = metrics
         self.events = events
-        self.verbs = dispatch.plugin_verbs(Environment(
+        self.verbs = dispatch.plugin_verbs(Collaborators(
             cluster=cluster, delete_retired_later=reaper.submit,
             rollback_finished=metrics.rollback_finished if metrics is not None else None,
             tenancy_denied=self._denied))

@@ -21,7 +21,6 @@ from cni_plugin.kube.client import ApiError, api_failure
 from cni_plugin.publish.context import PublishContext, Router
 from cni_plugin.publish.source import ClusterSource
 from netconf.errors import INVALID_CONFIG, STATUS_NOT_AVAILABLE, TRY_AGAIN_LATER, CniError
-from netconf.result import Result
 
 
 @contextmanager
@@ -64,17 +63,17 @@ def connected(inv: Invocation, source: ClusterSource) -> Iterator[PublishContext
         ctx.close()
 
 
-class Ahead:
-    """What publishing can do before the addresses are known — the VPC's BGPVRFInstance
-    (reused or created, recorded for rollback) and a read of the attachment's advertisement —
-    on a thread of its own while IPAM and the kernel work run: neither needs the other."""
+class SettlingInstance:
+    """The VPC's BGPVRFInstance being settled (reused or created, recorded for rollback) and
+    the attachment's advertisement read, on a thread of its own while IPAM and the kernel work
+    run: neither needs the addresses."""
 
     def __init__(self, ctx: PublishContext, router: Router, rollback: Rollback) -> None:
         self._ctx = ctx
         self._done: tuple[int, dict[str, Any] | None] | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(router, rollback),
-                                        name="vpc-attach publish ahead", daemon=True)
+                                        name="vpc-attach settling instance", daemon=True)
         self._thread.start()
 
     def _run(self, router: Router, rollback: Rollback) -> None:
@@ -88,7 +87,7 @@ class Ahead:
 
     def wait(self) -> None:
         """Until the thread is done (each of its requests and locks ends by the deadline)."""
-        self._thread.join(self._ctx.inv.whole.remaining(floor=0))
+        self._thread.join(self._ctx.inv.final_deadline.remaining(floor=0))
 
     def result(self) -> tuple[int, dict[str, Any] | None]:
         """(VRF ID, the advertisement as read or None); what the thread raised, if it did."""
@@ -100,13 +99,46 @@ class Ahead:
         return self._done
 
 
+class Publication:
+    """What `Publisher.settling_instance` yields: the only way to publish an attachment, so
+    publishing runs while the instance is held in use and after it was settled."""
+
+    def __init__(self, ctx: PublishContext | None, router: Router | None,
+                 settling: SettlingInstance | None, rollback: Rollback) -> None:
+        self._ctx = ctx
+        self._router = router
+        self._settling = settling
+        self._rollback = rollback
+
+    def publish(self, addressing: Addressing) -> str | None:
+        """BGP state first, then the EndpointSlices; every creation recorded for rollback.
+        Returns the VPC's SRv6 SID on this node, when its router has one."""
+        ctx, router, rollback = self._ctx, self._router, self._rollback
+        if ctx is None:
+            return None
+        from cni_plugin.core import naming
+        from cni_plugin.publish import endpointslice
+        from cni_plugin.publish.bgp import advertisement
+        deadline = ctx.inv.deadline
+        sid = None
+        with api_boundary("publish the attachment"):
+            if router is not None and self._settling is not None:
+                vrf_id, read = self._settling.result()
+                advertisement.ensure_advertisement(ctx, router, vrf_id, addressing, rollback,
+                                                   deadline, read)
+                if router.srv6_locator and router.node_id:
+                    sid = naming.srv6_sid(router.srv6_locator, router.node_id, vrf_id)
+            if ctx.inv.conf.publish.endpoint_slice:
+                endpointslice.ensure_slices(ctx, addressing, sid, rollback, deadline)
+        return sid
+
+
 class Publisher:
     """ADD's publishing: this node's router found up front; a no-op when publishing is off."""
 
     def __init__(self, ctx: PublishContext | None, router: Router | None) -> None:
         self.ctx = ctx
         self.router = router
-        self._ahead: Ahead | None = None
 
     @classmethod
     @contextmanager
@@ -122,45 +154,22 @@ class Publisher:
             yield cls(ctx, router)
 
     @contextmanager
-    def ahead(self, rollback: Rollback) -> Iterator[None]:
-        """Start `Ahead` for the block (the IPAM and kernel work, then `publish`); the block's
-        end waits for it, so a rollback after the block finds all it recorded. The VPC's
-        instance is held in use (GC waits) from its read until the block's end."""
+    def settling_instance(self, rollback: Rollback) -> Iterator[Publication]:
+        """Settle the VPC's instance on a thread (`SettlingInstance`) during the block (the
+        IPAM and kernel work, then `Publication.publish`); the block's end waits for it, so a
+        rollback after the block finds all it recorded. The instance is held in use (GC
+        waits) from its read until the block's end."""
         ctx, router = self.ctx, self.router
         if ctx is None or router is None:
-            yield
+            yield Publication(ctx, None, None, rollback)
             return
         from cni_plugin.publish.bgp import instance
         with instance.instance_in_use(ctx, ctx.inv.deadline):
-            self._ahead = Ahead(ctx, router, rollback)
+            settling = SettlingInstance(ctx, router, rollback)
             try:
-                yield
+                yield Publication(ctx, router, settling, rollback)
             finally:
-                self._ahead.wait()
-
-    def publish(self, plan: Addressing, rollback: Rollback) -> str | None:
-        """BGP state first, then the EndpointSlices; every creation recorded for rollback.
-        Runs inside `ahead`. Returns the VPC's SRv6 SID on this node, when its router has one."""
-        ctx = self.ctx
-        if ctx is None:
-            return None
-        from cni_plugin.core import naming
-        from cni_plugin.publish import endpointslice
-        from cni_plugin.publish.bgp import advertisement
-        deadline = ctx.inv.deadline
-        sid = None
-        with api_boundary("publish the attachment"):
-            if self.router is not None:
-                if self._ahead is None:
-                    raise RuntimeError("Publisher.publish runs inside Publisher.ahead")
-                vrf_id, read = self._ahead.result()
-                advertisement.ensure_advertisement(ctx, self.router, vrf_id, plan, rollback,
-                                                   deadline, read)
-                if self.router.srv6_locator and self.router.node_id:
-                    sid = naming.srv6_sid(self.router.srv6_locator, self.router.node_id, vrf_id)
-            if ctx.inv.conf.publish.endpoint_slice:
-                endpointslice.ensure_slices(ctx, plan, sid, rollback, deadline)
-        return sid
+                settling.wait()
 
 
 def unpublish(inv: Invocation, source: ClusterSource) -> None:
@@ -180,19 +189,19 @@ def unpublish(inv: Invocation, source: ClusterSource) -> None:
             withdraw_advertisement(ctx, inv.deadline, may_delete=True)
 
 
-def published_differences(inv: Invocation, source: ClusterSource, prev: Result) -> list[str]:
-    """What CHECK finds changed in the published objects."""
+def published_differences(inv: Invocation, source: ClusterSource,
+                          addressing: Addressing) -> list[str]:
+    """What CHECK finds changed in the published objects (addressing: prevResult's)."""
     from cni_plugin.publish import endpointslice
     from cni_plugin.publish.bgp.check import advertisement_differences
-    plan = Addressing.from_result(prev)
     with connected(inv, source) as ctx, api_boundary("check the published objects"):
         if ctx is None:
             return []
         diffs: list[str] = []
         if inv.conf.publish.bgp:
-            diffs += advertisement_differences(ctx, plan, inv.deadline)
+            diffs += advertisement_differences(ctx, addressing, inv.deadline)
         if inv.conf.publish.endpoint_slice:
-            diffs += endpointslice.slice_differences(ctx, plan, inv.deadline)
+            diffs += endpointslice.slice_differences(ctx, addressing, inv.deadline)
         return diffs
 
 

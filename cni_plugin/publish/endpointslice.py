@@ -84,17 +84,18 @@ def _slice_body(ctx: PublishContext, namespace: str, pod: str, uid: str, name: s
     }
 
 
-def ensure_slices(ctx: PublishContext, plan: Addressing, sid: str | None, rollback: Rollback,
+def ensure_slices(ctx: PublishContext, addressing: Addressing, sid: str | None, rollback: Rollback,
                   deadline: Deadline) -> None:
     """Create or refresh a slice per configured family the attachment has an address of."""
     families = [f for f in ctx.inv.conf.publish.endpoint_slice_families
-                if any(a.version == FAMILY_VERSION[f] for a in plan.workload)]
+                if any(a.version == FAMILY_VERSION[f] for a in addressing.workload)]
     if not families:
         return
     namespace, pod, uid = _pod_identity(ctx, deadline)
     conf = ctx.inv.conf
     for family in families:
-        address = next(str(a.ip) for a in plan.workload if a.version == FAMILY_VERSION[family])
+        address = next(str(a.ip) for a in addressing.workload
+                       if a.version == FAMILY_VERSION[family])
         name = slice_name(pod, conf.vpc, conf.vpcattachment, family)
         body = _slice_body(ctx, namespace, pod, uid, name, family, address, sid)
         _write_slice(ctx, namespace, name, body, rollback, deadline)
@@ -150,7 +151,7 @@ def delete_slices(ctx: PublishContext, deadline: Deadline) -> None:
                           uid=meta["uid"], resource_version=meta["resourceVersion"])
 
 
-def slice_differences(ctx: PublishContext, plan: Addressing, deadline: Deadline) -> list[str]:
+def slice_differences(ctx: PublishContext, addressing: Addressing, deadline: Deadline) -> list[str]:
     """What CHECK finds wrong with this container's slices."""
     pod = ctx.inv.pod
     if not pod.namespace or not pod.name:
@@ -158,7 +159,7 @@ def slice_differences(ctx: PublishContext, plan: Addressing, deadline: Deadline)
     conf = ctx.inv.conf
     diffs = []
     for family in conf.publish.endpoint_slice_families:
-        addrs = [str(a.ip) for a in plan.workload if a.version == FAMILY_VERSION[family]]
+        addrs = [str(a.ip) for a in addressing.workload if a.version == FAMILY_VERSION[family]]
         if not addrs:
             continue
         name = slice_name(pod.name, conf.vpc, conf.vpcattachment, family)

@@ -1,6 +1,7 @@
-"""Publishing ahead (`publish.Ahead`): the VPC's BGPVRFInstance is settled on a thread of its
-own while IPAM and the kernel work run; whatever happens in that block, a rollback after it
-finds everything the thread created, and the thread's error reaches the verb."""
+"""Settling the instance (`publish.SettlingInstance`): the VPC's BGPVRFInstance is settled on a
+thread of its own while IPAM and the kernel work run; whatever happens in that block, a
+rollback after it finds everything the thread created, and the thread's error reaches the
+verb."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ ROUTER = Router("router-worker-1", 65000, None, None)
 
 
 def fake_context() -> PublishContext:
-    inv = SimpleNamespace(deadline=Deadline(5), whole=Deadline(6))
+    inv = SimpleNamespace(deadline=Deadline(5), final_deadline=Deadline(6))
     return cast(PublishContext, SimpleNamespace(inv=inv))
 
 
@@ -56,7 +57,7 @@ def test_a_failure_in_the_block_waits_for_the_thread_so_the_rollback_undoes_its_
     monkeypatch.setattr(instance, "ensure_vrf_instance", create_instance)
     publisher = publish.Publisher(fake_context(), ROUTER)
     with pytest.raises(CniError, match="kernel"), Rollback(Deadline(6)) as rollback, \
-            publisher.ahead(rollback):
+            publisher.settling_instance(rollback):
         assert creating.wait(5)
         failed.set()
         raise CniError(11, "kernel: the link vanished")
@@ -68,9 +69,9 @@ def test_the_threads_error_is_raised_to_the_verb(monkeypatch: pytest.MonkeyPatch
         raise CniError(INVALID_CONFIG, "BGPVRFInstance refused")
 
     monkeypatch.setattr(instance, "ensure_vrf_instance", no_router)
-    ahead = publish.Ahead(fake_context(), ROUTER, Rollback(Deadline(6)))
+    settling = publish.SettlingInstance(fake_context(), ROUTER, Rollback(Deadline(6)))
     with pytest.raises(CniError, match="refused") as caught:
-        ahead.result()
+        settling.result()
     assert caught.value.code == INVALID_CONFIG
 
 
@@ -79,5 +80,5 @@ def test_the_thread_hands_over_the_vrf_id_and_the_advertisement_it_read(
     monkeypatch.setattr(instance, "ensure_vrf_instance", lambda *_: 9)
     monkeypatch.setattr(advertisement, "read_advertisement",
                         lambda *_: {"metadata": {"name": "3e-3e"}})
-    ahead = publish.Ahead(fake_context(), ROUTER, Rollback(Deadline(6)))
-    assert ahead.result() == (9, {"metadata": {"name": "3e-3e"}})
+    settling = publish.SettlingInstance(fake_context(), ROUTER, Rollback(Deadline(6)))
+    assert settling.result() == (9, {"metadata": {"name": "3e-3e"}})
