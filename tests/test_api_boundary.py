@@ -18,7 +18,7 @@ from cni_plugin.kube.client import ApiError, KubeClient, Resource, Target, api_f
 from cni_plugin.kube.config import load_kubeconfig
 from cni_plugin.publish import published_differences
 from cni_plugin.publish.resources import ADVERTISEMENTS, ENDPOINT_SLICES, NAMESPACES, PODS
-from cni_plugin.publish.source import ColdCluster
+from cni_plugin.publish.source import ClusterSession, ColdCluster, ColdSession
 from netconf.errors import PUBLISH_FAILURE, TRY_AGAIN_LATER, CniError
 from netconf.result import Result
 
@@ -58,11 +58,18 @@ class RefusingClient(KubeClient):
         raise refusal(403, method, target)
 
 
+class RefusingSession(ColdSession):
+    """A session whose client is a RefusingClient."""
+
+    def _connect(self) -> KubeClient:
+        return RefusingClient(load_kubeconfig(self.kubeconfig))
+
+
 class RefusingCluster(ColdCluster):
     """A ClusterSource lending RefusingClients."""
 
-    def client(self, kubeconfig: str) -> KubeClient:
-        return RefusingClient(load_kubeconfig(kubeconfig))
+    def session(self, kubeconfig: str) -> ClusterSession:
+        return RefusingSession(kubeconfig)
 
 
 def test_check_answers_a_refused_read_as_code_104_not_an_internal_error(

@@ -17,13 +17,12 @@ import pytest
 from cni_plugin.core import naming
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Invocation, Request
-from cni_plugin.kube.client import CREATED_BY_ANNOTATION, KubeClient
-from cni_plugin.kube.config import load_kubeconfig
+from cni_plugin.kube.client import CREATED_BY_ANNOTATION
 from cni_plugin.publish.bgp import instance as bgp_instance
 from cni_plugin.publish.bgp.spec import live_containers
 from cni_plugin.publish.context import PublishContext, Router
 from cni_plugin.publish.resources import NETNS_KEY, NODE_KEY, SUBNET_V6_KEY
-from cni_plugin.publish.source import ClusterSource, ColdCluster
+from cni_plugin.publish.source import ClusterSession, ClusterSource, ColdCluster, ColdSession
 from netconf.errors import TRY_AGAIN_LATER, CniError
 
 VPC = "10"  # hex 3e
@@ -168,8 +167,7 @@ def context(tmp_path: Path, servers: list[Scripted], server: Scripted,
                                     "VPC_ATTACH_LOCK_DIR": str(tmp_path / "locks"),
                                     "VPC_ATTACH_NODE_NAME": NODE},
                                    json.dumps(conf).encode()))
-    return PublishContext(inv, KubeClient(load_kubeconfig(str(config))), NODE,
-                          source or ColdCluster(), str(config))
+    return PublishContext(inv, (source or ColdCluster()).session(str(config)), NODE)
 
 
 def advertisement(name: str, vrf_id: int, annotations: dict[str, str] | None = None,
@@ -234,9 +232,14 @@ class CachedInstances(ColdCluster):
     def __init__(self, items: list[dict[str, Any]] | None) -> None:
         self.items = items
 
-    def instances(self, kubeconfig: str, namespace: str,
-                  router: str) -> list[dict[str, Any]] | None:
-        return self.items
+    def session(self, kubeconfig: str) -> ClusterSession:
+        items = self.items
+
+        class Cached(ColdSession):
+            def instances(self, namespace: str, router: str) -> list[dict[str, Any]] | None:
+                return items
+
+        return Cached(kubeconfig)
 
 
 def other(name: str, vrf_id: int, created: str) -> dict[str, Any]:

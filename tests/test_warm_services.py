@@ -73,7 +73,7 @@ def test_racing_first_uses_start_one_watch(kubeconfig: str,
 
     def first_use() -> None:
         barrier.wait(10)
-        cluster.pod(kubeconfig, "node-1", "default", "pod")
+        cluster.watch_pods(kubeconfig, "node-1")
 
     threads = [threading.Thread(target=first_use) for _ in range(8)]
     for thread in threads:
@@ -104,8 +104,9 @@ def test_knowing_the_nodes_router_starts_the_watch_of_its_vrf_instances(
 
     monkeypatch.setattr(warm, "WatchCache", SyncedWatch)
     cluster = WarmCluster()
-    assert cluster.routers(kubeconfig, "galactic-system", "node-1") is not None
+    session = cluster.session(kubeconfig)
+    assert session.routers("galactic-system", "node-1") is not None
     assert started[1] == ("/apis/network.datumapis.com/v1alpha1/namespaces/galactic-system/"
                           "bgpvrfinstances", "spec.routerRef.name=router-node-1")
-    cluster.routers(kubeconfig, "galactic-system", "node-1")
+    session.routers("galactic-system", "node-1")
     assert len(started) == 2, "each watch is started once"

@@ -32,7 +32,7 @@ def api_boundary(doing: str) -> Iterator[None]:
         raise api_failure(exc, doing) from None
 
 
-def check_settings(inv: Invocation) -> tuple[str, str]:
+def _check_settings(inv: Invocation) -> tuple[str, str]:
     """(kubeconfig, node name); code 7 when publishing is on but either is unusable."""
     node = inv.host.node_name
     if not node:
@@ -55,7 +55,14 @@ def connected(inv: Invocation, source: ClusterSource) -> Iterator[PublishContext
     if not inv.conf.publish.any:
         yield None
         return
-    kubeconfig, node = check_settings(inv)
+    kubeconfig, node = _check_settings(inv)
+    with _session(inv, source, kubeconfig, node) as ctx:
+        yield ctx
+
+
+@contextmanager
+def _session(inv: Invocation, source: ClusterSource, kubeconfig: str,
+             node: str) -> Iterator[PublishContext]:
     ctx = PublishContext.open(inv, source, kubeconfig, node)
     try:
         yield ctx
@@ -174,15 +181,16 @@ class Publisher:
 
 def unpublish(inv: Invocation, source: ClusterSource) -> None:
     """Withdraw this container's slices and advertisement annotations (DEL)."""
+    if not inv.conf.publish.any:
+        return
     try:
-        check_settings(inv)
+        kubeconfig, node = _check_settings(inv)
     except CniError:
         return  # never configured, so nothing can have been published
     from cni_plugin.publish import endpointslice
     from cni_plugin.publish.bgp.advertisement import withdraw_advertisement
-    with connected(inv, source) as ctx, api_boundary("withdraw the attachment"):
-        if ctx is None:
-            return
+    with _session(inv, source, kubeconfig, node) as ctx, \
+            api_boundary("withdraw the attachment"):
         if inv.conf.publish.endpoint_slice:
             endpointslice.delete_slices(ctx, inv.deadline)
         if inv.conf.publish.bgp:

@@ -12,28 +12,38 @@ from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Invocation
 from cni_plugin.core.rollback import Rollback
 from cni_plugin.kube.client import CREATED_BY_ANNOTATION, ApiError, KubeClient, Resource
-from cni_plugin.publish.source import ClusterSource
+from cni_plugin.publish.source import ClusterSession, ClusterSource
 
 
 @dataclass
 class PublishContext:
-    """One invocation's view of the cluster: its client is held until `close`."""
+    """One invocation's view of the cluster: its session (client and caches) is held until
+    `close`."""
 
     inv: Invocation
-    client: KubeClient
+    session: ClusterSession
     node: str
-    source: ClusterSource
-    kubeconfig: str
 
     @classmethod
     def open(cls, inv: Invocation, source: ClusterSource, kubeconfig: str,
              node: str) -> PublishContext:
-        """Borrow a client from source for kubeconfig (settings were checked before)."""
-        return cls(inv, source.client(kubeconfig), node, source, kubeconfig)
+        """A session for kubeconfig, its client borrowed now (settings were checked before)."""
+        session = source.session(kubeconfig)
+        try:
+            session.client()
+        except BaseException:
+            session.close()
+            raise
+        return cls(inv, session, node)
 
     def close(self) -> None:
-        """Hand the client back to its source."""
-        self.source.release(self.kubeconfig, self.client)
+        """End the session (its client goes back to the source)."""
+        self.session.close()
+
+    @property
+    def client(self) -> KubeClient:
+        """The session's API client."""
+        return self.session.client()
 
     @property
     def namespace(self) -> str:

@@ -44,7 +44,7 @@ def _pod_identity(ctx: PublishContext, deadline: Deadline) -> tuple[str, str, st
     if not pod.namespace or not pod.name:
         raise CniError(PUBLISH_FAILURE, "publishing an EndpointSlice needs the Pod",
                        "K8S_POD_NAMESPACE and K8S_POD_NAME are missing from CNI_ARGS")
-    obj = ctx.source.pod(ctx.kubeconfig, ctx.node, pod.namespace, pod.name)
+    obj = ctx.session.pod(ctx.node, pod.namespace, pod.name)
     if obj is None or (pod.uid and pod.uid != obj["metadata"]["uid"]):
         # not (yet) in the cache, or the cache lags behind a recreated Pod
         obj = ctx.client.get(PODS, pod.name, namespace=pod.namespace, deadline=deadline)

@@ -56,25 +56,21 @@ DenialObserver = Callable[[Denial], None]
 
 
 class _Api:
-    """The cluster as this ADD reads it: an API client borrowed on first use, returned at the
-    end."""
+    """The cluster as this ADD reads it: a session (its client borrowed on first use, handed
+    back at the end), and the source's caches of bindings and namespaces."""
 
     def __init__(self, source: ClusterSource, kubeconfig: str) -> None:
         self.source = source
         self.kubeconfig = kubeconfig
-        self._client: KubeClient | None = None
+        self.session = source.session(kubeconfig)
 
     def client(self) -> KubeClient:
-        """The borrowed client."""
-        if self._client is None:
-            self._client = self.source.client(self.kubeconfig)
-        return self._client
+        """The session's client."""
+        return self.session.client()
 
     def close(self) -> None:
-        """Hand the client back, if one was borrowed."""
-        if self._client is not None:
-            self.source.release(self.kubeconfig, self._client)
-            self._client = None
+        """End the session."""
+        self.session.close()
 
 
 @contextmanager
@@ -115,7 +111,7 @@ def _pod_choice(inv: Invocation, api: _Api) -> tuple[str, str]:
                        "K8S_POD_NAME are not in CNI_ARGS")
     pod = None
     if inv.host.node_name:
-        pod = api.source.pod(api.kubeconfig, inv.host.node_name, namespace, name)
+        pod = api.session.pod(inv.host.node_name, namespace, name)
     if pod is None:
         pod = api.client().get(PODS, name, namespace=namespace, deadline=inv.deadline)
     return choice.from_annotation(pod, f"{namespace}/{name}")

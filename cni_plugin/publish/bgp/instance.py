@@ -58,7 +58,7 @@ def _router_instances(ctx: PublishContext, router: Router, deadline: Deadline, *
                       cached: bool = False) -> list[dict[str, Any]]:
     """The router's VRF instances; `cached`: a synced watch cache will do (the agent's)."""
     if cached:
-        found = ctx.source.instances(ctx.kubeconfig, ctx.namespace, router.name)
+        found = ctx.session.instances(ctx.namespace, router.name)
         if found is not None:
             return found
     return list_selected(ctx, VRF_INSTANCES, "spec.routerRef.name", router.name, deadline)

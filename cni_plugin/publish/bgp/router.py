@@ -33,7 +33,7 @@ def list_selected(ctx: PublishContext, resource: Resource, field: str, value: st
 
 def find_router(ctx: PublishContext, deadline: Deadline) -> Router:
     """The one BGPRouter whose targetRef names this node (code 7 otherwise)."""
-    cached = ctx.source.routers(ctx.kubeconfig, ctx.namespace, ctx.node)
+    cached = ctx.session.routers(ctx.namespace, ctx.node)
     candidates = cached if cached is not None else \
         list_selected(ctx, ROUTERS, "spec.targetRef.name", ctx.node, deadline)
     found = [r for r in candidates
