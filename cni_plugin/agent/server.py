@@ -164,7 +164,9 @@ class Agent:
                 self._cond.notify_all()
 
     def _serve(self, conn: socket.socket) -> Answered | None:
-        """Read one request, run its verb and answer; what was answered."""
+        """Read one request, run its verb and answer; what was answered (also when the answer
+        could not be sent: the verb ran)."""
+        answered: Answered | None = None
         try:
             conn.settimeout(IDLE_READ_SECONDS)
             try:
@@ -185,14 +187,10 @@ class Agent:
             answered = request, status, payload, time.monotonic() - started
             answer = json.dumps(payload).encode() if payload is not None else b""
             conn.settimeout(SEND_SECONDS)
-            try:
-                conn.sendall(encode_reply(status, answer))
-            except OSError as exc:
-                log.warning("could not answer a client: %s", exc)
-            return answered
+            conn.sendall(encode_reply(status, answer))
         except OSError as exc:
             log.warning("could not answer a client: %s", exc)
-            return None
+        return answered
 
     def _after_answer(self, request: Request, status: int, payload: dict[str, Any] | None,
                       seconds: float) -> None:
