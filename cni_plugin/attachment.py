@@ -1,7 +1,8 @@
 """Attachments in the kernel (SPEC §5): veth and tap, built from the kernel primitives.
 
-`open_links` gives ADD a `VethLinks` or `TapLinks`: `create` makes the links (each recorded for
-rollback), `configure` gives them their addresses; `detach` removes only what carries this
+`open_links` gives ADD a `VethLinks` or `TapLinks`, whose `create` makes the links (each
+recorded for rollback) and returns a `CreatedVeth` or `CreatedTap`: only that has `configure`,
+which gives them their addresses; `detach` removes only what carries this
 container's ownership mark; `differences` lists what CHECK finds changed.
 """
 
@@ -12,6 +13,7 @@ import os
 import secrets
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass
 
 from cni_plugin.core import naming
 from cni_plugin.core.addressing import DEFAULT_DST, Addressing, IPInterface
@@ -151,24 +153,24 @@ def _undo_link(name: str, owner: Owner) -> Undo:
 
 
 def _setup_host_side(rtnl: Rtnl, inv: Invocation, link: Link, vpc_table: isolation.VpcTable,
-                     plan: Addressing, workload_mac: str | None) -> Link:
+                     addressing: Addressing, workload_mac: str | None) -> Link:
     """Gateways, routes in the VPC table, neighbours, sysctls, isolation, link up."""
     if vpc_table.vrf_index is not None:
         link = links.configure(rtnl, link, master=vpc_table.vrf_index)
     elif vpc_table.group is not None:  # the mark that selects the VPC's table (table mode)
         link = links.configure(rtnl, link, group=vpc_table.group)
-    for key, value in sysctl.host_side_sysctls(link.name, 4 in plan.versions,
-                                               6 in plan.versions).items():
+    for key, value in sysctl.host_side_sysctls(link.name, 4 in addressing.versions,
+                                               6 in addressing.versions).items():
         sysctl.set_sysctl(key, value)
     link = links.configure(rtnl, link, up=True)
-    for version, gateway in sorted(plan.gateways.items()):
+    for version, gateway in sorted(addressing.gateways.items()):
         if inv.conf.attachment == "tap" and version == 4:
             addresses.add_address(rtnl, link.index, link.name, ipaddress.ip_interface(
                 f"{gateway}/{TAP_IPV4_GATEWAY_PREFIX}"), addresses.IFA_F_NOPREFIXROUTE)
         else:
             addresses.add_address(rtnl, link.index, link.name,
                                   ipaddress.ip_interface(f"{gateway}/{gateway.max_prefixlen}"))
-    for workload in plan.workload:
+    for workload in addressing.workload:
         addresses.add_route(rtnl, host_route(workload, link.index, vpc_table.table), link.name)
         if workload_mac:
             addresses.add_permanent_neighbour(rtnl, link.index, link.name, workload.ip,
@@ -182,10 +184,10 @@ def host_route(workload: IPInterface, oif: int, table: int) -> RouteSpec:
                      oif=oif, table=table)
 
 
-def pod_routes(plan: Addressing, oif: int) -> list[RouteSpec]:
+def pod_routes(addressing: Addressing, oif: int) -> list[RouteSpec]:
     """Inside the pod: an on-link default route per version via its gateway."""
-    return [RouteSpec(dst=DEFAULT_DST[v], oif=oif, gateway=plan.gateways[v], onlink=True)
-            for v in sorted(plan.versions)]
+    return [RouteSpec(dst=DEFAULT_DST[v], oif=oif, gateway=addressing.gateways[v], onlink=True)
+            for v in sorted(addressing.versions)]
 
 
 @contextmanager
@@ -198,20 +200,21 @@ def lock(inv: Invocation) -> Iterator[None]:
 
 
 class VethLinks:
-    """A veth pair: host end G…H in the VPC's table, container end CNI_IFNAME in the pod."""
+    """A veth pair to make: host end G…H in the VPC's table, container end CNI_IFNAME in the
+    pod."""
 
     def __init__(self, inv: Invocation, host_rtnl: Rtnl, pod_rtnl: Rtnl) -> None:
         self.inv = inv
         self.host_rtnl = host_rtnl
         self.pod_rtnl = pod_rtnl
 
-    def create(self, rollback: Rollback) -> None:
+    def create(self, rollback: Rollback) -> CreatedVeth:
         """Make the pair, name both ends with their owner mark and bring the pod end up."""
         inv, host_rtnl, pod_rtnl = self.inv, self.host_rtnl, self.pod_rtnl
         owner = owner_of(inv)
         claim_pod_ifname(pod_rtnl, inv)
         claim_host_link(host_rtnl, inv)
-        self.vpc_table = ensure_vpc_table(host_rtnl, inv)
+        vpc_table = ensure_vpc_table(host_rtnl, inv)
         guest = naming.guest_link_name(inv.conf.vpc, inv.conf.vpcattachment)
         stale = links.find(pod_rtnl, guest)
         if stale is not None:  # a killed ADD's half-made pair: the G…G name is ours alone
@@ -219,82 +222,108 @@ class VethLinks:
         # The host end starts under a temporary name and becomes G…H together with its owner
         # mark in one request, so a G…H without its owner never exists, even if we are killed.
         temporary = f"vpa{secrets.token_hex(5)}"
-        with netns_fd(inv.env.netns) as fd:
+        with netns.opened(inv.env.netns) as fd:
             links.create_veth(host_rtnl, temporary, guest, fd, inv.conf.mtu)
         rollback.created(f"veth {temporary}", _undo_temporary(temporary))
         fresh = _require(links.find(host_rtnl, temporary), temporary)
         name = host_link_name(inv)
-        self.host_link = links.configure(host_rtnl, fresh, name=name, alias=owner.alias)
+        host_link = links.configure(host_rtnl, fresh, name=name, alias=owner.alias)
         rollback.created(f"veth {name}", _undo_link(name, owner))
         pod_link = _require(links.find(pod_rtnl, guest), guest)
-        mac = inv.runtime_value("mac")
-        self.mac = mac if isinstance(mac, str) and mac else None
-        if self.mac:
-            links.set_mac(pod_rtnl, pod_link, self.mac)
-        self.pod_link = links.configure(pod_rtnl, pod_link, name=inv.env.ifname,
-                                        alias=owner.alias, up=True)
+        runtime_mac = inv.runtime_value("mac")
+        mac = runtime_mac if isinstance(runtime_mac, str) and runtime_mac else None
+        if mac:
+            links.set_mac(pod_rtnl, pod_link, mac)
+        pod_link = links.configure(pod_rtnl, pod_link, name=inv.env.ifname, alias=owner.alias,
+                                   up=True)
+        return CreatedVeth(inv, host_rtnl, pod_rtnl, vpc_table, host_link, pod_link, mac)
 
-    def configure(self, plan: Addressing) -> Result:
+
+@dataclass(frozen=True)
+class CreatedVeth:
+    """A veth pair `VethLinks.create` made: what `configure` gives addresses to."""
+
+    inv: Invocation
+    host_rtnl: Rtnl
+    pod_rtnl: Rtnl
+    vpc_table: isolation.VpcTable
+    host_link: Link
+    pod_link: Link
+    mac: str | None  # runtimeConfig's, set on the pod end
+
+    def configure(self, addressing: Addressing) -> Result:
         """Addresses and routes on both ends; the kernel part of the result."""
         inv, pod_rtnl, pod_link = self.inv, self.pod_rtnl, self.pod_link
-        for workload in plan.workload:
+        for workload in addressing.workload:
             # No connected route: every destination, even in the same prefix, goes via the
             # gateway and so through the VPC table (other Pods are not on this link).
             addresses.add_address(pod_rtnl, pod_link.index, inv.env.ifname, workload,
                                   addresses.IFA_F_NOPREFIXROUTE)
-        for route in pod_routes(plan, pod_link.index):
+        for route in pod_routes(addressing, pod_link.index):
             addresses.add_route(pod_rtnl, route, inv.env.ifname)
         if self.mac:  # the MAC as the kernel stored it
             pod_link = _require(links.by_index(pod_rtnl, pod_link.index), inv.env.ifname)
-        host_link = _setup_host_side(self.host_rtnl, inv, self.host_link, self.vpc_table, plan,
-                                     pod_link.mac)
+        host_link = _setup_host_side(self.host_rtnl, inv, self.host_link, self.vpc_table,
+                                     addressing, pod_link.mac)
         mtu = inv.conf.mtu
         return Result(
             interfaces=[
                 Interface(name=host_link.name, mac=host_link.mac, mtu=mtu),
                 Interface(name=pod_link.name, mac=pod_link.mac, mtu=mtu, sandbox=inv.env.netns),
             ],
-            ips=plan.result_ips(interface=1),
-            routes=plan.result_routes(),
+            ips=addressing.result_ips(interface=1),
+            routes=addressing.result_routes(),
         )
 
 
 class TapLinks:
-    """A host tap G…H for a VM, in the VPC's table."""
+    """A host tap G…H for a VM to make, in the VPC's table."""
 
     def __init__(self, inv: Invocation, host_rtnl: Rtnl) -> None:
         self.inv = inv
         self.host_rtnl = host_rtnl
 
-    def create(self, rollback: Rollback) -> None:
+    def create(self, rollback: Rollback) -> CreatedTap:
         """Make the tap with its owner mark and MTU."""
         inv, rtnl = self.inv, self.host_rtnl
         name = host_link_name(inv)
         owner = owner_of(inv)
         options = inv.conf.tap_options
         claim_host_link(rtnl, inv)
-        self.vpc_table = ensure_vpc_table(rtnl, inv)
+        vpc_table = ensure_vpc_table(rtnl, inv)
         tap.create_tap(name, owner=options.owner, group=options.group,
                        multi_queue=options.multi_queue, vnet_hdr=options.vnet_hdr)
         link = _require(links.find(rtnl, name), name)
-        self.link = links.configure(rtnl, link, alias=owner.alias, mtu=inv.conf.mtu)
+        link = links.configure(rtnl, link, alias=owner.alias, mtu=inv.conf.mtu)
         rollback.created(f"tap {name}", _undo_link(name, owner))
+        return CreatedTap(inv, rtnl, vpc_table, link)
 
-    def configure(self, plan: Addressing) -> Result:
+
+@dataclass(frozen=True)
+class CreatedTap:
+    """A tap `TapLinks.create` made: what `configure` gives its gateways."""
+
+    inv: Invocation
+    host_rtnl: Rtnl
+    vpc_table: isolation.VpcTable
+    link: Link
+
+    def configure(self, addressing: Addressing) -> Result:
         """Gateways and routes on the tap; the result has the tap alone (IPs at index 0)."""
-        link = _setup_host_side(self.host_rtnl, self.inv, self.link, self.vpc_table, plan,
+        link = _setup_host_side(self.host_rtnl, self.inv, self.link, self.vpc_table, addressing,
                                 workload_mac=None)
         return Result(
             interfaces=[Interface(name=link.name, mac=link.mac, mtu=self.inv.conf.mtu,
                                   sandbox="")],
-            ips=plan.result_ips(interface=0),
-            routes=plan.result_routes(),
+            ips=addressing.result_ips(interface=0),
+            routes=addressing.result_routes(),
         )
 
 
 @contextmanager
 def open_links(inv: Invocation) -> Iterator[VethLinks | TapLinks]:
-    """The attachment's links, with netlink sockets in the host (and pod) netns until exit."""
+    """The attachment's links to make, with netlink sockets in the host (and pod) netns until
+    exit; only what their `create` returns can be configured."""
     with ExitStack() as stack:
         host_rtnl = stack.enter_context(host_netlink(inv.deadline))
         if inv.conf.attachment == "tap":
@@ -314,19 +343,6 @@ def claim_pod_ifname(pod_rtnl: Rtnl, inv: Invocation) -> None:
         return
     raise CniError(INTERFACE_CONFLICT, f"interface {inv.env.ifname!r} already exists in netns "
                    f"{inv.env.netns!r}", "it was not created by vpc-attach for this container")
-
-
-@contextmanager
-def netns_fd(path: str) -> Iterator[int]:
-    """An open fd of the netns at path."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise netns.NetnsGone(path, exc.strerror or str(exc)) from None
-    try:
-        yield fd
-    finally:
-        os.close(fd)
 
 
 def _require(link: Link | None, name: str) -> Link:
@@ -367,10 +383,10 @@ def detach(inv: Invocation, delete_later: RetiredLinks | None = None) -> None:
         delete_later(retired)
 
 
-def differences(inv: Invocation, prev: Result) -> list[str]:
-    """Everything ADD is responsible for in the kernel that no longer matches prevResult."""
+def differences(inv: Invocation, prev: Result, addressing: Addressing) -> list[str]:
+    """Everything ADD is responsible for in the kernel that no longer matches prevResult (and
+    the addressing read from it)."""
     name = host_link_name(inv)
-    plan = Addressing.from_result(prev)
     diffs: list[str] = []
     with host_netlink(inv.deadline) as rtnl:
         host_link = links.find(rtnl, name)
@@ -380,10 +396,10 @@ def differences(inv: Invocation, prev: Result) -> list[str]:
             diffs.append(f"host link {name!r} belongs to {host_link.alias!r}")
         pod_mac: str | None = None
         if inv.conf.attachment == "veth":
-            pod_mac, pod_diffs = _pod_differences(inv, prev, plan)
+            pod_mac, pod_diffs = _pod_differences(inv, prev, addressing)
             diffs.extend(pod_diffs)
         diffs.extend(_link_differences(host_link, prev, inv.conf.mtu, "host link"))
-        diffs.extend(_host_differences(rtnl, inv, host_link, plan, pod_mac))
+        diffs.extend(_host_differences(rtnl, inv, host_link, addressing, pod_mac))
     return diffs
 
 
@@ -402,7 +418,7 @@ def _link_differences(link: Link, prev: Result, mtu: int | None, what: str) -> l
 
 
 def _pod_differences(inv: Invocation, prev: Result,
-                     plan: Addressing) -> tuple[str | None, list[str]]:
+                     addressing: Addressing) -> tuple[str | None, list[str]]:
     ifname = inv.env.ifname
     with pod_netlink(inv.env.netns, inv.deadline) as pod_rtnl:
         pod_link = links.find(pod_rtnl, ifname)
@@ -410,23 +426,23 @@ def _pod_differences(inv: Invocation, prev: Result,
             return None, [f"interface {ifname!r} is missing in netns {inv.env.netns!r}"]
         diffs = _link_differences(pod_link, prev, inv.conf.mtu, "interface")
         present = set(addresses.addresses(pod_rtnl, pod_link.index))
-        for workload in plan.workload:
+        for workload in addressing.workload:
             if workload not in present:
                 diffs.append(f"interface {ifname!r} lacks IPv{workload.version} address "
                              f"{workload}")
-        for route in pod_routes(plan, pod_link.index):
+        for route in pod_routes(addressing, pod_link.index):
             if not addresses.has_route(pod_rtnl, route):
                 diffs.append(f"route {route.dst} via {route.gateway} dev {ifname} is missing")
         return pod_link.mac, diffs
 
 
-def _host_differences(rtnl: Rtnl, inv: Invocation, link: Link, plan: Addressing,
+def _host_differences(rtnl: Rtnl, inv: Invocation, link: Link, addressing: Addressing,
                       pod_mac: str | None) -> list[str]:
-    diffs: list[str] = []
     rules = isolation.all_rules(rtnl) if inv.conf.isolation == "table" else None
     table = isolation.find_vpc_table(rtnl, inv.conf.vpc, inv.conf.isolation, rules)
     if table is None:
-        return [*diffs, f"VPC {inv.conf.vpc!r} has no routing table ({inv.conf.isolation})"]
+        return [f"VPC {inv.conf.vpc!r} has no routing table ({inv.conf.isolation})"]
+    diffs: list[str] = []
     if inv.conf.isolation == "vrf":
         vrf = links.find(rtnl, naming.vrf_name(inv.conf.vpc))
         if vrf is None or link.master != vrf.index:
@@ -439,11 +455,11 @@ def _host_differences(rtnl: Rtnl, inv: Invocation, link: Link, plan: Addressing,
             diffs.append(f"host link {link.name!r} has device group {link.group:#x}, not its "
                          f"VPC's mark {isolation.vpc_mark(table):#x}")
     present = set(addresses.addresses(rtnl, link.index, link_scope=True))
-    for version, gateway in plan.gateways.items():
+    for version, gateway in addressing.gateways.items():
         if not any(a.ip == gateway for a in present):
             diffs.append(f"host link {link.name!r} lacks gateway IPv{version} address {gateway}")
     neighbours = addresses.permanent_neighbours(rtnl, link.index)
-    for workload in plan.workload:
+    for workload in addressing.workload:
         if not addresses.has_route(rtnl, host_route(workload, link.index, table)):
             diffs.append(f"route to {workload.ip} via {link.name} in table {table} is missing")
         if pod_mac and neighbours.get(str(workload.ip)) != pod_mac:

@@ -60,7 +60,7 @@ def _cni(full: str | None) -> None:
         sys.exit(status)
     if full is not None:
         _hand_over(full, stdin)
-    from cni_plugin.dispatch import answer_stdio
+    from cni_plugin.stdio import answer_stdio
 
     answer_stdio(environ, stdin)
 

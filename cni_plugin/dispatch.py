@@ -1,18 +1,16 @@
 """Map a Request to a verb and its outcome to (exit status, JSON answer).
 
-Shared by every transport (the executables, the node agent). Any exception becomes a CNI error
-object; a Python traceback is never an answer.
+Shared by every transport (the executables through `stdio.py`, the node agent). Any exception
+becomes a CNI error object; a Python traceback is never an answer.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cni_plugin.core import oplog
 from cni_plugin.core.request import Request
@@ -20,7 +18,7 @@ from netconf.errors import INTERNAL_ERROR, CniError
 from netconf.versions import CURRENT_VERSION, SUPPORTED_VERSIONS
 
 if TYPE_CHECKING:
-    from cni_plugin.verbs.environment import Environment
+    from cni_plugin.verbs.collaborators import Collaborators
     from netconf.result import Result
 
 log = logging.getLogger(__name__)
@@ -69,59 +67,94 @@ def run(request: Request, handler: Handler | None = None,
     return status, payload
 
 
-def plugin_verbs(env: Environment | None = None) -> Handler:
-    """The vpc-attach verbs with env (default: the executable's), imported on use: VERSION
-    loads none of them."""
+class VerbSet(Protocol):
+    """The verbs of one plugin besides VERSION (the `cni_plugin.ipam.plugin.verbs` module is
+    one)."""
+
+    def add(self, request: Request) -> Result:
+        """ADD: the result."""
+
+    def delete(self, request: Request) -> None:
+        """DEL."""
+
+    def check(self, request: Request) -> None:
+        """CHECK."""
+
+    def status(self, request: Request) -> None:
+        """STATUS."""
+
+    def gc(self, request: Request) -> None:
+        """GC."""
+
+
+def _dispatch(request: Request, version: str, verbs: Callable[[], VerbSet],
+              to_wire: Callable[[Result, str], dict[str, Any]]) -> dict[str, Any] | None:
+    """Run the request's verb of `verbs()` (loaded unless it is VERSION); ADD's result in
+    `version`, via to_wire."""
+    command = request.command
+    if command == "VERSION":
+        from cni_plugin.verbs.version import version as version_verb
+        return version_verb()
+    if command == "ADD":
+        return to_wire(verbs().add(request), version)
+    if command not in ("DEL", "CHECK", "STATUS", "GC"):
+        _unknown_command(request)
+        return None
+    loaded = verbs()
+    {"DEL": loaded.delete, "CHECK": loaded.check, "STATUS": loaded.status,
+     "GC": loaded.gc}[command](request)
+    return None
+
+
+class _PluginVerbs:
+    """The vpc-attach verbs with what a transport lends them, each imported on use."""
+
+    def __init__(self, collaborators: Collaborators) -> None:
+        self.lent = collaborators
+
+    def add(self, request: Request) -> Result:
+        from cni_plugin.verbs.add import add
+        return add(request, self.lent)
+
+    def delete(self, request: Request) -> None:
+        from cni_plugin.verbs.delete import delete
+        delete(request, self.lent)
+
+    def check(self, request: Request) -> None:
+        from cni_plugin.verbs.check import check
+        check(request, self.lent)
+
+    def status(self, request: Request) -> None:
+        from cni_plugin.verbs.status import status
+        status(request, self.lent)
+
+    def gc(self, request: Request) -> None:
+        from cni_plugin.verbs.gc import gc
+        gc(request, self.lent)
+
+
+def plugin_verbs(collaborators: Collaborators | None = None) -> Handler:
+    """The vpc-attach verbs with what a transport lends them (default: the executable's),
+    imported on use: VERSION loads none of them."""
+
+    def verbs() -> VerbSet:
+        from cni_plugin.verbs.collaborators import Collaborators
+        return _PluginVerbs(collaborators or Collaborators())
 
     def handle(request: Request, version: str) -> dict[str, Any] | None:
-        command = request.command
-        if command == "VERSION":
-            from cni_plugin.verbs.version import version as version_verb
-            return version_verb()
-        from cni_plugin.verbs.environment import Environment
-        verb_env = env or Environment()
-        if command == "ADD":
-            from cni_plugin.verbs.add import add
-            return add(request, verb_env).to_wire(version)
-        if command == "DEL":
-            from cni_plugin.verbs.delete import delete
-            delete(request, verb_env)
-        elif command == "CHECK":
-            from cni_plugin.verbs.check import check
-            check(request, verb_env)
-        elif command == "STATUS":
-            from cni_plugin.verbs.status import status
-            status(request, verb_env)
-        elif command == "GC":
-            from cni_plugin.verbs.gc import gc
-            gc(request, verb_env)
-        else:
-            _unknown_command(request)
-        return None
+        return _dispatch(request, version, verbs, lambda result, v: result.to_wire(v))
 
     return handle
 
 
 def ipam_verbs(request: Request, version: str) -> dict[str, Any] | None:
     """The vpc-attach-ipam verbs."""
-    from cni_plugin.ipam.plugin import verbs
-    from cni_plugin.verbs.version import version as version_verb
-    command = request.command
-    if command == "VERSION":
-        return version_verb()
-    if command == "ADD":
-        return ipam_to_wire(verbs.add(request), version)
-    if command == "DEL":
-        verbs.delete(request)
-    elif command == "CHECK":
-        verbs.check(request)
-    elif command == "STATUS":
-        verbs.status(request)
-    elif command == "GC":
-        verbs.gc(request)
-    else:
-        _unknown_command(request)
-    return None
+
+    def verbs() -> VerbSet:
+        from cni_plugin.ipam.plugin import verbs
+        return verbs
+
+    return _dispatch(request, version, verbs, ipam_to_wire)
 
 
 def ipam_to_wire(result: Result, version: str) -> dict[str, Any]:
@@ -136,23 +169,3 @@ def ipam_to_wire(result: Result, version: str) -> dict[str, Any]:
 def _unknown_command(request: Request) -> None:
     from netconf.runtime import RuntimeEnv
     RuntimeEnv.from_environ(request.environ)  # raises code 4 naming CNI_COMMAND
-
-
-def serve_stdio(handler: Handler | None = None, log_line: bool = True) -> NoReturn:
-    """The executable's transport: env + stdin in, one JSON document on stdout, exit status."""
-    environ = dict(os.environ)
-    # VERSION ignores stdin; every other verb reads the config from it.
-    stdin = b"" if environ.get("CNI_COMMAND") == "VERSION" else sys.stdin.buffer.read()
-    answer_stdio(environ, stdin, handler, log_line)
-
-
-def answer_stdio(environ: dict[str, str], stdin: bytes, handler: Handler | None = None,
-                 log_line: bool = True) -> NoReturn:
-    """Run the verb in this process and answer on stdout with the exit status."""
-    request = Request(environ=environ, stdin=stdin)
-    oplog.configure(request)
-    status, payload = run(request, handler, log_line)
-    if payload is not None:
-        sys.stdout.write(json.dumps(payload))
-        sys.stdout.flush()
-    sys.exit(status)

@@ -11,7 +11,8 @@ def main() -> None:
         from cni_plugin.cli import answer_version
 
         answer_version()
-    from cni_plugin.dispatch import ipam_verbs, serve_stdio
+    from cni_plugin.dispatch import ipam_verbs
+    from cni_plugin.stdio import serve_stdio
 
     # Its delegating plugin logs the verb line; the IPAM plugin only logs what goes wrong.
     serve_stdio(ipam_verbs, log_line=False)

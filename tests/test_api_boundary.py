@@ -11,34 +11,39 @@ from typing import Any
 import pytest
 
 from cni_plugin.agent.warm import WatchCache
+from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Invocation, Request
-from cni_plugin.kube.client import ApiError, KubeClient, api_failure
+from cni_plugin.kube.client import ApiError, KubeClient, Resource, Target, api_failure
 from cni_plugin.kube.config import load_kubeconfig
 from cni_plugin.publish import published_differences
-from cni_plugin.publish.resources import ADVERTISEMENTS, ENDPOINT_SLICES, PODS
-from cni_plugin.publish.source import ColdCluster
+from cni_plugin.publish.resources import ADVERTISEMENTS, ENDPOINT_SLICES, NAMESPACES, PODS
+from cni_plugin.publish.source import ClusterSession, ColdCluster, ColdSession
 from netconf.errors import PUBLISH_FAILURE, TRY_AGAIN_LATER, CniError
 from netconf.result import Result
 
 
-def refusal(status: int, method: str, path: str) -> ApiError:
-    return ApiError(status, "Forbidden" if status == 403 else "Nope", "denied", method, path)
+def refusal(status: int, method: str, target: Target | str) -> ApiError:
+    path = target.path() if isinstance(target, Target) else target
+    return ApiError(status, "Forbidden" if status == 403 else "Nope", "denied", method, path,
+                    target if isinstance(target, Target) else None)
 
 
 def test_the_error_names_the_kind_namespace_and_name_of_the_object() -> None:
-    path = ADVERTISEMENTS.path("galactic-system", "3e-3e")
-    assert refusal(403, "PUT", path).target() == "update BGPAdvertisement galactic-system/3e-3e"
-    assert refusal(403, "POST", ENDPOINT_SLICES.path("team-a")).target() == \
+    adv = Target(ADVERTISEMENTS, "galactic-system", "3e-3e")
+    assert refusal(403, "PUT", adv).doing() == "update BGPAdvertisement galactic-system/3e-3e"
+    assert refusal(403, "POST", Target(ENDPOINT_SLICES, "team-a")).doing() == \
         "create EndpointSlice team-a"
-    assert refusal(403, "GET", PODS.path() + "?fieldSelector=x").target() == "list Pod"
-    assert refusal(403, "GET", "/version").target() == "GET /version"
+    assert refusal(403, "GET", Target(PODS)).doing() == "list Pod"
+    assert refusal(403, "GET", Target(NAMESPACES, "ignored", "team-a")).doing() == \
+        "get Namespace team-a"
+    assert refusal(403, "GET", "/version").doing() == "GET /version"
 
 
 @pytest.mark.parametrize(("status", "code"), [(401, TRY_AGAIN_LATER), (403, PUBLISH_FAILURE),
                                               (404, PUBLISH_FAILURE), (422, PUBLISH_FAILURE)])
 def test_each_refusal_gets_the_code_the_spec_gives(status: int, code: int) -> None:
-    err = api_failure(refusal(status, "DELETE", ADVERTISEMENTS.path("ns", "a")), "withdraw")
+    err = api_failure(refusal(status, "DELETE", Target(ADVERTISEMENTS, "ns", "a")), "withdraw")
     assert err.code == code
     assert err.msg.startswith("failed to withdraw: delete BGPAdvertisement ns/a")
     assert ("ClusterRole" in err.msg) == (status == 403)
@@ -47,17 +52,24 @@ def test_each_refusal_gets_the_code_the_spec_gives(status: int, code: int) -> No
 class RefusingClient(KubeClient):
     """Every request refused with 403, as an API server without the RBAC rules would."""
 
-    def request(self, method: str, path: str, deadline: Deadline, *, body: Any = None,
-                query: Mapping[str, str] | None = None,
+    def request(self, method: str, target: Target | str, deadline: Deadline, *,
+                body: Any = None, query: Mapping[str, str] | None = None,
                 content_type: str = "application/json") -> Any:
-        raise refusal(403, method, path)
+        raise refusal(403, method, target)
+
+
+class RefusingSession(ColdSession):
+    """A session whose client is a RefusingClient."""
+
+    def _connect(self) -> KubeClient:
+        return RefusingClient(load_kubeconfig(self.kubeconfig))
 
 
 class RefusingCluster(ColdCluster):
     """A ClusterSource lending RefusingClients."""
 
-    def client(self, kubeconfig: str) -> KubeClient:
-        return RefusingClient(load_kubeconfig(kubeconfig))
+    def session(self, kubeconfig: str) -> ClusterSession:
+        return RefusingSession(kubeconfig)
 
 
 def test_check_answers_a_refused_read_as_code_104_not_an_internal_error(
@@ -72,7 +84,7 @@ def test_check_answers_a_refused_read_as_code_104_not_an_internal_error(
     inv = Invocation.parse(Request(environ=environ, stdin=json.dumps(conf).encode()))
     prev = Result.from_wire({"cniVersion": "1.1.0", "ips": [{"address": "fd00::5/64"}]})
     with pytest.raises(CniError) as caught:
-        published_differences(inv, RefusingCluster(), prev)
+        published_differences(inv, RefusingCluster(), Addressing.from_result(prev))
     assert caught.value.code == PUBLISH_FAILURE
     assert "BGPVRFInstance" in caught.value.msg and "ClusterRole" in caught.value.msg
 
@@ -85,8 +97,8 @@ class ScriptedWatch(KubeClient):
         self.events = events
         self.queries: list[dict[str, str]] = []
 
-    def watch(self, path: str, query: Mapping[str, str], timeout: float
-              ) -> Iterator[dict[str, Any]]:
+    def watch(self, resource: Resource, query: Mapping[str, str], timeout: float, *,
+              namespace: str | None = None) -> Iterator[dict[str, Any]]:
         self.queries.append(dict(query))
         yield from self.events
 
@@ -95,7 +107,7 @@ def test_a_watch_resumes_from_the_last_version_it_saw_bookmarks_included(kubecon
     pod = {"metadata": {"namespace": "team-a", "name": "web", "resourceVersion": "5"}}
     client = ScriptedWatch(kubeconfig, [{"type": "ADDED", "object": pod},
                             {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}}])
-    cache = WatchCache(client.creds, PODS.path(), "spec.nodeName=node-1")  # not started
+    cache = WatchCache(client.creds, PODS, "spec.nodeName=node-1")  # not started
     assert cache._watch(client, "1") == "9"
     assert client.queries[0]["resourceVersion"] == "1"
     assert client.queries[0]["allowWatchBookmarks"] == "true"
@@ -105,6 +117,6 @@ def test_a_watch_resumes_from_the_last_version_it_saw_bookmarks_included(kubecon
 def test_a_watch_error_event_makes_the_cache_list_again(kubeconfig: str) -> None:
     client = ScriptedWatch(kubeconfig, [{"type": "ERROR",
                                          "object": {"message": "too old resource version"}}])
-    cache = WatchCache(client.creds, PODS.path(), "spec.nodeName=node-1")
+    cache = WatchCache(client.creds, PODS, "spec.nodeName=node-1")
     with pytest.raises(ConnectionError, match="too old"):
         cache._watch(client, "1")

@@ -160,7 +160,7 @@ def test_allowed_stanza_keys_win_over_env_and_host_file(host_file: Path) -> None
     assert inv.host.namespace == inv.namespace == "stanza-ns"
     assert inv.host.log_level == "warning"
     assert inv.host.timeout_seconds == 4.0
-    assert inv.whole.seconds == 4.0
+    assert inv.final_deadline.seconds == 4.0
 
 
 def test_status_answers_within_its_own_short_deadline(host_file: Path) -> None:
@@ -168,10 +168,10 @@ def test_status_answers_within_its_own_short_deadline(host_file: Path) -> None:
                "VPC_ATTACH_TIMEOUT_SECONDS": "20"}
     inv = Invocation.parse(Request(environ, json.dumps(STANZA).encode()))
     assert inv.host.timeout_seconds == 20.0
-    assert inv.whole.seconds == inv.deadline.seconds == STATUS_TIMEOUT_S < 20.0
+    assert inv.final_deadline.seconds == inv.deadline.seconds == STATUS_TIMEOUT_S < 20.0
     short = Invocation.parse(Request({**environ, "VPC_ATTACH_TIMEOUT_SECONDS": "2"},
                                      json.dumps(STANZA).encode()))
-    assert short.whole.seconds == 2.0
+    assert short.final_deadline.seconds == 2.0
 
 
 def test_bgp_namespace_defaults_from_host_file_then_galactic_system(host_file: Path) -> None:

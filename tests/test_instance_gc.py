@@ -17,12 +17,12 @@ import pytest
 from cni_plugin.core import naming
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Invocation, Request
-from cni_plugin.kube.client import CREATED_BY_ANNOTATION, KubeClient
-from cni_plugin.kube.config import load_kubeconfig
-from cni_plugin.publish import bgp
+from cni_plugin.kube.client import CREATED_BY_ANNOTATION
+from cni_plugin.publish.bgp import instance as bgp_instance
+from cni_plugin.publish.bgp.spec import live_containers
 from cni_plugin.publish.context import PublishContext, Router
 from cni_plugin.publish.resources import NETNS_KEY, NODE_KEY, SUBNET_V6_KEY
-from cni_plugin.publish.source import ClusterSource, ColdCluster
+from cni_plugin.publish.source import ClusterSession, ClusterSource, ColdCluster, ColdSession
 from netconf.errors import TRY_AGAIN_LATER, CniError
 
 VPC = "10"  # hex 3e
@@ -43,7 +43,7 @@ def instance(mark: str | None = "gone/eth0/a1b2", **spec: Any) -> dict[str, Any]
 
 def keeps(obj: dict[str, Any], valid: set[tuple[str, str]] | None = None,
           attached: set[tuple[str, str]] | None = None) -> str | None:
-    return bgp.gc_keeps_instance(obj, ROUTER, VPC, valid or set(), attached or set())
+    return bgp_instance.gc_keeps_instance(obj, ROUTER, VPC, valid or set(), attached or set())
 
 
 # The rule ------------------------------------------------------------------------------------
@@ -94,7 +94,7 @@ def test_live_containers_are_this_nodes_whose_netns_is_there(tmp_path: Path) -> 
                    NODE_KEY + "b": NODE, NETNS_KEY + "b": str(tmp_path / "gone"),
                    NODE_KEY + "c": "worker-2", NETNS_KEY + "c": str(live),
                    SUBNET_V6_KEY + "d": "fd00::/96"}
-    assert bgp._live_containers(annotations, NODE) == {"a"}
+    assert live_containers(annotations, NODE) == {"a"}
 
 
 # Against a scripted API server ---------------------------------------------------------------
@@ -167,8 +167,7 @@ def context(tmp_path: Path, servers: list[Scripted], server: Scripted,
                                     "VPC_ATTACH_LOCK_DIR": str(tmp_path / "locks"),
                                     "VPC_ATTACH_NODE_NAME": NODE},
                                    json.dumps(conf).encode()))
-    return PublishContext(inv, KubeClient(load_kubeconfig(str(config))), NODE,
-                          source or ColdCluster(), str(config))
+    return PublishContext(inv, (source or ColdCluster()).session(str(config)), NODE)
 
 
 def advertisement(name: str, vrf_id: int, annotations: dict[str, str] | None = None,
@@ -178,7 +177,7 @@ def advertisement(name: str, vrf_id: int, annotations: dict[str, str] | None = N
 
 
 def collect(ctx: PublishContext) -> bool:
-    return bgp.collect_instance(ctx, ROUTER, set(), set(), Deadline(5))
+    return bgp_instance.collect_instance(ctx, ROUTER, set(), set(), Deadline(5))
 
 
 def test_gc_deletes_an_unused_instance_with_uid_and_resource_version_preconditions(
@@ -217,8 +216,8 @@ def test_gc_keeps_an_instance_that_changed_before_its_delete(
 def test_gc_waits_for_an_add_relying_on_the_instance(tmp_path: Path, api: list[Scripted]) -> None:
     server = Scripted(instance(), [], [])
     ctx = context(tmp_path, api, server)
-    with bgp.instance_in_use(ctx, Deadline(5)), pytest.raises(CniError) as caught:
-        bgp.collect_instance(ctx, ROUTER, set(), set(), Deadline(0.2))
+    with bgp_instance.instance_in_use(ctx, Deadline(5)), pytest.raises(CniError) as caught:
+        bgp_instance.collect_instance(ctx, ROUTER, set(), set(), Deadline(0.2))
     assert caught.value.code == TRY_AGAIN_LATER and f"bgpvrfinstance-{NAME}" in caught.value.msg
     assert server.seen == [], "nothing is read while an ADD holds the instance"
     assert collect(ctx)
@@ -233,9 +232,14 @@ class CachedInstances(ColdCluster):
     def __init__(self, items: list[dict[str, Any]] | None) -> None:
         self.items = items
 
-    def instances(self, kubeconfig: str, namespace: str,
-                  router: str) -> list[dict[str, Any]] | None:
-        return self.items
+    def session(self, kubeconfig: str) -> ClusterSession:
+        items = self.items
+
+        class Cached(ColdSession):
+            def instances(self, namespace: str, router: str) -> list[dict[str, Any]] | None:
+                return items
+
+        return Cached(kubeconfig)
 
 
 def other(name: str, vrf_id: int, created: str) -> dict[str, Any]:
@@ -256,7 +260,7 @@ def test_a_found_instance_is_checked_against_a_synced_cache_without_asking_the_a
     server = Scripted(OURS, [], [])
     source = CachedInstances([OURS, other("b", 4, "2026-01-01T00:00:00Z")])
     ctx = context(tmp_path, api, server, source)
-    assert bgp._resolve_collision(ctx, ROUTER, OURS, Deadline(5), cached=True) == 3
+    assert bgp_instance._resolve_collision(ctx, ROUTER, OURS, Deadline(5), cached=True) == 3
     assert server.seen == []
 
 
@@ -264,7 +268,7 @@ def test_without_a_synced_cache_the_routers_instances_are_listed(
         tmp_path: Path, api: list[Scripted]) -> None:
     server = Scripted(OURS, [other("b", 4, "2026-01-01T00:00:00Z")], [])
     ctx = context(tmp_path, api, server, CachedInstances(None))
-    assert bgp._resolve_collision(ctx, ROUTER, OURS, Deadline(5), cached=True) == 3
+    assert bgp_instance._resolve_collision(ctx, ROUTER, OURS, Deadline(5), cached=True) == 3
     assert lists(server) == [f"/apis/network.datumapis.com/v1alpha1/namespaces/galactic-system/"
                              f"bgpvrfinstances?fieldSelector=spec.routerRef.name%3D{ROUTER.name}"]
 
@@ -276,6 +280,6 @@ def test_a_collision_seen_in_the_cache_is_decided_on_a_fresh_list(
     server = Scripted(OURS, [other("older", 5, "2026-01-01T00:00:00Z")], [])
     ctx = context(tmp_path, api, server,
                   CachedInstances([other("older", 3, "2026-01-01T00:00:00Z")]))
-    assert bgp._resolve_collision(ctx, ROUTER, OURS, Deadline(5), cached=True) == 3
+    assert bgp_instance._resolve_collision(ctx, ROUTER, OURS, Deadline(5), cached=True) == 3
     assert len(lists(server)) == 1
     assert [method for method, _, _ in server.seen] == ["GET"]

@@ -24,7 +24,7 @@ LAYERS: dict[str, int] = {
     "cni_plugin.publish": 2, "cni_plugin.attachment": 2, "cni_plugin.tenancy": 2,
     "cni_plugin.verbs": 3,
     "cni_plugin.dispatch": 4,
-    "cni_plugin.cli": 5, "cni_plugin.ipam_cli": 5, "cni_plugin.agent": 5,
+    "cni_plugin.cli": 5, "cni_plugin.ipam_cli": 5, "cni_plugin.stdio": 5, "cni_plugin.agent": 5,
     "cni_plugin.install": 5, "cni_plugin.doctor": 5,
 }
 LAYER_NAMES = ("netconf", "core", "domain", "verbs", "dispatch", "transports")

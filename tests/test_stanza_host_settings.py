@@ -159,7 +159,7 @@ def test_the_node_allows_stanza_host_settings_only_with_allow(
             Invocation.parse(request)
         return
     inv = Invocation.parse(request)
-    assert inv.host.node_name == "stanza-node" and inv.whole.seconds == 3.0
+    assert inv.host.node_name == "stanza-node" and inv.final_deadline.seconds == 3.0
 
 
 @pytest.mark.parametrize("value", ["yes", "Allow", "true", "1", "ALLOW", 1, True])

@@ -10,7 +10,7 @@ import pytest
 
 from cni_plugin.agent import warm
 from cni_plugin.agent.warm import WarmCluster
-from cni_plugin.kube.client import KubeClient
+from cni_plugin.kube.client import KubeClient, Resource
 
 
 def on_another_thread(cluster: WarmCluster, kubeconfig: str) -> KubeClient:
@@ -55,9 +55,10 @@ def test_racing_first_uses_start_one_watch(kubeconfig: str,
     started: list[str] = []
 
     class CountingWatch:
-        def __init__(self, _creds: object, path: str, _selector: str,
-                     _observe: object = None, _absent_ok: bool = False) -> None:
-            self.path = path
+        def __init__(self, _creds: object, resource: Resource, _selector: str,
+                     _observe: object = None, _absent_ok: bool = False, *,
+                     namespace: str | None = None) -> None:
+            self.path = resource.path(namespace)
 
         def start(self) -> CountingWatch:
             started.append(self.path)
@@ -72,7 +73,7 @@ def test_racing_first_uses_start_one_watch(kubeconfig: str,
 
     def first_use() -> None:
         barrier.wait(10)
-        cluster.pod(kubeconfig, "node-1", "default", "pod")
+        cluster.watch_pods(kubeconfig, "node-1")
 
     threads = [threading.Thread(target=first_use) for _ in range(8)]
     for thread in threads:
@@ -87,9 +88,10 @@ def test_knowing_the_nodes_router_starts_the_watch_of_its_vrf_instances(
     started: list[tuple[str, str]] = []
 
     class SyncedWatch:
-        def __init__(self, _creds: object, path: str, selector: str,
-                     _observe: object = None, _absent_ok: bool = False) -> None:
-            self.path, self.selector = path, selector
+        def __init__(self, _creds: object, resource: Resource, selector: str,
+                     _observe: object = None, _absent_ok: bool = False, *,
+                     namespace: str | None = None) -> None:
+            self.path, self.selector = resource.path(namespace), selector
 
         def start(self) -> SyncedWatch:
             started.append((self.path, self.selector))
@@ -102,8 +104,9 @@ def test_knowing_the_nodes_router_starts_the_watch_of_its_vrf_instances(
 
     monkeypatch.setattr(warm, "WatchCache", SyncedWatch)
     cluster = WarmCluster()
-    assert cluster.routers(kubeconfig, "galactic-system", "node-1") is not None
+    session = cluster.session(kubeconfig)
+    assert session.routers("galactic-system", "node-1") is not None
     assert started[1] == ("/apis/network.datumapis.com/v1alpha1/namespaces/galactic-system/"
                           "bgpvrfinstances", "spec.routerRef.name=router-node-1")
-    cluster.routers(kubeconfig, "galactic-system", "node-1")
+    session.routers("galactic-system", "node-1")
     assert len(started) == 2, "each watch is started once"

@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cni_plugin.agent.warm import WarmCluster
+from cni_plugin.agent.warm import WarmCluster, WarmSession
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Request
-from cni_plugin.kube.client import MERGE_PATCH, ApiError, KubeClient
+from cni_plugin.kube.client import MERGE_PATCH, ApiError, KubeClient, Target
 from cni_plugin.kube.events import EVENTS, micro_time, pod_event_body, truncated
 from cni_plugin.publish.resources import PODS
 from netconf.config import lookup_ci
@@ -210,13 +210,11 @@ class EventRecorder:
                 event.namespace, event.pod, detail)
 
     def _write(self, event: PodEvent) -> None:
-        client = self.cluster.client(event.kubeconfig)
-        try:
+        with contextlib.closing(self.cluster.session(event.kubeconfig)) as session:
+            client = session.client()
             deadline = Deadline(WRITE_SECONDS)
             if not self._extend_series(client, event, deadline):
-                self._create(client, event, deadline)
-        finally:
-            self.cluster.release(event.kubeconfig, client)
+                self._create(client, session, event, deadline)
 
     def _extend_series(self, client: KubeClient, event: PodEvent, deadline: Deadline) -> bool:
         """Count a repeat in the existing Event's series; False when there is none to extend."""
@@ -225,7 +223,7 @@ class EventRecorder:
             return False
         body = {"series": {"count": series.count + 1, "lastObservedTime": micro_time(time.time())}}
         try:
-            client.request("PATCH", EVENTS.path(event.namespace, series.name), deadline,
+            client.request("PATCH", Target(EVENTS, event.namespace, series.name), deadline,
                            body=body, content_type=MERGE_PATCH)
         except ApiError as exc:
             if exc.status != 404:  # expired (Events live an hour): start a new one
@@ -237,20 +235,22 @@ class EventRecorder:
         self._series.move_to_end(event.key)
         return True
 
-    def _create(self, client: KubeClient, event: PodEvent, deadline: Deadline) -> None:
-        uid = event.uid or self._pod_uid(client, event, deadline)
+    def _create(self, client: KubeClient, session: WarmSession, event: PodEvent,
+                deadline: Deadline) -> None:
+        uid = event.uid or self._pod_uid(client, session, event, deadline)
         body = pod_event_body(event.namespace, event.pod, uid, event.node, event.reason,
                               event.type, event.note)
-        client.request("POST", EVENTS.path(event.namespace), deadline, body=body)
+        client.create(EVENTS, body, namespace=event.namespace, deadline=deadline)
         self._series[event.key] = _Series(body["metadata"]["name"], 1)
         while len(self._series) > MAX_SERIES:
             self._series.popitem(last=False)
 
-    def _pod_uid(self, client: KubeClient, event: PodEvent, deadline: Deadline) -> str | None:
+    def _pod_uid(self, client: KubeClient, session: WarmSession, event: PodEvent,
+                 deadline: Deadline) -> str | None:
         """The Pod's UID from the node's Pod cache, else the API (None when it is gone)."""
-        pod = self.cluster.pod(event.kubeconfig, event.node, event.namespace, event.pod)
+        pod = session.pod(event.node, event.namespace, event.pod)
         if pod is None:
             with contextlib.suppress(ApiError, CniError):
-                pod = client.get(PODS.path(event.namespace, event.pod), deadline)
+                pod = client.get(PODS, event.pod, namespace=event.namespace, deadline=deadline)
         uid = ((pod or {}).get("metadata") or {}).get("uid")
         return uid if isinstance(uid, str) else None

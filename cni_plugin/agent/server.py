@@ -37,7 +37,7 @@ from cni_plugin.core import oplog
 from cni_plugin.core.request import Request
 from cni_plugin.kube.events import truncated
 from cni_plugin.tenancy import Denial
-from cni_plugin.verbs.environment import Environment
+from cni_plugin.verbs.collaborators import Collaborators
 from netconf.errors import INTERNAL_ERROR, CniError
 from netconf.host import resolve_host_settings
 
@@ -69,7 +69,7 @@ class Agent:
         self.reaper = reaper
         self.metrics = metrics
         self.events = events
-        self.verbs = dispatch.plugin_verbs(Environment(
+        self.verbs = dispatch.plugin_verbs(Collaborators(
             cluster=cluster, delete_retired_later=reaper.submit,
             rollback_finished=metrics.rollback_finished if metrics is not None else None,
             tenancy_denied=self._denied))
@@ -164,7 +164,9 @@ class Agent:
                 self._cond.notify_all()
 
     def _serve(self, conn: socket.socket) -> Answered | None:
-        """Read one request, run its verb and answer; what was answered."""
+        """Read one request, run its verb and answer; what was answered (also when the answer
+        could not be sent: the verb ran)."""
+        answered: Answered | None = None
         try:
             conn.settimeout(IDLE_READ_SECONDS)
             try:
@@ -185,14 +187,10 @@ class Agent:
             answered = request, status, payload, time.monotonic() - started
             answer = json.dumps(payload).encode() if payload is not None else b""
             conn.settimeout(SEND_SECONDS)
-            try:
-                conn.sendall(encode_reply(status, answer))
-            except OSError as exc:
-                log.warning("could not answer a client: %s", exc)
-            return answered
+            conn.sendall(encode_reply(status, answer))
         except OSError as exc:
             log.warning("could not answer a client: %s", exc)
-            return None
+        return answered
 
     def _after_answer(self, request: Request, status: int, payload: dict[str, Any] | None,
                       seconds: float) -> None:
@@ -240,7 +238,10 @@ def _bind(path: str) -> socket.socket:
 def _warm_up() -> None:
     # Import what every verb needs now, not on the first Pod.
     import cni_plugin.attachment
-    import cni_plugin.publish.bgp
+    import cni_plugin.publish.bgp.advertisement
+    import cni_plugin.publish.bgp.check
+    import cni_plugin.publish.bgp.instance
+    import cni_plugin.publish.bgp.router
     import cni_plugin.publish.endpointslice
     import cni_plugin.verbs.add
     import cni_plugin.verbs.check

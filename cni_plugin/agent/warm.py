@@ -10,7 +10,7 @@ import threading
 from typing import Any
 
 from cni_plugin.core.deadline import Deadline
-from cni_plugin.kube.client import ApiError, ApiObserver, KubeClient
+from cni_plugin.kube.client import ApiError, ApiObserver, KubeClient, Resource, Target
 from cni_plugin.kube.config import KubeCredentials, load_kubeconfig
 from cni_plugin.publish.resources import BINDINGS, NAMESPACES, PODS, ROUTERS, VRF_INSTANCES
 from netconf.errors import TRY_AGAIN_LATER, CniError
@@ -33,11 +33,14 @@ class WatchCache:
     is listed again every RETRY_SECONDS until it appears.
     """
 
-    def __init__(self, creds: KubeCredentials, path: str, field_selector: str,
-                 observe: ApiObserver | None = None, absent_ok: bool = False) -> None:
+    def __init__(self, creds: KubeCredentials, resource: Resource, field_selector: str,
+                 observe: ApiObserver | None = None, absent_ok: bool = False, *,
+                 namespace: str | None = None) -> None:
         self._creds = creds
         self._observe = observe
-        self._path = path
+        self._resource = resource
+        self._namespace = namespace
+        self._path = resource.path(namespace)
         self._selector = field_selector
         self._absent_ok = absent_ok
         self._objects: dict[str, dict[str, Any]] = {}
@@ -47,7 +50,8 @@ class WatchCache:
         self._in_sync = threading.Event()
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"watch {path}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"watch {self._path}",
+                                        daemon=True)
 
     def start(self) -> WatchCache:
         """Start listing and watching in a thread of its own."""
@@ -104,7 +108,8 @@ class WatchCache:
         client = KubeClient(self._creds, self._observe)
         query = {"fieldSelector": self._selector} if self._selector else {}
         try:
-            listing = client.request("GET", self._path, Deadline(30), query=query)
+            listing = client.request("GET", Target(self._resource, self._namespace), Deadline(30),
+                                     query=query)
             with self._lock:
                 self._objects = {_key(o): o for o in listing.get("items") or []}
                 self._synced, self.missing = True, False
@@ -121,7 +126,8 @@ class WatchCache:
                  "allowWatchBookmarks": "true"}
         if self._selector:
             query["fieldSelector"] = self._selector
-        for event in client.watch(self._path, query, WATCH_SECONDS + 30):
+        for event in client.watch(self._resource, query, WATCH_SECONDS + 30,
+                                  namespace=self._namespace):
             if self._stop.is_set():
                 break
             version = self._apply(event) or version
@@ -216,32 +222,51 @@ class WarmCluster:
                 return
         client.close()
 
-    def _watch(self, kubeconfig: str, path: str, selector: str,
-               absent_ok: bool = False) -> WatchCache:
-        key = (kubeconfig, path, selector)
+    def _watch(self, kubeconfig: str, resource: Resource, selector: str,
+               absent_ok: bool = False, *, namespace: str | None = None) -> WatchCache:
+        key = (kubeconfig, resource.path(namespace), selector)
         creds = self._credentials(kubeconfig)
         with self._lock:  # created under the lock: racing first uses start one watch, not two
             cache = self._watches.get(key)
             if cache is None:
-                cache = self._watches[key] = WatchCache(creds, path, selector, self._observe,
-                                                        absent_ok).start()
+                cache = self._watches[key] = WatchCache(creds, resource, selector, self._observe,
+                                                        absent_ok, namespace=namespace).start()
         return cache
+
+    def session(self, kubeconfig: str) -> WarmSession:
+        """A `WarmSession`: a pooled client and the watch caches for kubeconfig."""
+        return WarmSession(self, kubeconfig)
 
     def prime(self, kubeconfig: str, namespace: str, node: str) -> None:
         """Start the watches of this node's routers and Pods, and of the VPCBindings and
         namespaces, now, not on the first Pod."""
-        self.routers(kubeconfig, namespace, node)
-        self.pod(kubeconfig, node, "", "")
-        self._tenancy_caches(kubeconfig)
+        self.watch_routers(kubeconfig, namespace, node)
+        self.watch_pods(kubeconfig, node)
+        self.watch_tenancy(kubeconfig)
 
-    def _tenancy_caches(self, kubeconfig: str) -> tuple[WatchCache, WatchCache]:
-        return (self._watch(kubeconfig, BINDINGS.path(), "", absent_ok=True),
-                self._watch(kubeconfig, NAMESPACES.path(), ""))
+    def watch_routers(self, kubeconfig: str, namespace: str, node: str) -> WatchCache:
+        """The watch of the BGPRouters targeting node (started if it is not yet)."""
+        return self._watch(kubeconfig, ROUTERS, f"spec.targetRef.name={node}",
+                           namespace=namespace)
+
+    def watch_instances(self, kubeconfig: str, namespace: str, router: str) -> WatchCache:
+        """The watch of router's BGPVRFInstances (started if it is not yet)."""
+        return self._watch(kubeconfig, VRF_INSTANCES, f"spec.routerRef.name={router}",
+                           namespace=namespace)
+
+    def watch_pods(self, kubeconfig: str, node: str) -> WatchCache:
+        """The watch of this node's Pods (started if it is not yet)."""
+        return self._watch(kubeconfig, PODS, f"spec.nodeName={node}")
+
+    def watch_tenancy(self, kubeconfig: str) -> tuple[WatchCache, WatchCache]:
+        """The watches of every VPCBinding and every namespace (started if they are not yet)."""
+        return (self._watch(kubeconfig, BINDINGS, "", absent_ok=True),
+                self._watch(kubeconfig, NAMESPACES, ""))
 
     def tenancy(self, kubeconfig: str, deadline: Deadline) -> CachedTenancy:
         """The VPCBindings and namespaces from their watches (started on first use), once in
         sync; code 11 when they are not in sync within the deadline (never a guess)."""
-        caches = self._tenancy_caches(kubeconfig)
+        caches = self.watch_tenancy(kubeconfig)
         for cache in caches:
             if not cache.wait_synced(min(deadline.remaining(floor=0), TENANCY_SYNC_SECONDS)):
                 raise CniError(TRY_AGAIN_LATER, "Kubernetes API unavailable to the node "
@@ -261,26 +286,6 @@ class WarmCluster:
             caches = list(self._watches.values())
         return [cache.describe() for cache in caches if cache.items() is None]
 
-    def routers(self, kubeconfig: str, namespace: str, node: str) -> list[dict[str, Any]] | None:
-        """This node's routers from the watch (started on first use). Once it knows the
-        node's router, the watch of that router's VRF instances is started too, so the
-        next ADD finds it in sync (STATUS, polled every few seconds, asks for routers)."""
-        found = self._watch(kubeconfig, ROUTERS.path(namespace),
-                            f"spec.targetRef.name={node}").items()
-        for router in found or []:
-            self.instances(kubeconfig, namespace, router["metadata"]["name"])
-        return found
-
-    def instances(self, kubeconfig: str, namespace: str,
-                  router: str) -> list[dict[str, Any]] | None:
-        """The router's VRF instances from their watch (started on first use)."""
-        return self._watch(kubeconfig, VRF_INSTANCES.path(namespace),
-                           f"spec.routerRef.name={router}").items()
-
-    def pod(self, kubeconfig: str, node: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """A Pod from the watch of this node's Pods (started on first use)."""
-        return self._watch(kubeconfig, PODS.path(), f"spec.nodeName={node}").get(namespace, name)
-
     def close(self) -> None:
         """Close idle clients, stop every watch."""
         with self._lock:
@@ -291,3 +296,42 @@ class WarmCluster:
         with self._lock:
             for cache in self._watches.values():
                 cache.stop()
+
+
+class WarmSession:
+    """One verb's session of a `WarmCluster`: a pooled client borrowed on first use, and the
+    watch caches (each started on first use, so the next verb finds it in sync)."""
+
+    def __init__(self, cluster: WarmCluster, kubeconfig: str) -> None:
+        self._cluster = cluster
+        self._kubeconfig = kubeconfig
+        self._client: KubeClient | None = None
+
+    def client(self) -> KubeClient:
+        """The borrowed client."""
+        if self._client is None:
+            self._client = self._cluster.client(self._kubeconfig)
+        return self._client
+
+    def routers(self, namespace: str, node: str) -> list[dict[str, Any]] | None:
+        """This node's routers from their watch. Once it knows the node's router, the watch of
+        that router's VRF instances is started too, so the next ADD finds it in sync (STATUS,
+        polled every few seconds, asks for routers)."""
+        found = self._cluster.watch_routers(self._kubeconfig, namespace, node).items()
+        for router in found or []:
+            self._cluster.watch_instances(self._kubeconfig, namespace, router["metadata"]["name"])
+        return found
+
+    def instances(self, namespace: str, router: str) -> list[dict[str, Any]] | None:
+        """The router's VRF instances from their watch."""
+        return self._cluster.watch_instances(self._kubeconfig, namespace, router).items()
+
+    def pod(self, node: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Pod from the watch of this node's Pods."""
+        return self._cluster.watch_pods(self._kubeconfig, node).get(namespace, name)
+
+    def close(self) -> None:
+        """Hand the client back to the pool."""
+        if self._client is not None:
+            self._cluster.release(self._kubeconfig, self._client)
+            self._client = None

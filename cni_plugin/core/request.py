@@ -65,7 +65,7 @@ class Invocation:
     host: HostSettings
     pod: PodRef
     deadline: Deadline = field(compare=False)  # for forward work
-    whole: Deadline = field(compare=False)  # the invocation's, rollback included
+    final_deadline: Deadline = field(compare=False)  # the invocation's, rollback included
     attempt: str = field(compare=False)  # random token of this invocation (created-by)
     # The request's VPC_ATTACH_* settings (the node's): an IPAM delegate gets them too.
     node_env: Mapping[str, str] = field(default_factory=dict, compare=False)
@@ -88,10 +88,10 @@ class Invocation:
         seconds = host.timeout_seconds
         if env.command == "STATUS":  # a probe the runtime repeats: answer before it gives up
             seconds = min(seconds, STATUS_TIMEOUT_S)
-        whole = Deadline(seconds)
-        forward = whole.less_rollback_reserve() if env.command == "ADD" else whole
+        final = Deadline(seconds)
+        forward = final.less_rollback_reserve() if env.command == "ADD" else final
         return cls(env=env, conf=conf, raw=raw, stdin=request.stdin, host=host, pod=pod,
-                   deadline=forward, whole=whole, attempt=secrets.token_hex(6),
+                   deadline=forward, final_deadline=final, attempt=secrets.token_hex(6),
                    node_env={k: v for k, v in request.environ.items()
                              if k.startswith(NODE_ENV_PREFIX)})
 

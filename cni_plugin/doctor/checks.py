@@ -29,7 +29,7 @@ from cni_plugin.ipam.delegate import find_plugin
 from cni_plugin.ipam.plugin.config import PLUGIN_TYPES, confine_data_dir, parse_network
 from cni_plugin.ipam.plugin.store import PoolState, pool_directories
 from cni_plugin.kernel import hostfilter, isolation, links, netns, srv6
-from cni_plugin.kube.client import ApiError, KubeClient
+from cni_plugin.kube.client import ApiError, KubeClient, Target
 from cni_plugin.kube.config import load_kubeconfig
 from cni_plugin.publish.resources import ACCESS_REVIEWS, BINDINGS, GROUP, ROUTERS
 from netconf.config import NetConf, parse_netconf
@@ -435,7 +435,7 @@ def _allowed(client: KubeClient, group: str, resource: str, verb: str,
         attrs["namespace"] = namespace
     body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
             "spec": {"resourceAttributes": attrs}}
-    review = client.request("POST", ACCESS_REVIEWS.path(), Deadline(API_SECONDS), body=body)
+    review = client.create(ACCESS_REVIEWS, body, deadline=Deadline(API_SECONDS))
     return bool((review.get("status") or {}).get("allowed"))
 
 
@@ -449,7 +449,7 @@ def router(node: Node) -> list[Finding]:
     if client is None:
         return [Finding("bgp.router", SKIP, "the API server is not reachable")]
     try:
-        found = client.list(ROUTERS.path(namespace), Deadline(API_SECONDS),
+        found = client.list(ROUTERS, namespace=namespace, deadline=Deadline(API_SECONDS),
                             fields=f"spec.targetRef.name={name}")
     except (CniError, ApiError) as exc:
         return [Finding("bgp.router", FAIL, f"cannot list BGPRouters in {namespace!r}: {exc}",
@@ -474,7 +474,7 @@ def tenancy(node: Node) -> list[Finding]:
     if node.client is None:
         return [*found, Finding("tenancy.crd", SKIP, "the API server is not reachable")]
     try:
-        listed = node.client.request("GET", BINDINGS.path(), Deadline(API_SECONDS),
+        listed = node.client.request("GET", Target(BINDINGS), Deadline(API_SECONDS),
                                      query={"limit": "500"})
     except (CniError, ApiError) as exc:
         missing = isinstance(exc, ApiError) and exc.status == 404

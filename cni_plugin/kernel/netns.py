@@ -34,25 +34,34 @@ def _setns(fd: int, what: str) -> None:
 
 
 @contextmanager
-def entered(path: str) -> Iterator[None]:
-    """Run the block with this thread inside the netns at path."""
+def opened(path: str) -> Iterator[int]:
+    """An fd of the netns at path, closed after the block (NetnsGone when it cannot open)."""
     try:
-        target = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         raise NetnsGone(path, exc.strerror or str(exc)) from None
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        try:
-            _setns(target, path)
-        except CniError as exc:
-            raise NetnsGone(path, exc.details) from None
-        try:
-            yield
-        finally:
-            _setns(home, "host")
+        yield fd
     finally:
-        os.close(target)
-        os.close(home)
+        os.close(fd)
+
+
+@contextmanager
+def entered(path: str) -> Iterator[None]:
+    """Run the block with this thread inside the netns at path."""
+    with opened(path) as target:
+        home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            try:
+                _setns(target, path)
+            except CniError as exc:
+                raise NetnsGone(path, exc.details) from None
+            try:
+                yield
+            finally:
+                _setns(home, "host")
+        finally:
+            os.close(home)
 
 
 def open_netlink(path: str | None = None, timeout: float = DEFAULT_TIMEOUT,
@@ -71,8 +80,7 @@ def open_netlink(path: str | None = None, timeout: float = DEFAULT_TIMEOUT,
 def exists(path: str) -> bool:
     """True when path names a network namespace."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+        with opened(path):
+            return True
+    except NetnsGone:
         return False
-    os.close(fd)
-    return True

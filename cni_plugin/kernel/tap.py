@@ -50,13 +50,3 @@ def _ioctl(fd: int, request: int, arg: bytes | int, action: str) -> None:
     except OSError as exc:
         raise CniError(KERNEL_FAILURE, f"failed to {action}: {exc.strerror}",
                        f"errno {exc.errno}") from None
-
-
-def tap_settings(name: str) -> dict[str, int]:
-    """owner, group and tun_flags of a tap as sysfs reports them (-1 means unset)."""
-    base = f"/sys/class/net/{name}"
-    settings: dict[str, int] = {}
-    for key in ("owner", "group", "tun_flags"):
-        with open(f"{base}/{key}", encoding="ascii") as handle:
-            settings[key] = int(handle.read().strip(), 0)
-    return settings

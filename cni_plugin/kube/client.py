@@ -40,35 +40,27 @@ MERGE_PATCH = "application/merge-patch+json"
 # The agent counts them; a watch is reported as method "WATCH" once its answer starts.
 ApiObserver = Callable[[str, str, float], None]
 
-# Kind of each plural this client has been told about (for error messages naming the object).
-_KINDS: dict[str, str] = {}
 _VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 
 
 class ApiError(Exception):
-    """A non-transient error answer of the API server."""
+    """A non-transient error answer of the API server, with what the request was about."""
 
-    def __init__(self, status: int, reason: str, message: str, method: str, path: str) -> None:
+    def __init__(self, status: int, reason: str, message: str, method: str, path: str,
+                 target: Target | None = None) -> None:
         super().__init__(f"{method} {path}: {status} {reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
         self.method = method
         self.path = path
+        self.target = target  # None: a path that names no resource (e.g. /version)
 
-    def target(self) -> str:
+    def doing(self) -> str:
         """What the request was about, e.g. 'update BGPAdvertisement galactic-system/3e-3e'."""
-        parts = self.path.split("?", 1)[0].strip("/").split("/")
-        namespace = parts[parts.index("namespaces") + 1] if "namespaces" in parts[:-1] else ""
-        # The object's plural: "namespaces" only when no collection inside one follows it.
-        plural_at = next((i for i, part in enumerate(parts) if part in _KINDS and not (
-            part == "namespaces" and i + 2 < len(parts))), None)
-        if plural_at is None:
+        if self.target is None:
             return f"{self.method} {self.path}"
-        name = parts[plural_at + 1] if plural_at + 1 < len(parts) else ""
-        where = "/".join(p for p in (namespace, name) if p)
-        verb = "list" if self.method == "GET" and not name else _VERBS.get(self.method, "")
-        return " ".join(p for p in (verb, _KINDS[parts[plural_at]], where) if p)
+        return self.target.describe(self.method)
 
 
 def api_failure(exc: ApiError, doing: str) -> CniError:
@@ -76,7 +68,7 @@ def api_failure(exc: ApiError, doing: str) -> CniError:
 
     401 is code 11: the plugin's token is rotated by the DaemonSet, so a rejected credential
     is expected to heal (a retried DEL must not be stuck on it); any other refusal is 104."""
-    target = exc.target()
+    target = exc.doing()
     if exc.status == 401:
         return CniError(TRY_AGAIN_LATER, f"failed to {doing}: {target}: the API server rejected "
                         "the plugin's credentials (token expired or being rotated?)", exc.message)
@@ -95,9 +87,6 @@ class Resource:
     kind: str
     namespaced: bool = True
 
-    def __post_init__(self) -> None:
-        _KINDS[self.plural] = self.kind
-
     def path(self, namespace: str | None = None, name: str | None = None) -> str:
         """The URL path of the collection, or of one object when name is given."""
         base = f"/api/{self.version}" if not self.group else f"/apis/{self.group}/{self.version}"
@@ -105,6 +94,27 @@ class Resource:
             base += f"/namespaces/{urllib.parse.quote(namespace)}"
         base += f"/{self.plural}"
         return base + (f"/{urllib.parse.quote(name)}" if name else "")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a request is about: a resource's collection (in a namespace, if given), or one
+    object of it by name."""
+
+    resource: Resource
+    namespace: str | None = None
+    name: str | None = None
+
+    def path(self) -> str:
+        """The URL path of the collection or object."""
+        return self.resource.path(self.namespace, self.name)
+
+    def describe(self, method: str) -> str:
+        """E.g. 'update BGPAdvertisement galactic-system/3e-3e', 'list Pod'."""
+        namespace = self.namespace if self.resource.namespaced else None
+        where = "/".join(p for p in (namespace, self.name) if p)
+        verb = "list" if method == "GET" and not self.name else _VERBS.get(method, "")
+        return " ".join(p for p in (verb, self.resource.kind, where) if p)
 
 
 class KubeClient:
@@ -172,13 +182,16 @@ class KubeClient:
         if self.observe is not None:
             self.observe(method, code, time.monotonic() - began)
 
-    def request(self, method: str, path: str, deadline: Deadline, *,
+    def request(self, method: str, target: Target | str, deadline: Deadline, *,
                 body: Any = None, query: Mapping[str, str] | None = None,
                 content_type: str = "application/json") -> Any:
-        """Send one request, retrying transient failures until the deadline; parsed JSON back.
+        """Send one request about target (or to a path that names no resource, e.g.
+        /version), retrying transient failures until the deadline; parsed JSON back.
 
         A write is repeated after a lost answer only when repeating it is safe (see
         `repeatable`); Retry-After is honoured when it fits in the deadline."""
+        about = target if isinstance(target, Target) else None
+        path = target.path() if isinstance(target, Target) else target
         if query:
             path += "?" + urllib.parse.urlencode(query)
         payload = json.dumps(body).encode() if body is not None else None
@@ -197,7 +210,7 @@ class KubeClient:
             if 200 <= status < 300:
                 return json.loads(data) if data else None
             if status and status not in TRANSIENT_STATUS:
-                raise _api_error(status, data, method, path)
+                raise _api_error(status, data, method, path, about)
             if status:
                 last = f"HTTP {status}"
             if not safe and status not in NOT_PROCESSED_STATUS:
@@ -212,10 +225,12 @@ class KubeClient:
                                f"{last} after {attempt} attempt(s) within the deadline{asked}")
             time.sleep(wait)
 
-    def watch(self, path: str, query: Mapping[str, str], timeout: float
-              ) -> Iterator[dict[str, Any]]:
-        """Events of a watch (`watch=1` is added) on a connection of its own, until the server
-        ends it; any read waits at most timeout. Raises ConnectionError on a non-200 answer."""
+    def watch(self, resource: Resource, query: Mapping[str, str], timeout: float, *,
+              namespace: str | None = None) -> Iterator[dict[str, Any]]:
+        """Events of a watch (`watch=1` is added) of resource's collection on a connection of
+        its own, until the server ends it; any read waits at most timeout. Raises
+        ConnectionError on a non-200 answer."""
+        path = resource.path(namespace)
         full = f"{self._prefix}{path}?{urllib.parse.urlencode({**query, 'watch': '1'})}"
         conn = self._new_connection(timeout)
         began = time.monotonic()
@@ -237,33 +252,46 @@ class KubeClient:
 
     # Convenience verbs -----------------------------------------------------------------
 
-    def get(self, path: str, deadline: Deadline) -> dict[str, Any] | None:
+    def get(self, resource: Resource, name: str, *, namespace: str | None = None,
+            deadline: Deadline) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
         try:
-            result: dict[str, Any] = self.request("GET", path, deadline)
+            result: dict[str, Any] = self.request("GET", Target(resource, namespace, name),
+                                                  deadline)
             return result
         except ApiError as exc:
             if exc.status == 404:
                 return None
             raise
 
-    def list(self, path: str, deadline: Deadline, *, labels: str | None = None,
-             fields: str | None = None) -> list[dict[str, Any]]:
-        """Items of a collection, narrowed by label and field selectors."""
+    def list(self, resource: Resource, *, namespace: str | None = None, deadline: Deadline,
+             labels: str | None = None, fields: str | None = None) -> list[dict[str, Any]]:
+        """Items of a collection (in namespace, or everywhere), narrowed by label and field
+        selectors."""
         query: dict[str, str] = {}
         if labels:
             query["labelSelector"] = labels
         if fields:
             query["fieldSelector"] = fields
-        result = self.request("GET", path, deadline, query=query)
+        result = self.request("GET", Target(resource, namespace), deadline, query=query)
         items: list[dict[str, Any]] = result.get("items") or []
         return items
 
-    def put_unless_changed(self, path: str, deadline: Deadline, body: dict[str, Any]) -> bool:
-        """PUT body; False when the object changed (409) or vanished (404) since it was read."""
-        return self._unless_changed("PUT", path, deadline, body)
+    def create(self, resource: Resource, body: dict[str, Any], *,
+               namespace: str | None = None, deadline: Deadline) -> Any:
+        """POST body to resource's collection (in namespace); the answer."""
+        return self.request("POST", Target(resource, namespace), deadline, body=body)
 
-    def delete(self, path: str, deadline: Deadline, *, uid: str | None = None,
+    def put_unless_changed(self, resource: Resource, body: dict[str, Any], *,
+                           deadline: Deadline) -> bool:
+        """PUT body (named by its metadata); False when the object changed (409) or vanished
+        (404) since it was read."""
+        meta = body["metadata"]
+        return self._unless_changed("PUT", Target(resource, meta.get("namespace"), meta["name"]),
+                                    deadline, body)
+
+    def delete(self, resource: Resource, name: str, *, namespace: str | None = None,
+               deadline: Deadline, uid: str | None = None,
                resource_version: str | None = None) -> bool:
         """Delete with preconditions; False when it was already gone or preconditions failed."""
         preconditions: dict[str, str] = {}
@@ -272,12 +300,12 @@ class KubeClient:
         if resource_version:
             preconditions["resourceVersion"] = resource_version
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": preconditions}
-        return self._unless_changed("DELETE", path, deadline, body)
+        return self._unless_changed("DELETE", Target(resource, namespace, name), deadline, body)
 
-    def _unless_changed(self, method: str, path: str, deadline: Deadline,
+    def _unless_changed(self, method: str, target: Target, deadline: Deadline,
                         body: dict[str, Any]) -> bool:
         try:
-            self.request(method, path, deadline, body=body)
+            self.request(method, target, deadline, body=body)
             return True
         except ApiError as exc:
             if exc.status in (404, 409):  # gone, or a precondition / resourceVersion failed
@@ -312,16 +340,18 @@ def _seconds(value: str | None) -> float | None:
         return None
 
 
-def _api_error(status: int, data: bytes, method: str, path: str) -> ApiError:
+def _api_error(status: int, data: bytes, method: str, path: str,
+               target: Target | None) -> ApiError:
     try:
         body = json.loads(data)
         return ApiError(status, str(body.get("reason", "")), str(body.get("message", "")),
-                        method, path)
+                        method, path, target)
     except ValueError:
-        return ApiError(status, "", data[:200].decode(errors="replace"), method, path)
+        return ApiError(status, "", data[:200].decode(errors="replace"), method, path, target)
 
 
-def update_with_retry(client: KubeClient, path: str, deadline: Deadline,
+def update_with_retry(client: KubeClient, resource: Resource, name: str, *,
+                      namespace: str | None = None, deadline: Deadline,
                       mutate: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
     """Read-modify-write with re-read on 409 until the deadline; None if the object does not
     exist.
@@ -329,15 +359,16 @@ def update_with_retry(client: KubeClient, path: str, deadline: Deadline,
     `mutate` edits the object in place and returns False when nothing needs writing. Between
     conflicts a short random pause spreads writers that keep colliding (many nodes merging
     into one shared object at once)."""
+    target = Target(resource, namespace, name)
     conflicts = 0
     while True:
-        current = client.get(path, deadline)
+        current = client.get(resource, name, namespace=namespace, deadline=deadline)
         if current is None:
             return None
         if not mutate(current):
             return current
         try:
-            updated: dict[str, Any] = client.request("PUT", path, deadline, body=current)
+            updated: dict[str, Any] = client.request("PUT", target, deadline, body=current)
             return updated
         except ApiError as exc:
             if exc.status != 409:
@@ -345,6 +376,6 @@ def update_with_retry(client: KubeClient, path: str, deadline: Deadline,
         conflicts += 1
         pause = random.uniform(0, min(CONFLICT_PAUSE_CAP, 0.01 * 2 ** conflicts))
         if deadline.remaining(floor=0) <= pause:
-            raise CniError(TRY_AGAIN_LATER, f"too many update conflicts on {path}",
+            raise CniError(TRY_AGAIN_LATER, f"too many update conflicts on {target.path()}",
                            f"{conflicts} conflicting writes within the deadline")
         time.sleep(pause)

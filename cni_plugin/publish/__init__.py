@@ -21,7 +21,6 @@ from cni_plugin.kube.client import ApiError, api_failure
 from cni_plugin.publish.context import PublishContext, Router
 from cni_plugin.publish.source import ClusterSource
 from netconf.errors import INVALID_CONFIG, STATUS_NOT_AVAILABLE, TRY_AGAIN_LATER, CniError
-from netconf.result import Result
 
 
 @contextmanager
@@ -33,7 +32,7 @@ def api_boundary(doing: str) -> Iterator[None]:
         raise api_failure(exc, doing) from None
 
 
-def check_settings(inv: Invocation) -> tuple[str, str]:
+def _check_settings(inv: Invocation) -> tuple[str, str]:
     """(kubeconfig, node name); code 7 when publishing is on but either is unusable."""
     node = inv.host.node_name
     if not node:
@@ -56,7 +55,14 @@ def connected(inv: Invocation, source: ClusterSource) -> Iterator[PublishContext
     if not inv.conf.publish.any:
         yield None
         return
-    kubeconfig, node = check_settings(inv)
+    kubeconfig, node = _check_settings(inv)
+    with _session(inv, source, kubeconfig, node) as ctx:
+        yield ctx
+
+
+@contextmanager
+def _session(inv: Invocation, source: ClusterSource, kubeconfig: str,
+             node: str) -> Iterator[PublishContext]:
     ctx = PublishContext.open(inv, source, kubeconfig, node)
     try:
         yield ctx
@@ -64,31 +70,31 @@ def connected(inv: Invocation, source: ClusterSource) -> Iterator[PublishContext
         ctx.close()
 
 
-class Ahead:
-    """What publishing can do before the addresses are known — the VPC's BGPVRFInstance
-    (reused or created, recorded for rollback) and a read of the attachment's advertisement —
-    on a thread of its own while IPAM and the kernel work run: neither needs the other."""
+class SettlingInstance:
+    """The VPC's BGPVRFInstance being settled (reused or created, recorded for rollback) and
+    the attachment's advertisement read, on a thread of its own while IPAM and the kernel work
+    run: neither needs the addresses."""
 
     def __init__(self, ctx: PublishContext, router: Router, rollback: Rollback) -> None:
         self._ctx = ctx
         self._done: tuple[int, dict[str, Any] | None] | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(router, rollback),
-                                        name="vpc-attach publish ahead", daemon=True)
+                                        name="vpc-attach settling instance", daemon=True)
         self._thread.start()
 
     def _run(self, router: Router, rollback: Rollback) -> None:
-        from cni_plugin.publish import bgp
+        from cni_plugin.publish.bgp import advertisement, instance
         ctx, deadline = self._ctx, self._ctx.inv.deadline
         try:
-            vrf_id = bgp.ensure_vrf_instance(ctx, router, rollback, deadline)
-            self._done = (vrf_id, bgp.read_advertisement(ctx, deadline))
+            vrf_id = instance.ensure_vrf_instance(ctx, router, rollback, deadline)
+            self._done = (vrf_id, advertisement.read_advertisement(ctx, deadline))
         except BaseException as exc:  # handed to the verb's thread by result()
             self._error = exc
 
     def wait(self) -> None:
         """Until the thread is done (each of its requests and locks ends by the deadline)."""
-        self._thread.join(self._ctx.inv.whole.remaining(floor=0))
+        self._thread.join(self._ctx.inv.final_deadline.remaining(floor=0))
 
     def result(self) -> tuple[int, dict[str, Any] | None]:
         """(VRF ID, the advertisement as read or None); what the thread raised, if it did."""
@@ -100,13 +106,46 @@ class Ahead:
         return self._done
 
 
+class Publication:
+    """What `Publisher.settling_instance` yields: the only way to publish an attachment, so
+    publishing runs while the instance is held in use and after it was settled."""
+
+    def __init__(self, ctx: PublishContext | None, router: Router | None,
+                 settling: SettlingInstance | None, rollback: Rollback) -> None:
+        self._ctx = ctx
+        self._router = router
+        self._settling = settling
+        self._rollback = rollback
+
+    def publish(self, addressing: Addressing) -> str | None:
+        """BGP state first, then the EndpointSlices; every creation recorded for rollback.
+        Returns the VPC's SRv6 SID on this node, when its router has one."""
+        ctx, router, rollback = self._ctx, self._router, self._rollback
+        if ctx is None:
+            return None
+        from cni_plugin.core import naming
+        from cni_plugin.publish import endpointslice
+        from cni_plugin.publish.bgp import advertisement
+        deadline = ctx.inv.deadline
+        sid = None
+        with api_boundary("publish the attachment"):
+            if router is not None and self._settling is not None:
+                vrf_id, read = self._settling.result()
+                advertisement.ensure_advertisement(ctx, router, vrf_id, addressing, rollback,
+                                                   deadline, read)
+                if router.srv6_locator and router.node_id:
+                    sid = naming.srv6_sid(router.srv6_locator, router.node_id, vrf_id)
+            if ctx.inv.conf.publish.endpoint_slice:
+                endpointslice.ensure_slices(ctx, addressing, sid, rollback, deadline)
+        return sid
+
+
 class Publisher:
     """ADD's publishing: this node's router found up front; a no-op when publishing is off."""
 
     def __init__(self, ctx: PublishContext | None, router: Router | None) -> None:
         self.ctx = ctx
         self.router = router
-        self._ahead: Ahead | None = None
 
     @classmethod
     @contextmanager
@@ -116,80 +155,61 @@ class Publisher:
         with connected(inv, source) as ctx:
             router = None
             if ctx is not None and inv.conf.publish.bgp:
-                from cni_plugin.publish.bgp import find_router
+                from cni_plugin.publish.bgp.router import find_router
                 with api_boundary(f"find the BGPRouter of node {ctx.node!r}"):
                     router = find_router(ctx, inv.deadline)
             yield cls(ctx, router)
 
     @contextmanager
-    def ahead(self, rollback: Rollback) -> Iterator[None]:
-        """Start `Ahead` for the block (the IPAM and kernel work, then `publish`); the block's
-        end waits for it, so a rollback after the block finds all it recorded. The VPC's
-        instance is held in use (GC waits) from its read until the block's end."""
+    def settling_instance(self, rollback: Rollback) -> Iterator[Publication]:
+        """Settle the VPC's instance on a thread (`SettlingInstance`) during the block (the
+        IPAM and kernel work, then `Publication.publish`); the block's end waits for it, so a
+        rollback after the block finds all it recorded. The instance is held in use (GC
+        waits) from its read until the block's end."""
         ctx, router = self.ctx, self.router
         if ctx is None or router is None:
-            yield
+            yield Publication(ctx, None, None, rollback)
             return
-        from cni_plugin.publish import bgp
-        with bgp.instance_in_use(ctx, ctx.inv.deadline):
-            self._ahead = Ahead(ctx, router, rollback)
+        from cni_plugin.publish.bgp import instance
+        with instance.instance_in_use(ctx, ctx.inv.deadline):
+            settling = SettlingInstance(ctx, router, rollback)
             try:
-                yield
+                yield Publication(ctx, router, settling, rollback)
             finally:
-                self._ahead.wait()
-
-    def publish(self, plan: Addressing, rollback: Rollback) -> str | None:
-        """BGP state first, then the EndpointSlices; every creation recorded for rollback.
-        Runs inside `ahead`. Returns the VPC's SRv6 SID on this node, when its router has one."""
-        ctx = self.ctx
-        if ctx is None:
-            return None
-        from cni_plugin.core import naming
-        from cni_plugin.publish import bgp, endpointslice
-        deadline = ctx.inv.deadline
-        sid = None
-        with api_boundary("publish the attachment"):
-            if self.router is not None:
-                if self._ahead is None:
-                    raise RuntimeError("Publisher.publish runs inside Publisher.ahead")
-                vrf_id, advertisement = self._ahead.result()
-                bgp.ensure_advertisement(ctx, self.router, vrf_id, plan, rollback, deadline,
-                                         advertisement)
-                if self.router.srv6_locator and self.router.node_id:
-                    sid = naming.srv6_sid(self.router.srv6_locator, self.router.node_id, vrf_id)
-            if ctx.inv.conf.publish.endpoint_slice:
-                endpointslice.ensure_slices(ctx, plan, sid, rollback, deadline)
-        return sid
+                settling.wait()
 
 
 def unpublish(inv: Invocation, source: ClusterSource) -> None:
     """Withdraw this container's slices and advertisement annotations (DEL)."""
+    if not inv.conf.publish.any:
+        return
     try:
-        check_settings(inv)
+        kubeconfig, node = _check_settings(inv)
     except CniError:
         return  # never configured, so nothing can have been published
-    from cni_plugin.publish import bgp, endpointslice
-    with connected(inv, source) as ctx, api_boundary("withdraw the attachment"):
-        if ctx is None:
-            return
+    from cni_plugin.publish import endpointslice
+    from cni_plugin.publish.bgp.advertisement import withdraw_advertisement
+    with _session(inv, source, kubeconfig, node) as ctx, \
+            api_boundary("withdraw the attachment"):
         if inv.conf.publish.endpoint_slice:
             endpointslice.delete_slices(ctx, inv.deadline)
         if inv.conf.publish.bgp:
-            bgp.withdraw_advertisement(ctx, inv.deadline, may_delete=True)
+            withdraw_advertisement(ctx, inv.deadline, may_delete=True)
 
 
-def published_differences(inv: Invocation, source: ClusterSource, prev: Result) -> list[str]:
-    """What CHECK finds changed in the published objects."""
-    from cni_plugin.publish import bgp, endpointslice
-    plan = Addressing.from_result(prev)
+def published_differences(inv: Invocation, source: ClusterSource,
+                          addressing: Addressing) -> list[str]:
+    """What CHECK finds changed in the published objects (addressing: prevResult's)."""
+    from cni_plugin.publish import endpointslice
+    from cni_plugin.publish.bgp.check import advertisement_differences
     with connected(inv, source) as ctx, api_boundary("check the published objects"):
         if ctx is None:
             return []
         diffs: list[str] = []
         if inv.conf.publish.bgp:
-            diffs += bgp.advertisement_differences(ctx, plan, inv.deadline)
+            diffs += advertisement_differences(ctx, addressing, inv.deadline)
         if inv.conf.publish.endpoint_slice:
-            diffs += endpointslice.slice_differences(ctx, plan, inv.deadline)
+            diffs += endpointslice.slice_differences(ctx, addressing, inv.deadline)
         return diffs
 
 
@@ -199,7 +219,8 @@ def published_sid(inv: Invocation, source: ClusterSource) -> str | None:
     if not inv.conf.publish.bgp:
         return None
     from cni_plugin.core import naming
-    from cni_plugin.publish.bgp import find_router, instance_vrf_id
+    from cni_plugin.publish.bgp.instance import instance_vrf_id
+    from cni_plugin.publish.bgp.router import find_router
     with connected(inv, source) as ctx, api_boundary("read the VPC's SID"):
         if ctx is None:
             return None
@@ -216,7 +237,7 @@ def router_has_sids(inv: Invocation, source: ClusterSource) -> bool:
     """Whether this node's router has an SRv6 locator and node ID (STATUS)."""
     if not inv.conf.publish.bgp:
         return False
-    from cni_plugin.publish.bgp import find_router
+    from cni_plugin.publish.bgp.router import find_router
     with connected(inv, source) as ctx, api_boundary("find the node's BGPRouter"):
         if ctx is None:
             return False
@@ -226,7 +247,7 @@ def router_has_sids(inv: Invocation, source: ClusterSource) -> bool:
 
 def publishing_status(inv: Invocation, source: ClusterSource) -> None:
     """Code 50 unless the kubeconfig works, the API answers and RBAC allows what ADD does."""
-    from cni_plugin.publish.bgp import find_router
+    from cni_plugin.publish.bgp.router import find_router
     from cni_plugin.publish.status import check_access
     try:
         with connected(inv, source) as ctx, api_boundary("check access"):
@@ -259,8 +280,9 @@ def collect_unused_instance(inv: Invocation, source: ClusterSource, valid: set[t
     advertisement uses it any more."""
     if not inv.conf.publish.bgp:
         return
-    from cni_plugin.publish import bgp
+    from cni_plugin.publish.bgp.instance import collect_instance
+    from cni_plugin.publish.bgp.router import find_router
     with connected(inv, source) as ctx, api_boundary("collect the VPC's unused BGPVRFInstance"):
         if ctx is not None:
-            router = bgp.find_router(ctx, inv.deadline)
-            bgp.collect_instance(ctx, router, valid, attached, inv.deadline)
+            router = find_router(ctx, inv.deadline)
+            collect_instance(ctx, router, valid, attached, inv.deadline)

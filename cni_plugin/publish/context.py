@@ -4,39 +4,66 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
+from cni_plugin.core import naming
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Invocation
 from cni_plugin.core.rollback import Rollback
 from cni_plugin.kube.client import CREATED_BY_ANNOTATION, ApiError, KubeClient, Resource
-from cni_plugin.publish.source import ClusterSource
+from cni_plugin.publish.source import ClusterSession, ClusterSource
 
 
 @dataclass
 class PublishContext:
-    """One invocation's view of the cluster: its client is held until `close`."""
+    """One invocation's view of the cluster: its session (client and caches) is held until
+    `close`."""
 
     inv: Invocation
-    client: KubeClient
+    session: ClusterSession
     node: str
-    source: ClusterSource
-    kubeconfig: str
 
     @classmethod
     def open(cls, inv: Invocation, source: ClusterSource, kubeconfig: str,
              node: str) -> PublishContext:
-        """Borrow a client from source for kubeconfig (settings were checked before)."""
-        return cls(inv, source.client(kubeconfig), node, source, kubeconfig)
+        """A session for kubeconfig, its client borrowed now (settings were checked before)."""
+        session = source.session(kubeconfig)
+        try:
+            session.client()
+        except BaseException:
+            session.close()
+            raise
+        return cls(inv, session, node)
 
     def close(self) -> None:
-        """Hand the client back to its source."""
-        self.source.release(self.kubeconfig, self.client)
+        """End the session (its client goes back to the source)."""
+        self.session.close()
+
+    @property
+    def client(self) -> KubeClient:
+        """The session's API client."""
+        return self.session.client()
 
     @property
     def namespace(self) -> str:
         """Namespace of the BGP resources."""
         return self.inv.namespace
+
+    @cached_property
+    def instance_name(self) -> str:
+        """The VPC's BGPVRFInstance on this node."""
+        return naming.vrf_instance_name(self.inv.conf.vpc, self.node)
+
+    @cached_property
+    def advertisement_name(self) -> str:
+        """The attachment's BGPAdvertisement."""
+        return naming.advertisement_name(self.inv.conf.vpc, self.inv.conf.vpcattachment)
+
+    @cached_property
+    def cid(self) -> str:
+        """The container ID as it appears in the advertisement's annotation keys."""
+        return naming.annotation_cid(self.inv.env.container_id)
 
 
 @dataclass(frozen=True)
@@ -67,23 +94,24 @@ def create(ctx: PublishContext, resource: Resource, body: dict[str, Any], rollba
     meta = body["metadata"]
     marked = {**body, "metadata": {**meta, "annotations": {
         **(meta.get("annotations") or {}), CREATED_BY_ANNOTATION: ctx.inv.created_by}}}
-    path = resource.path(meta["namespace"], meta["name"])
+    namespace, name = meta["namespace"], meta["name"]
     kind = body.get("kind", resource.kind)
 
     def undo_ours(d: Deadline) -> None:
-        found = ctx.client.get(path, d)
+        found = ctx.client.get(resource, name, namespace=namespace, deadline=d)
         if found is not None and created_by(found) == ctx.inv.created_by:
             undo(found, d)
 
-    rollback.created(f"{kind} {meta['namespace']}/{meta['name']}", undo_ours)
+    rollback.created(f"{kind} {namespace}/{name}", undo_ours)
     try:
-        created: dict[str, Any] = ctx.client.request("POST", resource.path(meta["namespace"]),
-                                                     deadline, body=marked)
+        created: dict[str, Any] = ctx.client.create(resource, marked, namespace=namespace,
+                                                    deadline=deadline)
         return created
     except ApiError as exc:
         if exc.status != 409:
             raise
-    found = ctx.client.get(path, deadline)  # ours after a lost answer, or someone else's
+    # Ours after a lost answer, or someone else's.
+    found = ctx.client.get(resource, name, namespace=namespace, deadline=deadline)
     return found if found is not None and created_by(found) == ctx.inv.created_by else None
 
 

@@ -44,10 +44,10 @@ def _pod_identity(ctx: PublishContext, deadline: Deadline) -> tuple[str, str, st
     if not pod.namespace or not pod.name:
         raise CniError(PUBLISH_FAILURE, "publishing an EndpointSlice needs the Pod",
                        "K8S_POD_NAMESPACE and K8S_POD_NAME are missing from CNI_ARGS")
-    obj = ctx.source.pod(ctx.kubeconfig, ctx.node, pod.namespace, pod.name)
+    obj = ctx.session.pod(ctx.node, pod.namespace, pod.name)
     if obj is None or (pod.uid and pod.uid != obj["metadata"]["uid"]):
         # not (yet) in the cache, or the cache lags behind a recreated Pod
-        obj = ctx.client.get(PODS.path(pod.namespace, pod.name), deadline)
+        obj = ctx.client.get(PODS, pod.name, namespace=pod.namespace, deadline=deadline)
     if obj is None:
         raise CniError(PUBLISH_FAILURE, f"Pod {pod.namespace}/{pod.name} does not exist")
     uid = str(obj["metadata"]["uid"])
@@ -84,17 +84,18 @@ def _slice_body(ctx: PublishContext, namespace: str, pod: str, uid: str, name: s
     }
 
 
-def ensure_slices(ctx: PublishContext, plan: Addressing, sid: str | None, rollback: Rollback,
+def ensure_slices(ctx: PublishContext, addressing: Addressing, sid: str | None, rollback: Rollback,
                   deadline: Deadline) -> None:
     """Create or refresh a slice per configured family the attachment has an address of."""
     families = [f for f in ctx.inv.conf.publish.endpoint_slice_families
-                if any(a.version == FAMILY_VERSION[f] for a in plan.workload)]
+                if any(a.version == FAMILY_VERSION[f] for a in addressing.workload)]
     if not families:
         return
     namespace, pod, uid = _pod_identity(ctx, deadline)
     conf = ctx.inv.conf
     for family in families:
-        address = next(str(a.ip) for a in plan.workload if a.version == FAMILY_VERSION[family])
+        address = next(str(a.ip) for a in addressing.workload
+                       if a.version == FAMILY_VERSION[family])
         name = slice_name(pod, conf.vpc, conf.vpcattachment, family)
         body = _slice_body(ctx, namespace, pod, uid, name, family, address, sid)
         _write_slice(ctx, namespace, name, body, rollback, deadline)
@@ -102,14 +103,14 @@ def ensure_slices(ctx: PublishContext, plan: Addressing, sid: str | None, rollba
 
 def _write_slice(ctx: PublishContext, namespace: str, name: str, body: dict[str, Any],
                  rollback: Rollback, deadline: Deadline) -> None:
-    path = ENDPOINT_SLICES.path(namespace, name)
-
     def undo(found: dict[str, Any], d: Deadline) -> None:
-        ctx.client.delete(path, d, uid=found["metadata"]["uid"])
+        ctx.client.delete(ENDPOINT_SLICES, name, namespace=namespace, deadline=d,
+                          uid=found["metadata"]["uid"])
 
     fresh = True  # a new Pod's slice does not exist yet: create it without reading first
     for _ in range(10):
-        existing = None if fresh else ctx.client.get(path, deadline)
+        existing = None if fresh else ctx.client.get(ENDPOINT_SLICES, name, namespace=namespace,
+                                                     deadline=deadline)
         fresh = False
         if existing is None:
             if create(ctx, ENDPOINT_SLICES, body, rollback, undo, deadline) is not None:
@@ -124,7 +125,7 @@ def _write_slice(ctx: PublishContext, namespace: str, name: str, body: dict[str,
         mark = created_by(existing)
         if mark is not None:  # who created it stays recorded (SPEC §7)
             body["metadata"]["annotations"][CREATED_BY_ANNOTATION] = mark
-        if ctx.client.put_unless_changed(path, deadline, body):
+        if ctx.client.put_unless_changed(ENDPOINT_SLICES, body, deadline=deadline):
             return
     raise CniError(TRY_AGAIN_LATER, f"EndpointSlice {namespace}/{name} keeps changing",
                    "too many write conflicts; retry")
@@ -137,20 +138,20 @@ def delete_slices(ctx: PublishContext, deadline: Deadline) -> None:
         return
     conf = ctx.inv.conf
     for family in FAMILY_SUFFIX:
-        path = ENDPOINT_SLICES.path(pod.namespace,
-                                    slice_name(pod.name, conf.vpc, conf.vpcattachment, family))
-        existing = ctx.client.get(path, deadline)
+        name = slice_name(pod.name, conf.vpc, conf.vpcattachment, family)
+        existing = ctx.client.get(ENDPOINT_SLICES, name, namespace=pod.namespace,
+                                  deadline=deadline)
         if existing is None:
             continue
         meta = existing["metadata"]
         if (meta.get("annotations") or {}).get(CONTAINER_ID_ANNOTATION) != \
                 ctx.inv.env.container_id:
             continue
-        ctx.client.delete(path, deadline, uid=meta["uid"],
-                          resource_version=meta["resourceVersion"])
+        ctx.client.delete(ENDPOINT_SLICES, name, namespace=pod.namespace, deadline=deadline,
+                          uid=meta["uid"], resource_version=meta["resourceVersion"])
 
 
-def slice_differences(ctx: PublishContext, plan: Addressing, deadline: Deadline) -> list[str]:
+def slice_differences(ctx: PublishContext, addressing: Addressing, deadline: Deadline) -> list[str]:
     """What CHECK finds wrong with this container's slices."""
     pod = ctx.inv.pod
     if not pod.namespace or not pod.name:
@@ -158,11 +159,11 @@ def slice_differences(ctx: PublishContext, plan: Addressing, deadline: Deadline)
     conf = ctx.inv.conf
     diffs = []
     for family in conf.publish.endpoint_slice_families:
-        addrs = [str(a.ip) for a in plan.workload if a.version == FAMILY_VERSION[family]]
+        addrs = [str(a.ip) for a in addressing.workload if a.version == FAMILY_VERSION[family]]
         if not addrs:
             continue
         name = slice_name(pod.name, conf.vpc, conf.vpcattachment, family)
-        found = ctx.client.get(ENDPOINT_SLICES.path(pod.namespace, name), deadline)
+        found = ctx.client.get(ENDPOINT_SLICES, name, namespace=pod.namespace, deadline=deadline)
         if found is None:
             diffs.append(f"EndpointSlice {pod.namespace}/{name} is missing")
             continue
@@ -181,14 +182,15 @@ def collect_slices(ctx: PublishContext, valid: set[tuple[str, str]], deadline: D
     selector = (f"{MANAGED_BY_LABEL}={MANAGED_BY},"
                 f"{TENANT_LABEL}={naming.tenant_id(conf.vpc, conf.vpcattachment)}")
     removed = 0
-    for item in ctx.client.list(ENDPOINT_SLICES.path(), deadline, labels=selector):
+    for item in ctx.client.list(ENDPOINT_SLICES, deadline=deadline, labels=selector):
         meta = item["metadata"]
         annotations = meta.get("annotations") or {}
         owner = (annotations.get(CONTAINER_ID_ANNOTATION, ""),
                  annotations.get(IFNAME_ANNOTATION, ""))
         on_this_node = any(e.get("nodeName") == ctx.node for e in item.get("endpoints") or [])
         if on_this_node and owner not in valid:
-            removed += ctx.client.delete(ENDPOINT_SLICES.path(meta["namespace"], meta["name"]),
-                                         deadline, uid=meta["uid"],
+            removed += ctx.client.delete(ENDPOINT_SLICES, meta["name"],
+                                         namespace=meta["namespace"], deadline=deadline,
+                                         uid=meta["uid"],
                                          resource_version=meta["resourceVersion"])
     return removed

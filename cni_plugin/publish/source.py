@@ -1,5 +1,6 @@
-"""Where publishing gets its API clients and its view of this node's BGPRouters and Pods (and
-tenancy its view of VPCBindings and namespaces).
+"""Where publishing and tenancy reach the cluster: a `ClusterSession` per kubeconfig for one
+verb (its API client, and what synced watch caches know of this node's BGPRouters, its
+router's BGPVRFInstances and its Pods), and tenancy's view of VPCBindings and namespaces.
 
 The executable uses `ColdCluster` (a fresh client per verb, no caches); the node agent passes
 its warm implementation (cni_plugin/agent/warm.py): pooled keep-alive clients and watch caches.
@@ -24,53 +25,77 @@ class TenancyView(Protocol):
         """A namespace, or None when it does not exist."""
 
 
-class ClusterSource(Protocol):
-    """API clients, and cached objects when the caller keeps a synced watch."""
+class ClusterSession(Protocol):
+    """The cluster behind one kubeconfig as one verb sees it, until `close`."""
 
-    def client(self, kubeconfig: str) -> KubeClient:
-        """An API client for kubeconfig, used by one thread until `release`."""
+    def client(self) -> KubeClient:
+        """The session's API client (borrowed on first use, used by one thread)."""
 
-    def release(self, kubeconfig: str, client: KubeClient) -> None:
-        """Done with a client of `client` (closed, or kept for the next verb)."""
-
-    def routers(self, kubeconfig: str, namespace: str, node: str) -> list[dict[str, Any]] | None:
+    def routers(self, namespace: str, node: str) -> list[dict[str, Any]] | None:
         """BGPRouters targeting node from a synced cache, or None (ask the API)."""
 
-    def instances(self, kubeconfig: str, namespace: str,
-                  router: str) -> list[dict[str, Any]] | None:
+    def instances(self, namespace: str, router: str) -> list[dict[str, Any]] | None:
         """BGPVRFInstances of router from a synced cache, or None (ask the API)."""
 
-    def pod(self, kubeconfig: str, node: str, namespace: str, name: str) -> dict[str, Any] | None:
+    def pod(self, node: str, namespace: str, name: str) -> dict[str, Any] | None:
         """This node's Pod from a synced cache, or None (ask the API)."""
+
+    def close(self) -> None:
+        """Done with the client (closed, or kept for the next verb)."""
+
+
+class ClusterSource(Protocol):
+    """Sessions per kubeconfig, and tenancy's caches when the caller keeps them."""
+
+    def session(self, kubeconfig: str) -> ClusterSession:
+        """A session for one verb (nothing is read until it is used)."""
 
     def tenancy(self, kubeconfig: str, deadline: Deadline) -> TenancyView | None:
         """Synced caches of VPCBindings and namespaces (code 11 when they are kept but do not
         sync within the deadline: never a guess), or None when none are kept (ask the API)."""
 
 
+class ColdSession:
+    """A fresh client, no caches."""
+
+    def __init__(self, kubeconfig: str) -> None:
+        self.kubeconfig = kubeconfig
+        self._client: KubeClient | None = None
+
+    def _connect(self) -> KubeClient:
+        return KubeClient(load_kubeconfig(self.kubeconfig))
+
+    def client(self) -> KubeClient:
+        """A new client on first use."""
+        if self._client is None:
+            self._client = self._connect()
+        return self._client
+
+    def routers(self, namespace: str, node: str) -> list[dict[str, Any]] | None:
+        """No cache."""
+        return None
+
+    def instances(self, namespace: str, router: str) -> list[dict[str, Any]] | None:
+        """No cache."""
+        return None
+
+    def pod(self, node: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """No cache."""
+        return None
+
+    def close(self) -> None:
+        """Close the client, if one was made."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
 class ColdCluster:
     """A fresh client per verb, no caches."""
 
-    def client(self, kubeconfig: str) -> KubeClient:
-        """A new client."""
-        return KubeClient(load_kubeconfig(kubeconfig))
-
-    def release(self, kubeconfig: str, client: KubeClient) -> None:
-        """Close it."""
-        client.close()
-
-    def routers(self, kubeconfig: str, namespace: str, node: str) -> list[dict[str, Any]] | None:
-        """No cache."""
-        return None
-
-    def instances(self, kubeconfig: str, namespace: str,
-                  router: str) -> list[dict[str, Any]] | None:
-        """No cache."""
-        return None
-
-    def pod(self, kubeconfig: str, node: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """No cache."""
-        return None
+    def session(self, kubeconfig: str) -> ClusterSession:
+        """A `ColdSession`."""
+        return ColdSession(kubeconfig)
 
     def tenancy(self, kubeconfig: str, deadline: Deadline) -> TenancyView | None:
         """No cache."""

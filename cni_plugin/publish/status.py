@@ -19,7 +19,7 @@ def check_access(ctx: PublishContext) -> None:
                 attrs["namespace"] = namespace
             body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
                     "spec": {"resourceAttributes": attrs}}
-            review = ctx.client.request("POST", ACCESS_REVIEWS.path(), deadline, body=body)
+            review = ctx.client.create(ACCESS_REVIEWS, body, deadline=deadline)
             if not (review.get("status") or {}).get("allowed"):
                 where = f" in namespace {namespace!r}" if namespace else ""
                 raise CniError(STATUS_NOT_AVAILABLE, f"missing RBAC permission: {verb} "

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cni_plugin.core.request import Invocation
-from cni_plugin.kube.client import ApiError, KubeClient, api_failure
+from cni_plugin.kube.client import ApiError, KubeClient, Target, api_failure
 from cni_plugin.kube.events import EVENTS, pod_event_body
 from cni_plugin.publish.resources import BINDINGS, NAMESPACES, PODS
 from cni_plugin.publish.source import ClusterSource, TenancyView
@@ -56,25 +56,21 @@ DenialObserver = Callable[[Denial], None]
 
 
 class _Api:
-    """The cluster as this ADD reads it: an API client borrowed on first use, returned at the
-    end."""
+    """The cluster as this ADD reads it: a session (its client borrowed on first use, handed
+    back at the end), and the source's caches of bindings and namespaces."""
 
     def __init__(self, source: ClusterSource, kubeconfig: str) -> None:
         self.source = source
         self.kubeconfig = kubeconfig
-        self._client: KubeClient | None = None
+        self.session = source.session(kubeconfig)
 
     def client(self) -> KubeClient:
-        """The borrowed client."""
-        if self._client is None:
-            self._client = self.source.client(self.kubeconfig)
-        return self._client
+        """The session's client."""
+        return self.session.client()
 
     def close(self) -> None:
-        """Hand the client back, if one was borrowed."""
-        if self._client is not None:
-            self.source.release(self.kubeconfig, self._client)
-            self._client = None
+        """End the session."""
+        self.session.close()
 
 
 @contextmanager
@@ -115,9 +111,9 @@ def _pod_choice(inv: Invocation, api: _Api) -> tuple[str, str]:
                        "K8S_POD_NAME are not in CNI_ARGS")
     pod = None
     if inv.host.node_name:
-        pod = api.source.pod(api.kubeconfig, inv.host.node_name, namespace, name)
+        pod = api.session.pod(inv.host.node_name, namespace, name)
     if pod is None:
-        pod = api.client().get(PODS.path(namespace, name), inv.deadline)
+        pod = api.client().get(PODS, name, namespace=namespace, deadline=inv.deadline)
     return choice.from_annotation(pod, f"{namespace}/{name}")
 
 
@@ -147,7 +143,7 @@ def _decide(inv: Invocation, namespace: str, view: TenancyView | None,
         bindings, ns = view.bindings(), view.namespace(namespace)
     else:
         bindings = _list_bindings(api.client(), inv)
-        ns = api.client().get(NAMESPACES.path(name=namespace), inv.deadline)
+        ns = api.client().get(NAMESPACES, namespace, deadline=inv.deadline)
     labels: dict[str, Any] | None = None
     if ns is not None:
         labels = (ns.get("metadata") or {}).get("labels") or {}
@@ -159,7 +155,7 @@ def _decide(inv: Invocation, namespace: str, view: TenancyView | None,
 
 def _list_bindings(client: KubeClient, inv: Invocation) -> list[dict[str, Any]] | None:
     try:
-        return client.list(BINDINGS.path(), inv.deadline)
+        return client.list(BINDINGS, deadline=inv.deadline)
     except ApiError as exc:
         if exc.status == 404:  # the CRD is not installed: no binding admits anything
             return None
@@ -188,7 +184,7 @@ def _write_event(inv: Invocation, api: _Api, denial: Denial) -> None:
     body = pod_event_body(denial.namespace, denial.pod, denial.uid, denial.node or "vpc-attach",
                           DENIED_REASON, "Warning", denial.note)
     try:
-        api.client().request("POST", EVENTS.path(denial.namespace), inv.deadline, body=body)
+        api.client().create(EVENTS, body, namespace=denial.namespace, deadline=inv.deadline)
     except (ApiError, CniError) as exc:
         log.info("tenancy: could not record %s on Pod %s/%s: %s", DENIED_REASON,
                  denial.namespace, denial.pod, exc)
@@ -206,7 +202,7 @@ def tenancy_status(inv: Invocation, source: ClusterSource) -> None:
             missing = view.bindings() is None
         else:
             with _api(source, kubeconfig) as api:
-                missing = api.client().request("GET", BINDINGS.path(), inv.deadline,
+                missing = api.client().request("GET", Target(BINDINGS), inv.deadline,
                                                query={"limit": "1"}) is None
     except ApiError as exc:
         missing = exc.status == 404

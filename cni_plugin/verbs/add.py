@@ -12,37 +12,36 @@ from cni_plugin.core.rollback import Rollback
 from cni_plugin.ipam import delegate
 from cni_plugin.publish import Publisher
 from cni_plugin.tenancy import admit, choice
-from cni_plugin.verbs.environment import Environment
+from cni_plugin.verbs.collaborators import Collaborators
 from netconf.errors import INVALID_CONFIG, CniError
 from netconf.result import Result
 
 
-def add(request: Request, env: Environment) -> Result:
+def add(request: Request, collaborators: Collaborators) -> Result:
     """Attach the container and answer its result (in the 1.1.0 shape)."""
     # Before any change: whether a VPCBinding admits it (and which attachment a Pod chose).
-    inv = admit(Invocation.parse(request), env.cluster, env.tenancy_denied)
+    inv = admit(Invocation.parse(request), collaborators.cluster, collaborators.tenancy_denied)
     prev = inv.conf.prev()
     # One ADD or DEL of this container at a time; settings, API and router are checked before
-    # any change (SPEC §4); the API client is held until the rollback, if any, is done. The
-    # VPC's BGPVRFInstance is settled on a thread of its own meanwhile (`ahead`, waited for
-    # before any rollback).
-    with inv.container_lock(), Publisher.open(inv, env.cluster) as publisher, \
-            Rollback(inv.whole, on_finish=env.rollback_finished) as rollback:
+    # any change (SPEC §4); the API client is held until the rollback, if any, is done.
+    with inv.container_lock(), Publisher.open(inv, collaborators.cluster) as publisher, \
+            Rollback(inv.final_deadline, on_finish=collaborators.rollback_finished) as rollback:
         if inv.conf.vpc_from_pod:  # what DEL and CHECK read instead of the annotation
             rollback.created("record of the Pod's chosen attachment",
                              lambda _deadline: choice.remove_record(inv))
             choice.write_record(inv)
-        with publisher.ahead(rollback):
+        # The VPC's BGPVRFInstance is settled on a thread of its own meanwhile.
+        with publisher.settling_instance(rollback) as publication:
             if inv.conf.attachment == "existing":  # publish what an earlier plugin created
                 result = _previous(prev)
                 addressing = Addressing.from_result(result)
             else:
                 ipam = start_ipam(inv, rollback)  # runs while the links are made
                 with attachment.lock(inv), attachment.open_links(inv) as links:
-                    links.create(rollback)
+                    created = links.create(rollback)
                     addressing = Addressing.from_result(ipam.result())
-                    result = chain(prev, links.configure(addressing))
-            sid = publisher.publish(addressing, rollback)
+                    result = chain(prev, created.configure(addressing))
+            sid = publication.publish(addressing)
         if sid is not None and inv.conf.isolation == "vrf" and inv.conf.attachment != "existing":
             attachment.answer_sid(inv, sid)
     return result

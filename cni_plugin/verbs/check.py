@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from cni_plugin import attachment
+from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.request import Invocation, Request
 from cni_plugin.ipam import delegate
 from cni_plugin.publish import published_differences, published_sid
 from cni_plugin.tenancy import resolve_recorded
-from cni_plugin.verbs.environment import Environment
+from cni_plugin.verbs.collaborators import Collaborators
 from netconf.errors import (
     CHECK_MISMATCH,
     INCOMPATIBLE_VERSION,
@@ -18,7 +19,7 @@ from netconf.errors import (
 from netconf.versions import CHECK_MIN_VERSION, at_least
 
 
-def check(request: Request, env: Environment) -> None:
+def check(request: Request, collaborators: Collaborators) -> None:
     """Raise CHECK_MISMATCH listing every difference; return quietly when all is well."""
     inv = Invocation.parse(request)
     if not at_least(inv.conf.cni_version, CHECK_MIN_VERSION):
@@ -32,12 +33,13 @@ def check(request: Request, env: Environment) -> None:
         raise CniError(UNKNOWN_CONTAINER, f"no attachment recorded for container "
                        f"{inv.env.container_id!r} on {inv.env.ifname}")
     inv = chosen
+    addressing = Addressing.from_result(prev)
     diffs: list[str] = []
     if inv.conf.attachment != "existing":
-        diffs.extend(attachment.differences(inv, prev))
-    diffs.extend(published_differences(inv, env.cluster, prev))
+        diffs.extend(attachment.differences(inv, prev, addressing))
+    diffs.extend(published_differences(inv, collaborators.cluster, addressing))
     if inv.conf.attachment != "existing" and inv.conf.isolation == "vrf":
-        sid = published_sid(inv, env.cluster)
+        sid = published_sid(inv, collaborators.cluster)
         if sid is not None:
             diffs.extend(attachment.sid_differences(inv, sid))
     if diffs:

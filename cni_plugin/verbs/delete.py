@@ -10,14 +10,14 @@ from cni_plugin.core.request import Invocation, Request
 from cni_plugin.ipam import delegate
 from cni_plugin.publish import unpublish
 from cni_plugin.tenancy import choice, resolve_recorded
-from cni_plugin.verbs.environment import Environment
+from cni_plugin.verbs.collaborators import Collaborators
 from netconf.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, INVALID_CONFIG, CniError
 
 log = logging.getLogger(__name__)
 UNUSABLE_CONFIG = (INCOMPATIBLE_VERSION, DECODE_FAILURE, INVALID_CONFIG)
 
 
-def delete(request: Request, env: Environment) -> None:
+def delete(request: Request, collaborators: Collaborators) -> None:
     """Undo ADD for this container; every step runs, the first failure is reported."""
     try:
         inv = Invocation.parse(request)
@@ -35,7 +35,7 @@ def delete(request: Request, env: Environment) -> None:
         if chosen is None:
             _release_unrecorded(inv)
             return
-        _undo_add(chosen, env)
+        _undo_add(chosen, collaborators)
         if chosen.conf.vpc_from_pod:
             choice.remove_record(chosen)  # only once everything above succeeded
 
@@ -50,16 +50,17 @@ def _release_unrecorded(inv: Invocation) -> None:
         ipam.run("DEL", inv.stdin, inv.deadline)
 
 
-def _undo_add(inv: Invocation, env: Environment) -> None:
+def _undo_add(inv: Invocation, collaborators: Collaborators) -> None:
     failures: list[CniError] = []
     ipam = delegate.of(inv)
     if ipam is not None:
         _best_effort(failures, "release IPAM", lambda: ipam.run("DEL", inv.stdin, inv.deadline))
-    _best_effort(failures, "withdraw published objects", lambda: unpublish(inv, env.cluster))
+    _best_effort(failures, "withdraw published objects",
+                 lambda: unpublish(inv, collaborators.cluster))
     if inv.conf.attachment != "existing":
         def remove_links() -> None:
             with attachment.lock(inv):
-                attachment.detach(inv, env.delete_retired_later)
+                attachment.detach(inv, collaborators.delete_retired_later)
             attachment.release_unused_vpc(inv)  # the VPC's table/VRF if this was its last link
         _best_effort(failures, "remove links", remove_links)
     if failures:

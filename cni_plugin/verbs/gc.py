@@ -14,7 +14,7 @@ from cni_plugin.kernel import links
 from cni_plugin.kernel.rtnl import Rtnl
 from cni_plugin.publish import collect_stale_slices, collect_unused_instance
 from cni_plugin.tenancy import choice
-from cni_plugin.verbs.environment import Environment
+from cni_plugin.verbs.collaborators import Collaborators
 from netconf.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CniError
 from netconf.versions import GC_STATUS_MIN_VERSION, at_least
 
@@ -35,7 +35,7 @@ def valid_attachments(raw: dict[str, Any]) -> set[tuple[str, str]]:
     return pairs
 
 
-def gc(request: Request, env: Environment) -> None:
+def gc(request: Request, collaborators: Collaborators) -> None:
     """Delete this network's host link if its owner is not valid, the VPC's table or VRF and the
     BGPVRFInstance on this node if nothing uses them any more; forward GC to IPAM."""
     inv = Invocation.parse(request)
@@ -44,7 +44,7 @@ def gc(request: Request, env: Environment) -> None:
     valid = valid_attachments(inv.raw)
     failures: list[CniError] = []
     for chosen in _chosen_attachments(inv) if inv.conf.vpc_from_pod else [inv]:
-        _collect(chosen, env, valid, failures)
+        _collect(chosen, collaborators, valid, failures)
     try:
         _forward_ipam(inv)
     except CniError as exc:
@@ -67,7 +67,7 @@ def _chosen_attachments(inv: Invocation) -> list[Invocation]:
     return found
 
 
-def _collect(inv: Invocation, env: Environment, valid: set[tuple[str, str]],
+def _collect(inv: Invocation, collaborators: Collaborators, valid: set[tuple[str, str]],
              failures: list[CniError]) -> None:
     with attachment.host_netlink(inv.deadline) as ipr:
         if inv.conf.attachment != "existing":
@@ -76,8 +76,8 @@ def _collect(inv: Invocation, env: Environment, valid: set[tuple[str, str]],
         attached = attachment.vpc_owners(ipr, inv.conf.vpc)
     steps: list[Callable[[], None]] = [
         lambda: _release_vpc(inv),
-        lambda: collect_stale_slices(inv, env.cluster, valid),
-        lambda: collect_unused_instance(inv, env.cluster, valid, attached)]
+        lambda: collect_stale_slices(inv, collaborators.cluster, valid),
+        lambda: collect_unused_instance(inv, collaborators.cluster, valid, attached)]
     for step in steps:
         try:
             step()

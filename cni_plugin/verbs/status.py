@@ -8,12 +8,12 @@ from cni_plugin.ipam import delegate
 from cni_plugin.kernel import isolation, srv6
 from cni_plugin.publish import publishing_status, router_has_sids
 from cni_plugin.tenancy import tenancy_status
-from cni_plugin.verbs.environment import Environment
+from cni_plugin.verbs.collaborators import Collaborators
 from netconf.errors import INCOMPATIBLE_VERSION, STATUS_NOT_AVAILABLE, CniError
 from netconf.versions import GC_STATUS_MIN_VERSION, at_least
 
 
-def status(request: Request, env: Environment) -> None:
+def status(request: Request, collaborators: Collaborators) -> None:
     """Return quietly when ADD would work; raise code 50 naming why not."""
     inv = Invocation.parse(request)
     if not at_least(inv.conf.cni_version, GC_STATUS_MIN_VERSION):
@@ -23,10 +23,10 @@ def status(request: Request, env: Environment) -> None:
             if not isolation.vrf_supported(rtnl):
                 raise CniError(STATUS_NOT_AVAILABLE, "this kernel has no VRF support",
                                "configure \"isolation\": \"table\" or load the vrf module")
-    publishing_status(inv, env.cluster)
-    tenancy_status(inv, env.cluster)
+    publishing_status(inv, collaborators.cluster)
+    tenancy_status(inv, collaborators.cluster)
     if inv.conf.attachment != "existing" and inv.conf.isolation == "vrf" and \
-            router_has_sids(inv, env.cluster):
+            router_has_sids(inv, collaborators.cluster):
         with host_netlink(inv.deadline) as rtnl:
             if not srv6.end_dt46_supported(rtnl):
                 raise CniError(STATUS_NOT_AVAILABLE, "this kernel cannot answer this node's "

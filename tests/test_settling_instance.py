@@ -1,6 +1,7 @@
-"""Publishing ahead (`publish.Ahead`): the VPC's BGPVRFInstance is settled on a thread of its
-own while IPAM and the kernel work run; whatever happens in that block, a rollback after it
-finds everything the thread created, and the thread's error reaches the verb."""
+"""Settling the instance (`publish.SettlingInstance`): the VPC's BGPVRFInstance is settled on a
+thread of its own while IPAM and the kernel work run; whatever happens in that block, a
+rollback after it finds everything the thread created, and the thread's error reaches the
+verb."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from cni_plugin import publish
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.rollback import Rollback
-from cni_plugin.publish import bgp
+from cni_plugin.publish.bgp import advertisement, instance
 from cni_plugin.publish.context import PublishContext, Router
 from netconf.errors import INVALID_CONFIG, CniError
 
@@ -23,7 +24,7 @@ ROUTER = Router("router-worker-1", 65000, None, None)
 
 
 def fake_context() -> PublishContext:
-    inv = SimpleNamespace(deadline=Deadline(5), whole=Deadline(6))
+    inv = SimpleNamespace(deadline=Deadline(5), final_deadline=Deadline(6))
     return cast(PublishContext, SimpleNamespace(inv=inv))
 
 
@@ -33,8 +34,8 @@ def no_instance_lock(monkeypatch: pytest.MonkeyPatch) -> None:
     def held(_ctx: Any, _deadline: Any) -> Iterator[None]:
         yield
 
-    monkeypatch.setattr(bgp, "instance_in_use", held)
-    monkeypatch.setattr(bgp, "read_advertisement", lambda _ctx, _deadline: None)
+    monkeypatch.setattr(instance, "instance_in_use", held)
+    monkeypatch.setattr(advertisement, "read_advertisement", lambda _ctx, _deadline: None)
 
 
 def test_a_failure_in_the_block_waits_for_the_thread_so_the_rollback_undoes_its_create(
@@ -43,11 +44,11 @@ def test_a_failure_in_the_block_waits_for_the_thread_so_the_rollback_undoes_its_
     waits for the thread, so the rollback that follows deletes the instance it created."""
     creating, joining = threading.Event(), threading.Event()
     undone: list[str] = []
-    wait = publish.Ahead.wait
+    wait = publish.SettlingInstance.wait
 
-    def block_end_waits(ahead: publish.Ahead) -> None:
+    def block_end_waits(settling: publish.SettlingInstance) -> None:
         joining.set()
-        wait(ahead)
+        wait(settling)
 
     def create_instance(_ctx: Any, _router: Router, rollback: Rollback,
                         _deadline: Deadline) -> int:
@@ -56,11 +57,11 @@ def test_a_failure_in_the_block_waits_for_the_thread_so_the_rollback_undoes_its_
         rollback.created("BGPVRFInstance 3e-worker-1", lambda _d: undone.append("instance"))
         return 7
 
-    monkeypatch.setattr(bgp, "ensure_vrf_instance", create_instance)
-    monkeypatch.setattr(publish.Ahead, "wait", block_end_waits)
+    monkeypatch.setattr(instance, "ensure_vrf_instance", create_instance)
+    monkeypatch.setattr(publish.SettlingInstance, "wait", block_end_waits)
     publisher = publish.Publisher(fake_context(), ROUTER)
     with pytest.raises(CniError, match="kernel"), Rollback(Deadline(6)) as rollback, \
-            publisher.ahead(rollback):
+            publisher.settling_instance(rollback):
         assert creating.wait(5)
         raise CniError(11, "kernel: the link vanished")
     assert joining.is_set() and undone == ["instance"]
@@ -70,16 +71,17 @@ def test_the_threads_error_is_raised_to_the_verb(monkeypatch: pytest.MonkeyPatch
     def no_router(_ctx: Any, _router: Router, _rollback: Rollback, _deadline: Deadline) -> int:
         raise CniError(INVALID_CONFIG, "BGPVRFInstance refused")
 
-    monkeypatch.setattr(bgp, "ensure_vrf_instance", no_router)
-    ahead = publish.Ahead(fake_context(), ROUTER, Rollback(Deadline(6)))
+    monkeypatch.setattr(instance, "ensure_vrf_instance", no_router)
+    settling = publish.SettlingInstance(fake_context(), ROUTER, Rollback(Deadline(6)))
     with pytest.raises(CniError, match="refused") as caught:
-        ahead.result()
+        settling.result()
     assert caught.value.code == INVALID_CONFIG
 
 
 def test_the_thread_hands_over_the_vrf_id_and_the_advertisement_it_read(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bgp, "ensure_vrf_instance", lambda *_: 9)
-    monkeypatch.setattr(bgp, "read_advertisement", lambda *_: {"metadata": {"name": "3e-3e"}})
-    ahead = publish.Ahead(fake_context(), ROUTER, Rollback(Deadline(6)))
-    assert ahead.result() == (9, {"metadata": {"name": "3e-3e"}})
+    monkeypatch.setattr(instance, "ensure_vrf_instance", lambda *_: 9)
+    monkeypatch.setattr(advertisement, "read_advertisement",
+                        lambda *_: {"metadata": {"name": "3e-3e"}})
+    settling = publish.SettlingInstance(fake_context(), ROUTER, Rollback(Deadline(6)))
+    assert settling.result() == (9, {"metadata": {"name": "3e-3e"}})

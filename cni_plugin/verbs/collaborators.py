@@ -1,5 +1,5 @@
-"""What a transport lends the verbs: where the cluster is reached, how links are removed, and
-who hears how a rollback ended."""
+"""What a transport lends the verbs (their collaborators): where the cluster is reached, how
+links are removed, and who hears how a rollback ended and which ADDs tenancy denied."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from cni_plugin.tenancy import DenialObserver
 
 
 @dataclass(frozen=True)
-class Environment:
+class Collaborators:
     """The executable's defaults: a fresh API client per verb, links deleted at once."""
 
     cluster: ClusterSource = field(default_factory=ColdCluster)
