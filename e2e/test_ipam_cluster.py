@@ -118,7 +118,7 @@ def test_three_nodes_adding_at_once_from_one_pool_never_share_an_address(
         blocks = network_blocks(kube, network)
         cidrs = [(b["spec"]["node"], ipaddress.ip_network(b["spec"]["cidr"])) for b in blocks]
         for i, (_, one) in enumerate(cidrs):
-            assert not any(one.overlaps(other) for _, other in cidrs[i + 1:])  # type: ignore[arg-type]
+            assert not any(one.overlaps(other) for _, other in cidrs[i + 1:])
         for name, address in given:
             ip = ipaddress.ip_interface(address).ip
             holders = [node for node, cidr in cidrs if ip in cidr]
@@ -166,7 +166,7 @@ def test_a_deleted_nodes_blocks_go_with_it_and_others_claim_them(
         wait_until(f"IPAMBlocks of deleted Node {leaving} to be collected",
                    lambda: node_blocks(kube, leaving) == [], timeout=90)
         other = ipam_conf(network, tmp_path / staying, ipv4_subnet="10.66.0.0/28")
-        claimed = set()
+        claimed: set[str] = set()
         for n in range(13):  # every allocatable address of the /28, the freed block's too
             answer = ipam(plugin, "ADD", other, f"staying-{n}",
                           node_env(staying, cluster.plugin_kubeconfig))
@@ -180,7 +180,7 @@ def test_pool_exhausted_across_nodes_is_code_102_naming_the_pool(
     network = f"full-{secrets.token_hex(3)}"
     with nodes(kube, 2) as names:
         confs = {n: ipam_conf(network, tmp_path / n, ipv4_subnet="10.77.0.0/28") for n in names}
-        given = []
+        given: list[str] = []
         for n in range(13):  # /28: 16 blocks of one address; network, gateway, broadcast kept
             name = names[n % 2]
             answer = ipam(plugin, "ADD", confs[name], f"c{n}",
