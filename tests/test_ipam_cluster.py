@@ -5,6 +5,7 @@ server is in e2e/test_ipam_cluster.py). No root needed."""
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 import threading
 from collections import Counter
@@ -16,7 +17,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cni_plugin.agent.metrics import AgentMetrics
 from cni_plugin.core.request import Request
+from cni_plugin.doctor.blocks import ipam_blocks
+from cni_plugin.doctor.checks import Node
 from cni_plugin.ipam.plugin import allocator, claims, verbs
 from cni_plugin.ipam.plugin.blocks import (
     ClusterBlock,
@@ -406,3 +410,37 @@ def test_gc_deletes_this_nodes_blocks_it_has_no_record_of(tmp_path: Path) -> Non
     allocator.collect_garbage(conf, {Attachment("c0", "eth0")}, api)
     assert orphan.name not in store.objects
     assert len(store.objects) == 2, "the held block and node-b's stay"
+
+
+# ---------------------------------------------------------------------------------------------
+# What the node reports: the metric and doctor
+
+
+def test_addresses_in_use_counts_allocations_not_block_records(tmp_path: Path) -> None:
+    conf = cluster_conf(tmp_path, ipv4_subnet="10.9.0.0/26")  # 4 per block
+    api = FakeApi(FakeBlocks(), "node-a")
+    for n in range(7):
+        allocate(conf, api, f"c{n}")
+    metrics = AgentMetrics(lambda: 0)
+    metrics.pools.learn(json.dumps({"name": NETWORK, "ipam": {
+        "type": "vpc-attach-ipam", "dataDir": str(tmp_path)}}).encode())
+    families = {f.name: f for f in metrics.registry.collect()}
+    values = {s.labels["pool"]: s.value
+              for s in families["vpc_attach_ipam_addresses_in_use"].samples}
+    assert values == {f"{NETWORK}/10.9.0.0_26_32": 7}
+    assert len(allocator.pool_state(conf, conf.pools[0]).blocks()) == 3
+
+
+def test_doctor_shows_each_block_and_its_use(tmp_path: Path) -> None:
+    conf = cluster_conf(tmp_path, ipv4_subnet="172.27.0.0/24")
+    api = FakeApi(FakeBlocks(), "node-a")
+    for n in range(3):
+        allocate(conf, api, f"c{n}")
+    node = Node(environ={}, cni_conf_dir=str(tmp_path), cni_bin_dir=str(tmp_path),
+                metrics_address="", ipam_data_dirs=[str(tmp_path)])
+    findings = ipam_blocks(node)
+    assert findings[0].check == "ipam.blocks" and findings[0].status == "ok"
+    block = next(iter(api.store.objects.values()))
+    assert f"{block['spec']['cidr']} 3/16 used ({block['metadata']['name']})" \
+        in findings[0].detail
+    assert findings[-1].check == "ipam.blocks.api" and findings[-1].status == "skip"
