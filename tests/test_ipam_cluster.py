@@ -444,3 +444,18 @@ def test_doctor_shows_each_block_and_its_use(tmp_path: Path) -> None:
     assert f"{block['spec']['cidr']} 3/16 used ({block['metadata']['name']})" \
         in findings[0].detail
     assert findings[-1].check == "ipam.blocks.api" and findings[-1].status == "skip"
+
+
+def test_a_held_block_whose_object_vanished_is_created_again_at_the_next_claim(
+        tmp_path: Path) -> None:
+    conf = cluster_conf(tmp_path, ipv4_subnet="10.9.0.0/26")  # 4 per block
+    api = FakeApi(FakeBlocks(), "node-a")
+    allocate(conf, api, "c0")
+    (name,) = api.store.objects
+    del api.store.objects[name]  # the Node was deleted and registered again meanwhile
+    for n in range(1, 6):  # the held block fills up, the next claim notices
+        allocate(conf, api, f"c{n}")
+    assert name in api.store.objects and api.store.objects[name]["spec"]["node"] == "node-a"
+    state = allocator.pool_state(conf, conf.pools[0])
+    held = {b.name: b.uid for b in state.blocks()}
+    assert held[name] == api.store.objects[name]["metadata"]["uid"]

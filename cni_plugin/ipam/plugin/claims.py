@@ -106,6 +106,7 @@ def claim(state: PoolState, network: str, pool: Pool, api: BlockApi) -> ClusterB
         return None
     node_uid = api.node_uid()
     listed = {str(o["metadata"]["name"]): o for o in api.pool_blocks(network, pool)}
+    reassert(state, network, pool, api, listed, node_uid)
     held = {record.name for record in state.blocks()}
     count = blocks_of(network, pool)
     # Nodes start their search at different blocks, so nodes claiming at once rarely collide.
@@ -142,6 +143,30 @@ def claim(state: PoolState, network: str, pool: Pool, api: BlockApi) -> ClusterB
                    "across the cluster",
                    f"all {count} blocks of {block_size_text(pool)} are claimed, {mine} by this "
                    f"node ({api.node}) and full; other nodes' blocks are not borrowed")
+
+
+def reassert(state: PoolState, network: str, pool: Pool, api: BlockApi,
+             listed: dict[str, dict[str, Any]], node_uid: str) -> None:
+    """Blocks this node holds whose IPAMBlock is gone (its Node was deleted and registered
+    again while the node ran: the garbage collector took them) are created again; one another
+    node took meanwhile is forgotten when empty, and reported otherwise (doctor fails it)."""
+    for record, block in held_blocks(state, network, pool):
+        if record.name in listed:
+            continue
+        created = api.create(block, node_uid)
+        if created is None:
+            current = api.get(block.name)
+            created = current if current is not None and node_of(current) == api.node else None
+        if created is not None:
+            state.write_block(BlockRecord(record.name, record.cidr, uid_of(created), HELD))
+            listed[record.name] = created
+            log.warning("IPAM block %s (%s) of node %s had no IPAMBlock: created it again",
+                        record.name, record.cidr, api.node)
+        elif used(state, block) == 0:
+            state.remove_block(record.name)
+        else:
+            log.error("IPAM block %s (%s) is in use on node %s but another node claimed it: "
+                      "drain this node", record.name, record.cidr, api.node)
 
 
 def block_size_text(pool: Pool) -> str:
