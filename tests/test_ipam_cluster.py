@@ -459,3 +459,25 @@ def test_a_held_block_whose_object_vanished_is_created_again_at_the_next_claim(
     state = allocator.pool_state(conf, conf.pools[0])
     held = {b.name: b.uid for b in state.blocks()}
     assert held[name] == api.store.objects[name]["metadata"]["uid"]
+
+
+@pytest.mark.parametrize("order", ["first-block-last", "first-block-first"])
+def test_after_every_del_a_node_keeps_at_most_one_empty_block(tmp_path: Path,
+                                                             order: str) -> None:
+    # 172.27.0.0/24: blocks of 16; the first block holds 14 (network and gateway kept back).
+    conf = cluster_conf(tmp_path, ipv4_subnet="172.27.0.0/24")
+    api = FakeApi(FakeBlocks(), "node-a")
+    for n in range(20):
+        allocate(conf, api, f"c{n}")
+    state = allocator.pool_state(conf, conf.pools[0])
+    pool = conf.pools[0]
+    owners: dict[int, list[str]] = {}
+    for record in state.records():
+        assert record.attachment is not None
+        number = block_of_index(NETWORK, pool, pool.index_of_name(record.name) or 0).number
+        owners.setdefault(number, []).append(record.attachment.container_id)
+    numbers = sorted(owners, reverse=order == "first-block-last")
+    for number in numbers:
+        for container in owners[number]:
+            allocator.release(conf, Attachment(container, "eth0"), api)
+    assert len(state.blocks()) == 1 and len(api.store.objects) == 1

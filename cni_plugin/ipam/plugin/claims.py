@@ -200,8 +200,9 @@ def used(state: PoolState, block: ClusterBlock) -> int:
 def release_if_spare(state: PoolState, network: str, pool: Pool, index: int,
                      api: BlockApi | None) -> bool:
     """After allocation `index` was released: give its block back when it is empty and this
-    node's other blocks of the pool have at least a block's worth of room (so a node at a
-    block boundary does not claim and release on every ADD and DEL). True if released."""
+    node's other blocks of the pool have at least a block's worth of room or another is empty
+    (so a node at a block boundary does not claim and release on every ADD and DEL, and keeps
+    at most one empty block). True if released."""
     block = block_of_index(network, pool, index)
     return release_spare_blocks(state, network, pool, api, only=[block.name]) > 0
 
@@ -209,20 +210,22 @@ def release_if_spare(state: PoolState, network: str, pool: Pool, index: int,
 def release_spare_blocks(state: PoolState, network: str, pool: Pool, api: BlockApi | None,
                          only: Iterable[str] | None = None) -> int:
     """Release empty blocks (those named in only, or all) while the node keeps a block's worth
-    of room in its other blocks; how many were released. Without an API nothing is released
-    (DEL and GC still succeed: the block stays held)."""
+    of room in its other blocks, or another empty block; how many were released. Without an
+    API nothing is released (DEL and GC still succeed: the block stays held)."""
     if api is None:
         return 0
     chosen = set(only) if only is not None else None
     held = held_blocks(state, network, pool)
-    room = {record.name: len(block.allocatable()) - used(state, block) for record, block in held}
+    capacity = {record.name: len(block.allocatable()) for record, block in held}
+    room = {record.name: capacity[record.name] - used(state, block) for record, block in held}
     released = 0
-    for record, block in held:
+    for record, _block in held:
         if chosen is not None and record.name not in chosen:
             continue
-        capacity = len(block.allocatable())
-        others = sum(free for name, free in room.items() if name != record.name)
-        if room[record.name] != capacity or others < capacity:
+        others = [name for name in room if name != record.name]
+        spare = sum(room[name] for name in others) >= capacity[record.name] \
+            or any(room[name] == capacity[name] for name in others)  # another empty one
+        if room[record.name] != capacity[record.name] or not spare:
             continue
         if _release(state, record, api):
             del room[record.name]
