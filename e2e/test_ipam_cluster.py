@@ -20,6 +20,7 @@ from e2e.harness.faults import start_proxy
 from e2e.harness.kernel import run_ip
 from e2e.harness.kube import Kube
 from e2e.harness.plugin import VIA_AGENT, Answer, Plugin, base_conf
+from e2e.harness.rbac import identity_without
 from e2e.harness.wait import wait_until
 
 pytestmark = pytest.mark.cluster
@@ -201,6 +202,20 @@ def test_scope_cluster_without_a_kubeconfig_is_code_7_naming_the_setting(
     answer = ipam(plugin, "ADD", conf, "c1", {"VPC_ATTACH_NODE_NAME": "n1"})
     assert answer.code == 7 and "kubeconfig" in answer.body["msg"], answer.stdout
     assert not (tmp_path / "nokube").exists()
+
+
+def test_a_claim_the_api_refuses_is_code_104_and_leaves_no_record(
+        kube: Kube, cluster: Any, plugin: Plugin, tmp_path: Path) -> None:
+    conf = ipam_conf(f"denied-{secrets.token_hex(3)}", tmp_path / "ipam",
+                     ipv4_subnet="10.79.0.0/24")
+    with nodes(kube, 1) as (name,), identity_without(
+            kube, cluster, tmp_path, {("vpc-attach.datum.net", "ipamblocks")}) as kubeconfig:
+        answer = ipam(plugin, "ADD", conf, "c1", node_env(name, kubeconfig))
+        assert answer.code == 104, answer.stdout
+        assert "IPAMBlock" in answer.body["msg"] and "ClusterRole" in answer.body["msg"]
+        assert records_on_disk(tmp_path / "ipam") == {}
+        assert not list((tmp_path / "ipam").rglob("blocks/*")), "no claim record left"
+        assert ipam(plugin, "DEL", conf, "c1", node_env(name, kubeconfig)).status == 0
 
 
 @pytest.mark.root

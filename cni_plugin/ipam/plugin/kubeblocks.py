@@ -59,7 +59,7 @@ class KubeBlockApi:
 
     def node_uid(self) -> str:
         """The UID of this node's Node (code 11 while it is not registered)."""
-        node = self._call("read", lambda: self.client.get(NODES, self.node,
+        node = self._call("claim an IPAM block", lambda: self.client.get(NODES, self.node,
                                                           deadline=self.deadline))
         uid = ((node or {}).get("metadata") or {}).get("uid")
         if not uid:
@@ -70,13 +70,13 @@ class KubeBlockApi:
 
     def pool_blocks(self, network: str, pool: Pool) -> list[dict[str, Any]]:
         """Every IPAMBlock of the pool (by its hash label)."""
-        return self._call("list", lambda: self.client.list(
+        return self._call("claim an IPAM block", lambda: self.client.list(
             IPAM_BLOCKS, deadline=self.deadline,
             labels=f"{POOL_LABEL}={pool_hash(network, pool)}"))
 
     def node_blocks(self) -> list[dict[str, Any]]:
         """Every IPAMBlock naming this node."""
-        return self._call("list", lambda: self.client.list(
+        return self._call("collect IPAM blocks", lambda: self.client.list(
             IPAM_BLOCKS, deadline=self.deadline, fields=f"{NODE_FIELD}={self.node}"))
 
     def create(self, block: ClusterBlock, node_uid: str) -> dict[str, Any] | None:
@@ -93,19 +93,19 @@ class KubeBlockApi:
 
     def get(self, name: str) -> dict[str, Any] | None:
         """The object, or None."""
-        return self._call("read", lambda: self.client.get(IPAM_BLOCKS, name,
+        return self._call("read an IPAM block", lambda: self.client.get(IPAM_BLOCKS, name,
                                                           deadline=self.deadline))
 
     def delete(self, name: str, uid: str) -> bool:
         """Delete it if it still has uid (code 11 when the API cannot be reached)."""
-        return self._call("release", lambda: self.client.delete(
+        return self._call("release an IPAM block", lambda: self.client.delete(
             IPAM_BLOCKS, name, deadline=self.deadline, uid=uid or None))
 
     def _call(self, doing: str, request: Callable[[], T]) -> T:
         try:
             return request()
         except ApiError as exc:
-            raise api_failure(exc, f"{doing} IPAM blocks") from None
+            raise api_failure(exc, doing) from None
 
 
 def block_object(block: ClusterBlock, node: str, node_uid: str, created_by: str,
