@@ -33,7 +33,7 @@ LAYER_NAMES = ("netconf", "core", "domain", "verbs", "dispatch", "transports")
 DOMAIN_USES: dict[str, set[str]] = {
     "cni_plugin.kernel": set(),
     "cni_plugin.kube": set(),
-    "cni_plugin.ipam": set(),
+    "cni_plugin.ipam": {"cni_plugin.kube"},  # cluster pools claim IPAMBlocks
     "cni_plugin.attachment": {"cni_plugin.kernel"},
     "cni_plugin.publish": {"cni_plugin.kube"},
     # Tenancy reads the cluster through publishing's ClusterSource and resources.

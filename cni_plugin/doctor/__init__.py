@@ -3,7 +3,8 @@
 It checks the host settings and where each came from, the CNI configs that reference
 vpc-attach, the kernel features they need, the agent (socket, protocol, readiness), the API
 server with the plugin's kubeconfig, every permission of the packaged ClusterRole, this node's
-BGPRouter, and leftovers (retired links, vpc-attach-ipam allocations without an attachment).
+BGPRouter, and leftovers (retired links, vpc-attach-ipam allocations without an attachment),
+and the cluster blocks of vpc-attach-ipam pools the node holds.
 Exit status 0 only when no check failed; warnings do not count.
 """
 
@@ -15,6 +16,7 @@ import os
 import sys
 from collections.abc import Callable
 
+from cni_plugin.doctor.blocks import ipam_blocks as check_ipam_blocks
 from cni_plugin.doctor.checks import FAIL, Finding, Node
 from cni_plugin.doctor.checks import agent as check_agent
 from cni_plugin.doctor.checks import api as check_api
@@ -32,7 +34,7 @@ DEFAULT_CNI_BIN_DIR = "/opt/cni/bin"
 # In this order: later checks use what earlier ones learned (settings, networks, API client).
 CHECKS: tuple[Callable[[Node], list[Finding]], ...] = (
     check_host_settings, check_networks, check_kernel, check_host_protection, check_agent,
-    check_api, check_rbac, check_router, check_tenancy, check_leftovers)
+    check_api, check_rbac, check_router, check_tenancy, check_leftovers, check_ipam_blocks)
 
 
 def diagnose(node: Node) -> list[Finding]:

@@ -63,6 +63,8 @@ CLUSTER_ROLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("", "pods", ("get", "list", "watch")),
     ("vpc-attach.datum.net", "vpcbindings", ("get", "list", "watch")),
     ("", "namespaces", ("get", "list", "watch")),
+    ("vpc-attach.datum.net", "ipamblocks", ("get", "list", "create", "delete")),
+    ("", "nodes", ("get",)),
     ("events.k8s.io", "events", ("create", "patch")),
     ("authorization.k8s.io", "selfsubjectaccessreviews", ("create",)),
 )

@@ -44,6 +44,9 @@ def make_subjects(run: Run, bin_dir: Path) -> list[Subject]:
          "vpc-attach-ipam", None),
         ("kernel-ipam-inproc", "vpc-attach kernel-only, vpc-attach-ipam", IN_PROCESS,
          "vpc-attach-ipam", None),
+        # A pool shared by nodes: blocks claimed through the small control plane (issue 22).
+        ("kernel-ipamcl-agent", "vpc-attach kernel-only, vpc-attach-ipam scope cluster",
+         AGENT, "vpc-attach-ipam-cluster", None),
         ("full-agent", f"vpc-attach full (publishing), {SMALL_OBJECTS} objects of each kind",
          AGENT, "host-local", SMALL),
         ("full-inproc", f"vpc-attach full (publishing), {SMALL_OBJECTS} objects of each kind",
@@ -63,7 +66,8 @@ def make_subjects(run: Run, bin_dir: Path) -> list[Subject]:
         vpc = random_vpc()
         run.janitor.own_vpc(vpc)
         ipam = subjects.host_local(data, index) if ipam_type == "host-local" \
-            else subjects.vpc_attach_ipam(data, index)
+            else subjects.vpc_attach_ipam(data, index,
+                                          cluster_scope=ipam_type.endswith("cluster"))
         publish = subjects.PUBLISH_IPV4 if cluster else subjects.KERNEL_ONLY
         agent_name = cluster or SMALL
         if path == AGENT:
@@ -74,8 +78,9 @@ def make_subjects(run: Run, bin_dir: Path) -> list[Subject]:
         subject = Subject(key, label, path, bin_dir / "vpc-attach",
                           subjects.vpc_attach_stanza(vpc, ipam, publish), environ, vpc=vpc,
                           publishes=cluster is not None, cluster=cluster)
-        if cluster and cluster not in run.clusters:
-            subject.skipped = run.cluster_problem.get(cluster, "no control plane")
+        needs = cluster or (SMALL if ipam_type.endswith("cluster") else None)
+        if needs and needs not in run.clusters:
+            subject.skipped = run.cluster_problem.get(needs, "no control plane")
         elif path == AGENT:
             agent = run.agents.get(agent_name)
             subject.skipped = agent.problem if agent else "no agent"

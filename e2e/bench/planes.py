@@ -26,6 +26,7 @@ def start_clusters(run: Run) -> None:
         with cluster.admin() as admin:
             population.prepare_namespaces(admin)
             population.bench_router(admin, run.node)
+            population.bench_node(admin, run.node)
             population.foreign_objects(admin, count)
         log(f"control plane {name} up with {count} foreign objects of each kind "
             f"({time.monotonic() - began:.0f} s)")

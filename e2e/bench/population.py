@@ -59,6 +59,11 @@ def bench_router(kube: Kube, node: str) -> str:
     return create_router(kube, node)
 
 
+def bench_node(kube: Kube, node: str) -> None:
+    """The bench node's Node object: a cluster pool's IPAMBlocks are owned by it."""
+    kube.create("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+
+
 def bench_pods(kube: Kube, node: str, names: Iterable[str]) -> dict[str, str]:
     """Pod objects on the bench node (nothing runs them), created in parallel; name -> uid."""
     names = list(names)

@@ -68,9 +68,12 @@ def vpc_attach_stanza(vpc: str, ipam: dict[str, Any],
                         "publish": publish, "ipam": ipam}
 
 
-def vpc_attach_ipam(data_dir: Path, index: int) -> dict[str, Any]:
-    """Our IPAM plugin with an IPv4 pool over the subject's /24."""
-    return {"type": "vpc-attach-ipam", "dataDir": str(data_dir), "ipv4_subnet": subnet(index)}
+def vpc_attach_ipam(data_dir: Path, index: int, cluster_scope: bool = False) -> dict[str, Any]:
+    """Our IPAM plugin with an IPv4 pool over the subject's /24 (shared by nodes through
+    IPAMBlocks with cluster_scope)."""
+    scope = {"scope": "cluster"} if cluster_scope else {}
+    return {"type": "vpc-attach-ipam", "dataDir": str(data_dir), "ipv4_subnet": subnet(index),
+            **scope}
 
 
 def version_stanza() -> dict[str, Any]:

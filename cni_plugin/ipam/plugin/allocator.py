@@ -3,6 +3,9 @@
 Only one pool lock is ever held at once (pools are visited in a fixed order), so concurrent
 invocations cannot deadlock. DEL and GC visit every pool directory of the network, not only the
 configured pools, so records survive no config change unreleased.
+
+A pool of `scope: cluster` allocates only inside the cluster blocks this node holds and claims
+another block through the API (`claims.py`, under the same lock) only when they are full.
 """
 
 from __future__ import annotations
@@ -11,6 +14,9 @@ import logging
 import os
 from dataclasses import dataclass
 
+from cni_plugin.ipam.plugin import claims
+from cni_plugin.ipam.plugin.blocks import pool_hash
+from cni_plugin.ipam.plugin.claims import BlockApi
 from cni_plugin.ipam.plugin.config import IpamConfig
 from cni_plugin.ipam.plugin.pool import Pool
 from cni_plugin.ipam.plugin.store import Attachment, PoolState, Record, io_error
@@ -38,8 +44,10 @@ def pool_state(conf: IpamConfig, pool: Pool) -> PoolState:
     return PoolState(os.path.join(conf.network_dir, pool.pool_id), conf.lock_timeout)
 
 
-def allocate(conf: IpamConfig, pool: Pool, attachment: Attachment) -> Allocation:
-    """The block `attachment` holds in `pool`, reserving the next free one if none (code 102)."""
+def allocate(conf: IpamConfig, pool: Pool, attachment: Attachment,
+             blocks: BlockApi | None = None) -> Allocation:
+    """The block `attachment` holds in `pool`, reserving the next free one if none (code 102).
+    blocks: the cluster's IPAMBlocks, for a pool of `scope: cluster`."""
     with pool_state(conf, pool).locked() as state:
         held = state.lookup(attachment)
         if held is None and (held := state.find(attachment)) is not None:
@@ -47,8 +55,13 @@ def allocate(conf: IpamConfig, pool: Pool, attachment: Attachment) -> Allocation
         index = pool.index_of_name(held) if held is not None else None
         if index is not None:
             return Allocation(pool, index, created=False)
-        after = pool.index_of_name(state.cursor() or "")
-        name = state.reserve(attachment, (pool.record_name(i) for i in pool.candidates(after)))
+        name: str | None
+        if conf.scope == "cluster":
+            name = _reserve_in_cluster(conf, pool, state, attachment, blocks)
+        else:
+            after = pool.index_of_name(state.cursor() or "")
+            name = state.reserve(attachment,
+                                 (pool.record_name(i) for i in pool.candidates(after)))
     if name is None:
         raise CniError(IPAM_EXHAUSTED,
                        f"pool {pool.subnet} of network {conf.network!r} is exhausted",
@@ -59,12 +72,25 @@ def allocate(conf: IpamConfig, pool: Pool, attachment: Attachment) -> Allocation
     return Allocation(pool, index, created=True)
 
 
-def allocate_all(conf: IpamConfig, attachment: Attachment) -> list[Allocation]:
+def _reserve_in_cluster(conf: IpamConfig, pool: Pool, state: PoolState, attachment: Attachment,
+                        blocks: BlockApi | None) -> str:
+    """An allocation in this node's cluster blocks, claiming blocks until one has room (code
+    102 when the cluster has none left)."""
+    while (name := claims.reserve_in_held(state, conf.network, pool, attachment)) is None:
+        if blocks is None:
+            raise CniError(INTERNAL_ERROR, f"pool {pool.subnet} has scope 'cluster' but no "
+                           "API was given to claim a block")
+        claims.claim(state, conf.network, pool, blocks)
+    return name
+
+
+def allocate_all(conf: IpamConfig, attachment: Attachment,
+                 blocks: BlockApi | None = None) -> list[Allocation]:
     """One block per active pool; what this call reserved is released if a later pool fails."""
     allocations: list[Allocation] = []
     try:
         for pool in conf.pools:
-            allocations.append(allocate(conf, pool, attachment))
+            allocations.append(allocate(conf, pool, attachment, blocks))
     except CniError:
         for done in reversed(allocations):
             if done.created:
@@ -92,8 +118,17 @@ def pool_states(conf: IpamConfig) -> list[PoolState]:
     return [PoolState(path, conf.lock_timeout) for path in directories]
 
 
-def release(conf: IpamConfig, attachment: Attachment) -> list[str]:
-    """Release `attachment`'s records in every pool of the network; the names released.
+def configured_pool(conf: IpamConfig, state: PoolState) -> Pool | None:
+    """The configured pool whose state directory state is."""
+    name = os.path.basename(state.directory)
+    return next((pool for pool in conf.pools if pool.pool_id == name), None)
+
+
+def release(conf: IpamConfig, attachment: Attachment,
+            blocks: BlockApi | None = None) -> list[str]:
+    """Release `attachment`'s records in every pool of the network; the names released. In a
+    cluster pool, a block this emptied goes back to the cluster when the node has room enough
+    in its other blocks (blocks: the API; None keeps every block).
 
     Continues past a failing pool and raises its error after visiting the others.
     """
@@ -103,6 +138,9 @@ def release(conf: IpamConfig, attachment: Attachment) -> list[str]:
         try:
             with state.locked():
                 name = state.release(attachment)
+                pool = configured_pool(conf, state)
+                if name is not None and pool is not None and conf.scope == "cluster":
+                    _release_block_quietly(conf, pool, state, name, blocks)
         except CniError as exc:
             failures.append(exc)
             continue
@@ -113,20 +151,46 @@ def release(conf: IpamConfig, attachment: Attachment) -> list[str]:
     return released
 
 
-def collect_garbage(conf: IpamConfig, valid: set[Attachment]) -> list[Record]:
-    """Release records of attachments not in `valid` in every pool, continuing past errors."""
+def collect_garbage(conf: IpamConfig, valid: set[Attachment],
+                    blocks: BlockApi | None = None) -> list[Record]:
+    """Release records of attachments not in `valid` in every pool, continuing past errors.
+    In cluster pools (with blocks, the API): settle unfinished claims, give back spare empty
+    blocks and delete this node's IPAMBlocks of the network that no pool records."""
     released: list[Record] = []
     failures: list[CniError] = []
     for state in pool_states(conf):
         try:
             with state.locked():
                 released.extend(state.collect_garbage(valid))
+                pool = configured_pool(conf, state)
+                if pool is not None and conf.scope == "cluster" and blocks is not None:
+                    claims.settle(state, conf.network, pool, blocks)
+                    claims.release_spare_blocks(state, conf.network, pool, blocks)
         except CniError as exc:
             log.warning("GC of %s: %s", state.directory, exc.msg)
+            failures.append(exc)
+    if conf.scope == "cluster" and blocks is not None:
+        states = {pool_hash(conf.network, pool): pool_state(conf, pool) for pool in conf.pools}
+        try:
+            claims.delete_orphans(states, conf.network, conf.pools, blocks)
+        except CniError as exc:
+            log.warning("GC of network %s's IPAM blocks: %s", conf.network, exc.msg)
             failures.append(exc)
     if failures:
         raise failures[0]
     return released
+
+
+def _release_block_quietly(conf: IpamConfig, pool: Pool, state: PoolState, name: str,
+                           blocks: BlockApi | None) -> None:
+    # DEL succeeds whatever happens to the block: it stays held, and GC tries again.
+    index = pool.index_of_name(name)
+    if index is None:
+        return
+    try:
+        claims.release_if_spare(state, conf.network, pool, index, blocks)
+    except CniError as exc:
+        log.warning("cannot give back the IPAM block of %s: %s", name, exc.msg)
 
 
 def _release_quietly(state: PoolState, attachment: Attachment) -> None:

@@ -31,6 +31,11 @@ IPV4_MAX_POOL_PREFIX = 30  # room for network, gateway, broadcast and one addres
 FAMILIES = {"ipv4": 4, "ipv6": 6}
 IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
 Mode = Literal["addresses", "static_ip", "pools"]
+Scope = Literal["node", "cluster"]
+# `node`: today's on-node pools (galactic-ipam's behaviour); `cluster`: addresses unique across
+# every node using the pool, through IPAMBlock claims (cluster.py). Not the default: switching a
+# pool in use to `cluster` would not see the node-local records other nodes already hold.
+DEFAULT_SCOPE: Scope = "node"
 _MODE_KEYS: tuple[Mode, ...] = ("addresses", "static_ip", "pools")
 
 
@@ -64,6 +69,7 @@ class IpamBlock(_Strict):
     data_dir: str | None = Field(default=None, alias="dataDir", min_length=1)
     lock_timeout_seconds: float = Field(default=DEFAULT_LOCK_TIMEOUT_SECONDS, gt=0, le=600,
                                         alias="lockTimeoutSeconds")
+    scope: Scope | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,7 @@ class IpamConfig:
     data_dir: str = DEFAULT_DATA_DIR  # unset in the config: the node's ipamDataRoot
     data_dir_given: bool = False
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT_SECONDS
+    scope: Scope = DEFAULT_SCOPE
 
     @property
     def network_dir(self) -> str:
@@ -132,7 +139,10 @@ def parse_ipam(ipam: Mapping[str, Any], cni_version: str, network: str) -> IpamC
     base = IpamConfig(cni_version=cni_version, network=network, mode=mode, routes=routes,
                       data_dir=block.data_dir or DEFAULT_DATA_DIR,
                       data_dir_given=block.data_dir is not None,
-                      lock_timeout=block.lock_timeout_seconds)
+                      lock_timeout=block.lock_timeout_seconds,
+                      scope=block.scope or DEFAULT_SCOPE)
+    if block.scope is not None and mode != "pools":
+        raise _invalid("scope", "only applies to the pools 'ipam.ipv6_subnet'/'ipam.ipv4_subnet'")
     if mode == "addresses":
         return replace(base, fixed=_addresses(block.addresses or [], families))
     if mode == "static_ip":

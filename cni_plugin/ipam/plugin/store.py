@@ -8,7 +8,10 @@ Layout (all writes happen under the pool's `lock`):
   and DEL find it without scanning the pool (they scan when it is missing or damaged);
 - `last_reserved`: the record name handed out last; the next search starts after it (a hint:
   an allocation whose cursor could not be written is still complete);
-- `.tmp-*`: files being written (temp + rename); leftovers of a crash are removed by GC.
+- `.tmp-*`: files being written (temp + rename); leftovers of a crash are removed by GC;
+- `blocks/<IPAMBlock name>` (`scope: cluster` only): a cluster block this node claimed, holding
+  `{"name", "cidr", "uid", "state"}`; state `claiming` is written before the claim's create and
+  becomes `held` after it, so a crash in between is settled by the next claim or GC (cluster.py).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from netconf.errors import IO_FAILURE, CniError
 LOCK_FILE = "lock"
 CURSOR_FILE = "last_reserved"
 INDEX_DIR = "attachments"
+BLOCKS_DIR = "blocks"
 TMP_PREFIX = ".tmp-"
 _MAX_INDEX_NAME = 200  # longer keys are hashed to stay below NAME_MAX
 
@@ -58,6 +62,21 @@ class Record:
 
     name: str
     attachment: Attachment | None
+
+
+@dataclass(frozen=True)
+class BlockRecord:
+    """A cluster block this node claimed (`held`) or is claiming (`claiming`)."""
+
+    name: str
+    cidr: str
+    uid: str | None
+    state: str  # "claiming" | "held"
+
+    def to_json(self) -> bytes:
+        """The body of a block file."""
+        return json.dumps({"name": self.name, "cidr": self.cidr, "uid": self.uid,
+                           "state": self.state}).encode()
 
 
 def io_error(action: str, path: str, exc: OSError) -> CniError:
@@ -128,6 +147,33 @@ class PoolState:
                     found.append(record)
         return found
 
+    def blocks(self) -> list[BlockRecord]:
+        """The cluster blocks this node holds or is claiming in this pool (unreadable block
+        files count as `claiming`: the next claim or GC settles them against the API)."""
+        found: list[BlockRecord] = []
+        for entry in self._scan(self._path(BLOCKS_DIR)):
+            if entry.name.startswith(TMP_PREFIX) or not entry.is_file(follow_symlinks=False):
+                continue
+            body = self._read_text(entry.path) or ""
+            found.append(_parse_block(entry.name, body))
+        return sorted(found, key=lambda b: b.name)
+
+    def write_block(self, block: BlockRecord) -> None:
+        """Record (or update) a cluster block, atomically (code 5 on failure)."""
+        try:
+            os.makedirs(self._path(BLOCKS_DIR), mode=0o755, exist_ok=True)
+        except OSError as exc:
+            raise io_error("create", self._path(BLOCKS_DIR), exc) from None
+        self._replace(self._path(BLOCKS_DIR, block.name), block.to_json())
+
+    def remove_block(self, name: str) -> None:
+        """Forget a cluster block (code 5 on failure)."""
+        _unlink(self._path(BLOCKS_DIR, name))
+
+    def holds(self, name: str) -> bool:
+        """Whether the record `name` exists (lock-free: records change atomically)."""
+        return _is_record_name(name) and os.path.isfile(self._path(name))
+
     def cursor(self) -> str | None:
         """The record name handed out last, if any."""
         return self._read_text(self._path(CURSOR_FILE))
@@ -188,7 +234,7 @@ class PoolState:
             if target is None or target.attachment is None or \
                     target.attachment.index_name != entry.name:
                 _unlink(entry.path)
-        for directory in (self.directory, self._path(INDEX_DIR)):
+        for directory in (self.directory, self._path(INDEX_DIR), self._path(BLOCKS_DIR)):
             for entry in self._scan(directory):
                 if entry.name.startswith(TMP_PREFIX):  # no writer is alive: we hold the lock
                     _unlink(entry.path)
@@ -284,6 +330,18 @@ def _parse_record(body: bytes) -> Attachment | None:
     if not isinstance(container_id, str) or not isinstance(ifname, str):
         return None
     return Attachment(container_id, ifname)
+
+
+def _parse_block(name: str, body: str) -> BlockRecord:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or not isinstance(data.get("cidr"), str):
+        return BlockRecord(name, "", None, "claiming")
+    uid = data.get("uid")
+    state = "held" if data.get("state") == "held" and isinstance(uid, str) else "claiming"
+    return BlockRecord(name, data["cidr"], uid if isinstance(uid, str) else None, state)
 
 
 def _unlink(path: str) -> None:

@@ -19,6 +19,7 @@ from cni_plugin.ipam.plugin.config import (
     confine_data_dir,
     parse_network,
 )
+from cni_plugin.ipam.plugin.kubeblocks import KubeBlockApi, block_api, node_settings
 from cni_plugin.ipam.plugin.store import Attachment
 from netconf.config import decode_json, lookup_ci
 from netconf.errors import (
@@ -44,6 +45,7 @@ class IpamInvocation:
     env: RuntimeEnv
     conf: IpamConfig
     raw: dict[str, Any]
+    environ: Mapping[str, str]  # the node's settings (VPC_ATTACH_*) come from here
 
     @classmethod
     def parse(cls, request: Request) -> IpamInvocation:
@@ -53,12 +55,27 @@ class IpamInvocation:
         conf = parse_network(raw)
         check_known_args({**env.cni_args, **_config_cni_args(raw)})  # args.cni wins (SPEC §3)
         conf = confine_data_dir(conf, request.environ)  # before anything touches the disk
-        return cls(env=env, conf=conf, raw=raw)
+        return cls(env=env, conf=conf, raw=raw, environ=request.environ)
 
     @property
     def attachment(self) -> Attachment:
         """The (container ID, ifname) this invocation is about."""
         return Attachment(self.env.container_id, self.env.ifname)
+
+    def blocks(self, required: bool) -> KubeBlockApi | None:
+        """The cluster's IPAMBlocks for a pool of `scope: cluster` (None for node pools).
+        required: code 7 without the node's name or kubeconfig (ADD); otherwise None then
+        (DEL and GC still release what is on disk)."""
+        if self.conf.mode != "pools" or self.conf.scope != "cluster":
+            return None
+        try:
+            return block_api(self.environ, self.env.container_id, self.env.ifname)
+        except CniError as exc:
+            if required:
+                raise
+            log.warning("cluster pools of network %s keep their blocks: %s", self.conf.network,
+                        exc.msg)
+            return None
 
     def require_version(self, minimum: str, verb: str) -> None:
         """Code 1 when the config's version predates `verb`."""
@@ -73,7 +90,12 @@ def add(request: Request) -> Result:
     conf = inv.conf
     if conf.mode != "pools":
         return Result(ips=[_fixed_ip(fixed) for fixed in conf.fixed], routes=list(conf.routes))
-    allocations = allocator.allocate_all(conf, inv.attachment)
+    blocks = inv.blocks(required=True)  # code 7 before any change without a node identity
+    try:
+        allocations = allocator.allocate_all(conf, inv.attachment, blocks)
+    finally:
+        if blocks is not None:
+            blocks.close()
     ips = [IPConfig(address=a.address, gateway=str(a.pool.gateway)) for a in allocations]
     configured = {ipaddress.ip_network(route.dst) for route in conf.routes}
     defaults = [Route(dst=DEFAULT_DST[a.pool.family]) for a in allocations
@@ -90,7 +112,12 @@ def delete(request: Request) -> None:
         # succeeds (SPEC §3), touching nothing.
         log.warning("DEL with a dataDir outside ipamDataRoot changes nothing: %s", exc.msg)
         return
-    allocator.release(inv.conf, inv.attachment)
+    blocks = inv.blocks(required=False)
+    try:
+        allocator.release(inv.conf, inv.attachment, blocks)
+    finally:
+        if blocks is not None:
+            blocks.close()
 
 
 def check(request: Request) -> None:
@@ -123,6 +150,11 @@ def status(request: Request) -> None:
     inv.require_version(GC_STATUS_MIN_VERSION, "STATUS")
     if inv.conf.mode != "pools":
         return
+    if inv.conf.scope == "cluster":
+        try:
+            node_settings(inv.environ)
+        except CniError as exc:
+            raise CniError(STATUS_NOT_AVAILABLE, exc.msg, exc.details) from None
     directory = inv.conf.network_dir
     try:
         os.makedirs(directory, mode=0o755, exist_ok=True)
@@ -138,7 +170,12 @@ def gc(request: Request) -> None:
     """Release the records of every attachment the runtime did not list as valid."""
     inv = IpamInvocation.parse(request)
     inv.require_version(GC_STATUS_MIN_VERSION, "GC")
-    allocator.collect_garbage(inv.conf, valid_attachments(inv.raw))
+    blocks = inv.blocks(required=False)
+    try:
+        allocator.collect_garbage(inv.conf, valid_attachments(inv.raw), blocks)
+    finally:
+        if blocks is not None:
+            blocks.close()
 
 
 def valid_attachments(raw: Mapping[str, Any]) -> set[Attachment]:

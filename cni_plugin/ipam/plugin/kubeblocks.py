@@ -1,0 +1,148 @@
+"""IPAMBlock objects through the API server, and how a verb reaches it (`scope: cluster`).
+
+The node's name and kubeconfig are host settings (netconf/host.py: the runtime's environment,
+the host file), never the network config: a tenant's config does not choose who the node is.
+The client is made on first use, so an ADD served from the node's blocks connects to nothing.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from cni_plugin.core.deadline import Deadline
+from cni_plugin.ipam.plugin.blocks import ClusterBlock, pool_hash
+from cni_plugin.ipam.plugin.claims import POOL_LABEL
+from cni_plugin.ipam.plugin.pool import Pool
+from cni_plugin.kube.client import (
+    CREATED_BY_ANNOTATION,
+    ApiError,
+    KubeClient,
+    Resource,
+    api_failure,
+)
+from cni_plugin.kube.config import load_kubeconfig
+from netconf.errors import INVALID_CONFIG, TRY_AGAIN_LATER, CniError
+from netconf.host import HostSettings, resolve_host_settings
+
+GROUP = "vpc-attach.datum.net"
+VERSION = "v1alpha1"
+IPAM_BLOCKS = Resource(GROUP, VERSION, "ipamblocks", "IPAMBlock", namespaced=False)
+NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
+T = TypeVar("T")
+NODE_FIELD = "spec.node"  # a selectable field of the CRD: node names may exceed label limits
+
+
+class KubeBlockApi:
+    """`claims.BlockApi` over one lazily made API client, inside one verb's deadline."""
+
+    def __init__(self, node: str, kubeconfig: str, deadline: Deadline, created_by: str) -> None:
+        self.node = node
+        self.kubeconfig = kubeconfig
+        self.deadline = deadline
+        self.created_by = created_by
+        self._client: KubeClient | None = None
+
+    @property
+    def client(self) -> KubeClient:
+        """The API client, made on first use."""
+        if self._client is None:
+            self._client = KubeClient(load_kubeconfig(self.kubeconfig))
+        return self._client
+
+    def close(self) -> None:
+        """Close the client, if one was made."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def node_uid(self) -> str:
+        """The UID of this node's Node (code 11 while it is not registered)."""
+        node = self._call("claim an IPAM block", lambda: self.client.get(NODES, self.node,
+                                                          deadline=self.deadline))
+        uid = ((node or {}).get("metadata") or {}).get("uid")
+        if not uid:
+            raise CniError(TRY_AGAIN_LATER, f"cannot claim an IPAM block: Node {self.node!r} "
+                           "does not exist (yet)", "an IPAMBlock is owned by its Node, so it "
+                           "goes with it; the node's name is host setting nodeName")
+        return str(uid)
+
+    def pool_blocks(self, network: str, pool: Pool) -> list[dict[str, Any]]:
+        """Every IPAMBlock of the pool (by its hash label)."""
+        return self._call("claim an IPAM block", lambda: self.client.list(
+            IPAM_BLOCKS, deadline=self.deadline,
+            labels=f"{POOL_LABEL}={pool_hash(network, pool)}"))
+
+    def node_blocks(self) -> list[dict[str, Any]]:
+        """Every IPAMBlock naming this node."""
+        return self._call("collect IPAM blocks", lambda: self.client.list(
+            IPAM_BLOCKS, deadline=self.deadline, fields=f"{NODE_FIELD}={self.node}"))
+
+    def create(self, block: ClusterBlock, node_uid: str) -> dict[str, Any] | None:
+        """Create the block's object for this node; None on 409 (the name exists)."""
+        body = block_object(block, self.node, node_uid, self.created_by)
+        try:
+            created: dict[str, Any] = self.client.create(IPAM_BLOCKS, body,
+                                                         deadline=self.deadline)
+            return created
+        except ApiError as exc:
+            if exc.status == 409:
+                return None
+            raise api_failure(exc, f"claim IPAM block {block.cidr}") from None
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        """The object, or None."""
+        return self._call("read an IPAM block", lambda: self.client.get(IPAM_BLOCKS, name,
+                                                          deadline=self.deadline))
+
+    def delete(self, name: str, uid: str) -> bool:
+        """Delete it if it still has uid (code 11 when the API cannot be reached)."""
+        return self._call("release an IPAM block", lambda: self.client.delete(
+            IPAM_BLOCKS, name, deadline=self.deadline, uid=uid or None))
+
+    def _call(self, doing: str, request: Callable[[], T]) -> T:
+        try:
+            return request()
+        except ApiError as exc:
+            raise api_failure(exc, doing) from None
+
+
+def block_object(block: ClusterBlock, node: str, node_uid: str, created_by: str,
+                 ) -> dict[str, Any]:
+    """The IPAMBlock for block held by node, owned by its Node (the API server's garbage
+    collector deletes it with the Node)."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "IPAMBlock",
+        "metadata": {
+            "name": block.name,
+            "labels": {POOL_LABEL: pool_hash(block.network, block.pool)},
+            "annotations": {CREATED_BY_ANNOTATION: created_by},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node,
+                                 "uid": node_uid}],
+        },
+        "spec": {"network": block.network, "subnet": str(block.pool.subnet),
+                 "allocationPrefixLength": block.pool.block_prefix, "cidr": str(block.cidr),
+                 "node": node},
+    }
+
+
+def node_settings(environ: Mapping[str, str]) -> HostSettings:
+    """The host settings a cluster pool needs: node name and kubeconfig (code 7 naming the
+    missing one; resolving reads at most the host file)."""
+    settings = resolve_host_settings({}, environ)
+    for value, key, env in ((settings.node_name, "nodeName", "VPC_ATTACH_NODE_NAME"),
+                            (settings.kubeconfig, "kubeconfig", "VPC_ATTACH_KUBECONFIG")):
+        if not value:
+            raise CniError(INVALID_CONFIG, "invalid config key 'ipam.scope': 'cluster' needs "
+                           f"the node's host setting {key}", f"set it in the host file or "
+                           f"{env}; a node without one can only use 'scope': 'node'")
+    return settings
+
+
+def block_api(environ: Mapping[str, str], container_id: str, ifname: str) -> KubeBlockApi:
+    """The API of this node's blocks for one verb (code 7 without node name or kubeconfig)."""
+    settings = node_settings(environ)
+    created_by = f"{container_id}/{ifname}/{secrets.token_hex(4)}"
+    return KubeBlockApi(str(settings.node_name), str(settings.kubeconfig),
+                        Deadline(settings.timeout_seconds), created_by)
