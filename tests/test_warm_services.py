@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import socket
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -110,3 +112,27 @@ def test_knowing_the_nodes_router_starts_the_watch_of_its_vrf_instances(
                           "bgpvrfinstances", "spec.routerRef.name=router-node-1")
     session.routers("galactic-system", "node-1")
     assert len(started) == 2, "each watch is started once"
+
+
+def _kubeconfig_for(template: str, server: str) -> str:
+    path = Path(template).with_name("kubeconfig-silent")
+    path.write_text(Path(template).read_text().replace("http://127.0.0.1:9", server))
+    return str(path)
+
+
+def test_a_watch_on_its_first_list_is_not_reported_out_of_sync_until_the_grace_ends(
+        kubeconfig: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Readiness right after the verb that started a watch: still listing is not a failure."""
+    with socket.socket() as silent:  # accepts, never answers: the first list is in flight
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        silent_config = _kubeconfig_for(kubeconfig, f"http://127.0.0.1:{silent.getsockname()[1]}")
+        cluster = WarmCluster()
+        try:
+            cache = cluster.watch_pods(silent_config, "node-1")
+            assert cluster.unsynced() == []
+            monkeypatch.setattr(warm, "FIRST_LIST_GRACE_SECONDS", 0.0)
+            assert cluster.unsynced() == [cache.describe()]
+        finally:
+            cluster.close()
+

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 from cni_plugin.core.deadline import Deadline
@@ -22,6 +23,8 @@ RETRY_SECONDS = 2.0
 MAX_IDLE_CLIENTS = 16  # at shutdown; what is left is swept by the next agent or a GC
 # An ADD waits at most this long (within its deadline) for the tenancy caches' first sync.
 TENANCY_SYNC_SECONDS = 5.0
+# A watch a verb has just started is still listing, not out of sync: readiness counts it after this.
+FIRST_LIST_GRACE_SECONDS = 10.0
 
 
 class WatchCache:
@@ -48,6 +51,7 @@ class WatchCache:
         self.missing = False
         self.problem = "not listed yet"  # why the cache is not in sync, when it is not
         self._in_sync = threading.Event()
+        self._started = time.monotonic()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"watch {self._path}",
@@ -55,8 +59,14 @@ class WatchCache:
 
     def start(self) -> WatchCache:
         """Start listing and watching in a thread of its own."""
+        self._started = time.monotonic()
         self._thread.start()
         return self
+
+    def first_listing(self) -> bool:
+        """Whether it is still on its first list, started moments ago (nothing went wrong)."""
+        return not self._in_sync.is_set() and self.problem == "not listed yet" and \
+            time.monotonic() - self._started < FIRST_LIST_GRACE_SECONDS
 
     def items(self) -> list[dict[str, Any]] | None:
         """Current objects, or None when not in sync."""
@@ -281,10 +291,12 @@ class WarmCluster:
             return sorted({*self._creds, *(key[0] for key in self._watches)})
 
     def unsynced(self) -> list[str]:
-        """The watches whose cache is not in sync with the API server now."""
+        """The watches whose cache is not in sync with the API server now (a watch a verb
+        started moments ago and still on its first list is not one of them)."""
         with self._lock:
             caches = list(self._watches.values())
-        return [cache.describe() for cache in caches if cache.items() is None]
+        return [cache.describe() for cache in caches
+                if cache.items() is None and not cache.first_listing()]
 
     def close(self) -> None:
         """Close idle clients, stop every watch."""
