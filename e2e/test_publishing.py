@@ -77,8 +77,9 @@ def test_veth_pod_is_published_checked_and_withdrawn(kube: Kube, node: Node, net
     eps = endpoint_slice(kube, web_slice)
     assert eps is not None
     meta = eps["metadata"]
-    assert meta["labels"]["galactic.datum.net/tenant-id"] == f"{vpc}-10"
-    assert meta["labels"]["endpointslice.kubernetes.io/managed-by"] == "vpc-attach"
+    assert meta["labels"] == {"galactic.datum.net/tenant-id": f"{vpc}-10",
+                              "vpc-attach.datum.net/tenant-id": f"{vpc}-10",
+                              "endpointslice.kubernetes.io/managed-by": "vpc-attach"}
     assert meta["annotations"]["galactic.datum.net/tenant-id"] == f"{vpc}-10"
     assert meta["annotations"]["galactic.datum.net/srv6-sid"] == naming.srv6_sid(
         "2001:db8:ff01::/48", 1, vrf_id)
@@ -120,6 +121,9 @@ def test_dual_stack_slices_and_two_attachments_of_one_pod(kube: Kube, node: Node
     assert names <= set(found), "one slice per (Pod, attachment, family), no collision"
     v4 = found[slice_name("db-1", vpc, "1", "IPv4")]
     assert v4["addressType"] == "IPv4" and v4["endpoints"][0]["addresses"] == ["10.201.0.2"]
+    # galactic's sidecar selects on its tenant-id label for IPv6 backends only: not on IPv4.
+    assert v4["metadata"]["labels"] == {"vpc-attach.datum.net/tenant-id": f"{vpc}-1",
+                                        "endpointslice.kubernetes.io/managed-by": "vpc-attach"}
     node.plugin.ok("DEL", first, container_id="ctr-db-1", netns=netns, CNI_ARGS=args)
     assert endpoint_slice(kube, slice_name("db-1", vpc, "1", "IPv6")) is None
     assert endpoint_slice(kube, slice_name("db-1", vpc, "2", "IPv6")) is not None

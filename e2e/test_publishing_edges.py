@@ -11,7 +11,7 @@ import pytest
 
 from cni_plugin.core import naming
 from cni_plugin.publish.endpointslice import slice_name
-from cni_plugin.publish.resources import GROUP, ROUTERS, VERSION, VRF_INSTANCES
+from cni_plugin.publish.resources import ENDPOINT_SLICES, GROUP, ROUTERS, VERSION, VRF_INSTANCES
 from e2e.harness.kernel import links_in
 from e2e.harness.kube import Kube
 from e2e.harness.plugin import Plugin, base_conf, host_local, host_local_reservations
@@ -127,6 +127,24 @@ def test_gc_deletes_only_this_nodes_stale_slices(kube: Kube, node: Node, netns: 
     node.plugin.ok("GC", {**conf, "cni.dev/valid-attachments": []})
     assert endpoint_slice(kube, name) is None
     assert naming.host_link_name(vpc, "4") not in links_in()
+
+
+def test_gc_finds_an_ipv4_slice_an_older_version_labelled_for_galactic_only(
+        kube: Kube, node: Node, netns: str, vpc: str, tmp_path: Path) -> None:
+    uid = create_pod(kube, "gc-old-1", node.name)
+    conf = base_conf(vpc, "7", ipam=host_local(tmp_path / "ipam", "10.207.0.0/24"),
+                     publish={"bgp": False, "endpointSlice": True,
+                              "endpointSliceFamilies": ["IPv4"]})
+    node.plugin.ok("ADD", conf, container_id="ctr-gc-old", netns=netns,
+                   CNI_ARGS=node.cni_args("gc-old-1", uid))
+    name = slice_name("gc-old-1", vpc, "7", "IPv4")
+    older = endpoint_slice(kube, name)
+    assert older is not None
+    older["metadata"]["labels"] = {"galactic.datum.net/tenant-id": f"{vpc}-7",
+                                   "endpointslice.kubernetes.io/managed-by": "vpc-attach"}
+    kube.put(ENDPOINT_SLICES.path("default", name), older)
+    node.plugin.ok("GC", {**conf, "cni.dev/valid-attachments": []})
+    assert endpoint_slice(kube, name) is None
 
 
 def test_only_this_nodes_stale_annotations_are_pruned(kube: Kube, node: Node, cluster: Any,

@@ -14,6 +14,7 @@ from cni_plugin.core.rollback import Rollback
 from cni_plugin.kube.client import CREATED_BY_ANNOTATION
 from cni_plugin.publish.context import PublishContext, create, created_by
 from cni_plugin.publish.resources import (
+    ATTACHMENT_LABEL,
     CONTAINER_ID_ANNOTATION,
     ENDPOINT_SLICES,
     IFNAME_ANNOTATION,
@@ -65,11 +66,14 @@ def _slice_body(ctx: PublishContext, namespace: str, pod: str, uid: str, name: s
                    IFNAME_ANNOTATION: ctx.inv.env.ifname}
     if sid:
         annotations[SRV6_SID_ANNOTATION] = sid
+    labels = {ATTACHMENT_LABEL: tenant, MANAGED_BY_LABEL: MANAGED_BY}
+    if family == "IPv6":  # galactic's sidecar takes any slice it selects for an IPv6 backend
+        labels[TENANT_LABEL] = tenant
     return {
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {
             "name": name, "namespace": namespace,
-            "labels": {TENANT_LABEL: tenant, MANAGED_BY_LABEL: MANAGED_BY},
+            "labels": labels,
             "annotations": annotations,
             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid}],
         },
@@ -179,10 +183,15 @@ def slice_differences(ctx: PublishContext, addressing: Addressing, deadline: Dea
 def collect_slices(ctx: PublishContext, valid: set[tuple[str, str]], deadline: Deadline) -> int:
     """Delete this node's slices of this attachment whose container is not valid."""
     conf = ctx.inv.conf
-    selector = (f"{MANAGED_BY_LABEL}={MANAGED_BY},"
-                f"{TENANT_LABEL}={naming.tenant_id(conf.vpc, conf.vpcattachment)}")
+    tenant = naming.tenant_id(conf.vpc, conf.vpcattachment)
+    found: dict[str, dict[str, Any]] = {}
+    # Older versions labelled IPv4 slices with galactic's label only: both selectors find ours.
+    for label in (ATTACHMENT_LABEL, TENANT_LABEL):
+        selector = f"{MANAGED_BY_LABEL}={MANAGED_BY},{label}={tenant}"
+        for item in ctx.client.list(ENDPOINT_SLICES, deadline=deadline, labels=selector):
+            found[item["metadata"]["uid"]] = item
     removed = 0
-    for item in ctx.client.list(ENDPOINT_SLICES, deadline=deadline, labels=selector):
+    for item in found.values():
         meta = item["metadata"]
         annotations = meta.get("annotations") or {}
         owner = (annotations.get(CONTAINER_ID_ANNOTATION, ""),

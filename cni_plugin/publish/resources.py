@@ -25,7 +25,8 @@ SUBNET_V4_KEY = ANNOTATION_PREFIX + "allocated-subnet-ipv4."
 NODE_KEY = ANNOTATION_PREFIX + "node."
 CONTAINER_KEYS = (NETNS_KEY, SUBNET_V6_KEY, SUBNET_V4_KEY, NODE_KEY)
 
-TENANT_LABEL = "galactic.datum.net/tenant-id"
+TENANT_LABEL = "galactic.datum.net/tenant-id"  # galactic's sidecar selects on it: IPv6 slices only
+ATTACHMENT_LABEL = "vpc-attach.datum.net/tenant-id"  # every slice of ours: {vpc}-{att}
 MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
 MANAGED_BY = "vpc-attach"
 SRV6_SID_ANNOTATION = "galactic.datum.net/srv6-sid"
