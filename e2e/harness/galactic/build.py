@@ -84,9 +84,26 @@ class GalacticBuild:
 
 
 def peers_dir() -> Path:
-    """``$VPC_ATTACH_PEERS``, else ``../shared/peers`` next to the repository."""
+    """``$VPC_ATTACH_PEERS``, else ``shared/peers`` next to the repository or next to one of
+    its parent directories (a clone made elsewhere, e.g. CI's, still finds the workplace's)."""
     configured = os.environ.get("VPC_ATTACH_PEERS")
-    return Path(configured) if configured else REPO_ROOT.parent / "shared" / "peers"
+    if configured:
+        return Path(configured)
+    for parent in REPO_ROOT.resolve().parents:
+        if any((parent / "shared" / "peers").glob("galactic-*.tar.gz")):
+            return parent / "shared" / "peers"
+    return REPO_ROOT.parent / "shared" / "peers"
+
+
+def cached_source_version() -> str | None:
+    """The version of the newest complete build in the cache (router built, source prepared),
+    for a machine that built it before but has not the archives at hand now."""
+    builds = [d for d in cache_root().glob("galactic-*") if not d.name.startswith("galactic-src-")
+              and os.access(d / "galactic-router", os.X_OK)
+              and (cache_root() / f"galactic-src-{d.name.removeprefix('galactic-')}"
+                   / ".prepared").exists()]
+    newest = max(builds, key=lambda d: d.stat().st_mtime, default=None)
+    return newest.name.removeprefix("galactic-") if newest else None
 
 
 def archives(directory: Path) -> dict[str, Path]:
@@ -199,9 +216,18 @@ def galactic_component(source: Path, version: str) -> SourceComponent:
 
 def ensure_galactic_built() -> GalacticBuild:
     """Build (if needed) galactic-router, the verdict program, gobgpd and gobgp."""
-    found = archives(peers_dir())
-    version = source_version(found)
-    source = ensure_source(found, version)
+    try:
+        found = archives(peers_dir())
+    except BuildError as missing:
+        cached = cached_source_version()
+        if cached is None:
+            raise BuildError(f"{missing}; set VPC_ATTACH_PEERS to the directory of galactic's "
+                             "source archives") from None
+        log.warning("%s: using the cached build %s", missing, cached)
+        version, source = cached, cache_root() / f"galactic-src-{cached}"
+    else:
+        version = source_version(found)
+        source = ensure_source(found, version)
     galactic = ensure_built(galactic_component(source, version))
     gobgp = ensure_built(GOBGP)
     return GalacticBuild(
