@@ -26,7 +26,7 @@ from e2e.harness.agentproc import AgentProcess
 from e2e.harness.cluster.kubeconfig import write_token_kubeconfig
 from e2e.harness.kernel import run_ip, temporary_netns
 from e2e.harness.kube import Kube
-from e2e.harness.nodes import api_port, in_node, node_namespace
+from e2e.harness.nodes import NODES, api_port, in_node, node_namespace
 from e2e.harness.plugin import Plugin, with_prev
 from e2e.harness.publishing import BGP_NS, create_pod, create_router
 from e2e.harness.rbac import identity_without
@@ -34,6 +34,7 @@ from e2e.harness.tenancy import bound
 from e2e.harness.wait import wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster]
+IPAM_BLOCK_PATH = "/apis/vpc-attach.datum.net/v1alpha1/ipamblocks"
 METRICS = "127.0.0.1:9471"  # the default: free inside the node's own namespace
 DOCTOR_TIMEOUT_S = 120
 
@@ -256,3 +257,43 @@ def test_missing_rbac_permissions_are_named(node: DoctorNode, kube: Kube, cluste
     assert rbac["detail"].startswith("missing 2 of ")
     with contextlib.suppress(KeyError):
         assert found["api.server"][0]["status"] == "ok"
+
+
+def test_the_nodes_cluster_ipam_blocks_are_shown_and_checked_against_the_api(
+        node: DoctorNode, kube: Kube, tmp_path: Path) -> None:
+    """A cluster-scope pool's block is shown with its use; an IPAMBlock the API lost (the
+    node's Node deleted and registered again) fails: another node could claim its addresses."""
+    network = f"vpc-blk-{secrets.token_hex(2)}"
+    stanza = {**node.stanza, "publish": {"bgp": False, "endpointSlice": False},
+              "ipam": {"type": "vpc-attach-ipam", "dataDir": str(tmp_path / "ipam"),
+                       "scope": "cluster", "ipv4_subnet": "172.29.0.0/24"}}
+    node.write_conflist(network, stanza)
+    plugin = Plugin(node.cni_bin, tmp_path / "locks", prefix=in_node(node.netns),
+                    environ={"VPC_ATTACH_HOST_CONFIG": str(node.host_file),
+                             "VPC_ATTACH_AGENT_SOCKET": str(node.agent.socket)})
+    conf = {"cniVersion": "1.1.0", "name": network, **stanza}
+    kube.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name}})
+    try:
+        with temporary_netns("vpa-docblk") as pod_netns:
+            args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=blk-pod"
+            result = plugin.ok("ADD", conf, container_id="blk-ctr", netns=pod_netns,
+                               CNI_ARGS=args)
+            try:
+                [block] = kube.list(IPAM_BLOCK_PATH, fields=f"spec.node={node.name}")
+                cidr = block["spec"]["cidr"]
+                _, found = node.report()
+                [shown] = found["ipam.blocks"]
+                assert shown["status"] == "ok"
+                assert f"{cidr} 1/16 used ({block['metadata']['name']})" in shown["detail"]
+                assert all(f["status"] == "ok" for f in found.get("ipam.blocks.api", []))
+                kube.delete(f"{IPAM_BLOCK_PATH}/{block['metadata']['name']}")
+                status, found = node.report()
+                assert status == 1
+                [lost] = [f for f in found["ipam.blocks.api"] if f["status"] == "fail"]
+                assert lost["detail"] == f"1 block(s) this node allocates from have no " \
+                    f"IPAMBlock naming it: {block['metadata']['name']}" and lost["fix"]
+            finally:
+                plugin.ok("DEL", with_prev(conf, result), container_id="blk-ctr",
+                          netns=pod_netns, CNI_ARGS=args)
+    finally:
+        kube.delete(f"{NODES}/{node.name}")

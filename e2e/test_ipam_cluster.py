@@ -4,11 +4,9 @@ IPAMBlock claims. Everything is checked with the official client and the nodes' 
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import json
 import secrets
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -19,27 +17,15 @@ from cni_plugin.ipam.plugin.kubeblocks import IPAM_BLOCKS
 from e2e.harness.faults import start_proxy
 from e2e.harness.kernel import run_ip
 from e2e.harness.kube import Kube
+from e2e.harness.nodes import NODES
+from e2e.harness.nodes import node_objects as nodes
 from e2e.harness.plugin import VIA_AGENT, Answer, Plugin, base_conf
 from e2e.harness.rbac import identity_without
 from e2e.harness.wait import wait_until
 
 pytestmark = pytest.mark.cluster
 BLOCKS = IPAM_BLOCKS.path()
-NODES = "/api/v1/nodes"
 CONCURRENT = 30  # invocations in flight at once, across the three nodes
-
-
-@contextlib.contextmanager
-def nodes(kube: Kube, count: int) -> Iterator[list[str]]:
-    """count Node objects (no kubelet behind them: only their names and UIDs are used)."""
-    names = [f"ipam-node-{secrets.token_hex(3)}" for _ in range(count)]
-    for name in names:
-        kube.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
-    try:
-        yield names
-    finally:
-        for name in names:
-            kube.delete(f"{NODES}/{name}")
 
 
 def node_blocks(kube: Kube, node: str) -> list[dict[str, Any]]:

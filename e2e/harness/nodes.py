@@ -16,6 +16,9 @@ from collections.abc import Iterator
 
 from cni_plugin.kernel.netns import entered
 from e2e.harness.kernel import run_ip
+from e2e.harness.kube import Kube
+
+NODES = "/api/v1/nodes"
 
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:
@@ -76,3 +79,16 @@ def api_port(server: str) -> int:
     port = urllib.parse.urlsplit(server).port
     assert port is not None
     return port
+
+
+@contextlib.contextmanager
+def node_objects(kube: Kube, count: int, prefix: str = "ipam-node") -> Iterator[list[str]]:
+    """count Node objects (no kubelet behind them: only their names and UIDs are used)."""
+    names = [f"{prefix}-{secrets.token_hex(3)}" for _ in range(count)]
+    for name in names:
+        kube.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    try:
+        yield names
+    finally:
+        for name in names:
+            kube.delete(f"{NODES}/{name}")
