@@ -250,6 +250,8 @@ ALLOWED = [
         for verb in ("get", "list", "create", "update", "patch", "delete")
     ],
     *[("", "pods", verb) for verb in ("get", "list", "watch")],
+    *[("vpc-attach.datum.net", "ipamblocks", verb) for verb in ("get", "list", "create", "delete")],
+    ("", "nodes", "get"),  # a cluster pool's IPAMBlock is owned by its Node (SPEC §6)
     ("authorization.k8s.io", "selfsubjectaccessreviews", "create"),
 ]
 DENIED = [
@@ -261,7 +263,8 @@ DENIED = [
     ("", "pods", "create"),
     ("", "pods", "delete"),
     ("", "secrets", "get"),
-    ("", "nodes", "get"),
+    ("", "nodes", "list"),
+    ("vpc-attach.datum.net", "ipamblocks", "update"),
     ("", "serviceaccounts", "create"),
 ]
 
