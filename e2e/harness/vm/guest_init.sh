@@ -34,7 +34,7 @@ mkdir -p /newroot/dev/pts /newroot/dev/shm
 mount -t devpts -o newinstance,ptmxmode=0666 devpts /newroot/dev/pts
 mount -t tmpfs -o mode=1777 tmpfs /newroot/dev/shm
 mount -t tmpfs -o mode=0755 tmpfs /newroot/run
-mount -t tmpfs -o mode=1777 tmpfs /newroot/tmp
+# /tmp stays the host's (under the overlay): a repository cloned there is the cwd of the job.
 mount -t bpf bpffs /newroot/sys/fs/bpf
 mount -t cgroup2 cgroup2 /newroot/sys/fs/cgroup 2>/dev/null
 mkdir -p "/newroot$vpcvm_share"
