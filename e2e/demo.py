@@ -120,7 +120,8 @@ def main() -> int:
         from cni_plugin.core import naming
         from cni_plugin.publish.endpointslice import slice_name
         _show_object("BGPVRFInstance", vrf_instance(kube, naming.vrf_instance_name("21", NODE)))
-        _show_object("BGPAdvertisement", advertisement(kube, naming.advertisement_name("21", "21")))
+        _show_object("BGPAdvertisement",
+                     advertisement(kube, naming.advertisement_name("21", "21", NODE)))
         _show_object("EndpointSlice", endpoint_slice(kube, slice_name("demo", "21", "21", "IPv6")))
         print(f"\noperator log ({work / 'vpc-attach.log'}):")
         print((work / "vpc-attach.log").read_text().rstrip())
@@ -132,7 +133,7 @@ def main() -> int:
                       env={**env, "CNI_COMMAND": "DEL"})
         print(f"\nDEL exit {delete.returncode}; host link left: "
               f"{_run(['ip', 'link', 'show', host]).returncode == 0}; advertisement left: "
-              f"{advertisement(kube, naming.advertisement_name('21', '21')) is not None}")
+              f"{advertisement(kube, naming.advertisement_name('21', '21', NODE)) is not None}")
         return delete.returncode
     finally:
         if not args.keep:

@@ -80,7 +80,7 @@ def test_racing_add_and_del_of_one_container_end_all_or_nothing(
     conf.pop("publish")
     uid = create_pod(kube, "racer", node.name)
     args = node.cni_args("racer", uid)
-    adv_name = naming.advertisement_name(vpc, "9")
+    adv_name = naming.advertisement_name(vpc, "9", node.name)
     slice_v6 = slice_name("racer", vpc, "9", "IPv6")
     outcomes: list[str] = []
     for attempt in range(PAIRS):

@@ -54,8 +54,8 @@ def test_24_concurrent_adds_across_4_nodes(kube: Kube, cluster: Any, plugin: Plu
                 pod_ns = f"vpa-cpod-{secrets.token_hex(3)}"
                 run_ip("netns", "add", pod_ns)
                 stack.callback(os.system, f"ip netns del {pod_ns}")
-                # Every node attaches att "1" of every VPC: one advertisement per VPC is
-                # merged by four nodes at once.
+                # Every node attaches att "1" of every VPC: each node writes its own
+                # advertisement of it.
                 conf = base_conf(vpc, "1", name=f"conc-{v}",
                                  ipam=host_local(tmp_path / f"ipam-{n}", f"fd00:{n + 1}:{v}::/64"))
                 conf.pop("publish")
@@ -76,12 +76,17 @@ def test_24_concurrent_adds_across_4_nodes(kube: Kube, cluster: Any, plugin: Plu
                          if i["spec"]["routerRef"]["name"] == node.router]
             ids = [i["spec"]["vrfID"] for i in instances]
             assert len(ids) == VPCS and len(set(ids)) == VPCS, f"{node.name}: {ids}"
-        for v, vpc in enumerate(vpcs):
-            adv = advertisement(kube, naming.advertisement_name(vpc, "1"))
-            assert adv is not None
-            assert sorted(adv["spec"]["prefixes"]) == sorted(
-                str(ipaddress.ip_network(f"fd00:{n + 1}:{v}::/64")) for n in range(NODES)), \
-                "complete prefixes"
+        for v, vpc in enumerate(vpcs):  # each node announces its own Pod, with its VRF ID
+            for n, node in enumerate(nodes):
+                adv = advertisement(kube, naming.advertisement_name(vpc, "1", node.name))
+                instance = kube.get(VRF_INSTANCES.path(BGP_NS, naming.vrf_instance_name(
+                    vpc, node.name)))
+                assert adv is not None and instance is not None
+                assert adv["spec"]["prefixes"] == [
+                    str(ipaddress.ip_network(f"fd00:{n + 1}:{v}::/64"))], node.name
+                assert adv["spec"]["routerRef"] == {"name": node.router}
+                assert adv["spec"]["vrfID"] == instance["spec"]["vrfID"]
+            assert advertisement(kube, naming.shared_advertisement_name(vpc, "1")) is None
 
         def delete(job: tuple[Any, ...]) -> Any:
             node, conf, cid, netns, args = job
@@ -91,4 +96,5 @@ def test_24_concurrent_adds_across_4_nodes(kube: Kube, cluster: Any, plugin: Plu
             dels = list(pool.map(delete, jobs))
         assert all(d.status == 0 for d in dels), [d.stdout for d in dels if d.status][:3]
         for vpc in vpcs:
-            assert advertisement(kube, naming.advertisement_name(vpc, "1")) is None
+            assert all(advertisement(kube, naming.advertisement_name(vpc, "1", node.name))
+                       is None for node in nodes)

@@ -32,6 +32,7 @@ from e2e.harness.kube import Kube
 from e2e.harness.plugin import AGENT_SOCKET
 from e2e.harness.publishing import (
     advertisement,
+    advertisements_of,
     create_pod,
     create_router,
     deny_writes,
@@ -214,7 +215,7 @@ def _assert_withdrawn(kube: Kube, sandbox: SandboxConfig, sandbox_id: str, vpc: 
     assert naming.host_link_name(vpc, att) not in links_in()
     assert _links_owned_by({sandbox_id}) == []
     assert _records(ipam_dir) == [], "IPAM records released"
-    assert advertisement(kube, naming.advertisement_name(vpc, att)) is None
+    assert advertisements_of(kube, vpc, att) == {}
     for family in ("IPv6", "IPv4"):
         assert endpoint_slice(kube, slice_name(sandbox.name, vpc, att, family)) is None
 
@@ -245,7 +246,7 @@ def test_run_pod_sandbox_attaches_and_publishes_a_veth_pod_and_stop_remove_withd
     cached = LIBCNI_RESULTS / f"vpc-veth-{sandbox_id}-eth0"
     assert cached.exists(), "libcni cached the chain's result (the prevResult of DEL)"
 
-    adv = advertisement(kube, naming.advertisement_name(vpc, "10"))
+    adv = advertisement(kube, naming.advertisement_name(vpc, "10", runtime.node))
     assert adv is not None
     cid = naming.annotation_cid(sandbox_id)
     assert adv["metadata"]["annotations"][f"galactic.datum.net/netns.{cid}"] == status.netns
@@ -306,7 +307,7 @@ def test_tap_for_a_vm_lives_on_the_host_and_is_withdrawn(
     allocated = _records(ipam_dir)
     assert len(allocated) == 2
     v6 = next(ip for ip in allocated if ":" in ip)
-    adv = advertisement(kube, naming.advertisement_name(vpc, "60"))
+    adv = advertisement(kube, naming.advertisement_name(vpc, "60", runtime.node))
     assert adv is not None
     assert any(":" in prefix and ipaddress.ip_address(v6) in ipaddress.ip_network(prefix)
                for prefix in adv["spec"]["prefixes"])

@@ -278,7 +278,7 @@ class Case:
                                        "endpointSliceFamilies": ["IPv6", "IPv4"]})
         self.names = {"v6": slice_name(self.pod, self.vpc, ATT, "IPv6"),
                       "v4": slice_name(self.pod, self.vpc, ATT, "IPv4"),
-                      "adv": naming.advertisement_name(self.vpc, ATT),
+                      "adv": naming.advertisement_name(self.vpc, ATT, matrix.node),
                       "vrf": naming.vrf_instance_name(self.vpc, matrix.node)}
         self.record: dict[str, Any] = {"faults_injected": 0, "leaked": [], "changed": [],
                                        "late": [], "rollback_incomplete": False}
@@ -711,7 +711,7 @@ def test_rollback_without_api_server_leaves_the_instance_and_gc_reclaims_it_once
     other_conf = {**case.conf, "name": f"{case.conf['name']}-pub", "vpcattachment": "8",
                   "attachment": "existing", "publish": {"bgp": True, "endpointSlice": False}}
     other_conf.pop("ipam")
-    other_adv = naming.advertisement_name(case.vpc, "8")
+    other_adv = naming.advertisement_name(case.vpc, "8", case.matrix.node)
     case.cleanups.append(functools.partial(case.kube.delete,
                                            ADVERTISEMENTS.path(BGP_NS, other_adv)))
     prev = {"cniVersion": "1.1.0", "interfaces": [{"name": "eth0", "sandbox": case.netns}],
@@ -760,8 +760,8 @@ def test_gc_keeps_the_instance_of_a_valid_layer_2_tap(case: Case) -> None:
     created = case.objects()["vrf"]
     assert created is not None and _annotations(created)[CREATED_BY_ANNOTATION].startswith(
         f"{tap_id}/eth0/")
-    assert case.kube.get(ADVERTISEMENTS.path(
-        BGP_NS, naming.advertisement_name(case.vpc, "9"))) is None, "nothing to advertise"
+    assert case.kube.get(ADVERTISEMENTS.path(BGP_NS, naming.advertisement_name(
+        case.vpc, "9", case.matrix.node))) is None, "nothing to advertise"
     _gc(case, tap_conf, tap_id)
     _gc(case, case.conf)  # another network of the VPC; the tap is on this node
     kept = case.objects()["vrf"]
@@ -829,7 +829,7 @@ def test_node_reboot_del_and_gc_release_every_ip_annotation_and_slice(
         case.cleanups += [
             functools.partial(case.kube.delete, PODS.path(case.matrix.namespace, pod)),
             functools.partial(case.kube.delete, ADVERTISEMENTS.path(
-                BGP_NS, naming.advertisement_name(case.vpc, att)))]
+                BGP_NS, naming.advertisement_name(case.vpc, att, case.matrix.node)))]
         case.cleanups += [functools.partial(case.kube.delete, ENDPOINT_SLICES.path(
             case.matrix.namespace, slice_name(pod, case.vpc, att, family)))
             for family in ("IPv6", "IPv4")]
@@ -880,8 +880,8 @@ def test_node_reboot_del_and_gc_release_every_ip_annotation_and_slice(
             name = slice_name(member.pod, case.vpc, member.att, family)
             if case.kube.get(ENDPOINT_SLICES.path(case.matrix.namespace, name)) is not None:
                 case.leaked(where, [f"EndpointSlice {name}"])
-        if member.att != ATT and case.kube.get(ADVERTISEMENTS.path(
-                BGP_NS, naming.advertisement_name(case.vpc, member.att))) is not None:
+        adv_name = naming.advertisement_name(case.vpc, member.att, case.matrix.node)
+        if member.att != ATT and case.kube.get(ADVERTISEMENTS.path(BGP_NS, adv_name)) is not None:
             case.leaked(where, [f"BGPAdvertisement of attachment {member.att}"])
     old_vrf, vrf = baseline["vrf"], case.objects()["vrf"]
     assert old_vrf is not None

@@ -141,7 +141,7 @@ def wait_announced(kube: Kube, fabric: Fabric, gnode: GalacticNode, vpc: str, at
     """Wait until the router reports the VPC's instance accepted and the advertisement
     advertised, and the collector holds ``prefixes`` from it; returns the VRF ID."""
     vrf_name = naming.vrf_instance_name(vpc, gnode.node.name)
-    adv_name = naming.advertisement_name(vpc, att)
+    adv_name = naming.advertisement_name(vpc, att, gnode.node.name)
     wait_until(f"{gnode.node.router} to accept {vrf_name} and advertise {adv_name}",
                lambda: is_true(lambda: vrf_instance(kube, vrf_name), "Ready")()
                and is_true(lambda: advertisement(kube, adv_name), "Advertised")(),
@@ -203,7 +203,7 @@ def test_one_node_router_announces_the_pod_with_rd_rt_sid_and_withdraws_it_after
         prefixes = {"172.21.1.2/32", "fd00:21:1::/64"}
         vrf_id = wait_announced(kube, fabric, gnode, vpc, "10", prefixes)
         instance = vrf_instance(kube, naming.vrf_instance_name(vpc, gnode.node.name))
-        adv = advertisement(kube, naming.advertisement_name(vpc, "10"))
+        adv = advertisement(kube, naming.advertisement_name(vpc, "10", gnode.node.name))
         assert (condition(instance, "Ready") or {}).get("reason") == "Accepted"
         assert (condition(adv, "Advertised") or {}).get("reason") == "Advertised"
         assert adv is not None and adv["status"]["advertisedPrefixes"] == len(prefixes)

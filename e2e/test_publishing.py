@@ -60,7 +60,7 @@ def test_veth_pod_is_published_checked_and_withdrawn(kube: Kube, node: Node, net
     vrf_id = instance["spec"]["vrfID"]
     assert 1 <= vrf_id <= 4095
 
-    adv = advertisement(kube, naming.advertisement_name(vpc, "10"))
+    adv = advertisement(kube, naming.advertisement_name(vpc, "10", node.name))
     assert adv is not None
     cid = naming.annotation_cid("ctr-web-1")
     notes = adv["metadata"]["annotations"]
@@ -99,7 +99,7 @@ def test_veth_pod_is_published_checked_and_withdrawn(kube: Kube, node: Node, net
     assert answer.code == 103 and web_slice in answer.body["details"]
 
     node.plugin.ok("DEL", checked, container_id="ctr-web-1", netns=netns, CNI_ARGS=args)
-    assert advertisement(kube, naming.advertisement_name(vpc, "10")) is None
+    assert advertisement(kube, naming.advertisement_name(vpc, "10", node.name)) is None
     assert vrf_instance(kube, naming.vrf_instance_name(vpc, node.name)) is not None
     node.plugin.ok("DEL", checked, container_id="ctr-web-1", netns=netns, CNI_ARGS=args)
 
@@ -167,7 +167,7 @@ def test_late_del_of_an_old_container_keeps_the_recreated_pods_slice(
         survivor = endpoint_slice(kube, name)
         assert survivor is not None
         assert survivor["metadata"]["ownerReferences"][0]["uid"] == new_uid
-        adv = advertisement(kube, naming.advertisement_name(vpc, "4"))
+        adv = advertisement(kube, naming.advertisement_name(vpc, "4", node.name))
         assert adv is not None and adv["spec"]["prefixes"]
     finally:
         os.system("ip netns del vpa-again-test")
@@ -181,7 +181,7 @@ def test_tap_vm_is_published_and_a_tap_without_ipam_publishes_nothing(
         {"address": "fd20:60:ff03:0:1::/96", "gateway": "fd20:60:ff03::1"}]})
     conf.pop("publish")
     node.plugin.ok("ADD", conf, container_id="ctr-vm-1", netns=netns, CNI_ARGS=args)
-    adv = advertisement(kube, naming.advertisement_name(vpc, "60"))
+    adv = advertisement(kube, naming.advertisement_name(vpc, "60", node.name))
     assert adv is not None and adv["spec"]["prefixes"] == ["fd20:60:ff03:0:1::/96"]
     assert endpoint_slice(kube, slice_name("vm-1", vpc, "60", "IPv6")) is not None
     node.plugin.ok("DEL", conf, container_id="ctr-vm-1", netns=netns, CNI_ARGS=args)
@@ -189,7 +189,7 @@ def test_tap_vm_is_published_and_a_tap_without_ipam_publishes_nothing(
     l2 = base_conf(vpc, "61", attachment="tap")
     l2.pop("publish")
     node.plugin.ok("ADD", l2, container_id="ctr-vm-2", netns=netns, CNI_ARGS=args)
-    assert advertisement(kube, naming.advertisement_name(vpc, "61")) is None
+    assert advertisement(kube, naming.advertisement_name(vpc, "61", node.name)) is None
     assert endpoint_slice(kube, slice_name("vm-1", vpc, "61", "IPv6")) is None
     assert naming.host_link_name(vpc, "61") in links_in()
     node.plugin.ok("DEL", l2, container_id="ctr-vm-2", netns=netns, CNI_ARGS=args)
@@ -210,13 +210,13 @@ def test_publish_only_after_ptp_takes_addresses_from_prev_result(
     result = node.plugin.ok("ADD", with_prev(conf, prev), container_id="ctr-ptp", netns=netns,
                             CNI_ARGS=args)
     assert result["ips"] == prev["ips"] and result["interfaces"] == prev["interfaces"]
-    adv = advertisement(kube, naming.advertisement_name(vpc, "1"))
+    adv = advertisement(kube, naming.advertisement_name(vpc, "1", node.name))
     assert adv is not None and adv["spec"]["prefixes"] == ["10.33.0.2/32"]
     eps = endpoint_slice(kube, slice_name("ptp-1", vpc, "1", "IPv4"))
     assert eps is not None and eps["endpoints"][0]["addresses"] == ["10.33.0.2"]
     node.plugin.ok("DEL", with_prev(conf, result), container_id="ctr-ptp", netns=netns,
                    CNI_ARGS=args)
-    assert advertisement(kube, naming.advertisement_name(vpc, "1")) is None
+    assert advertisement(kube, naming.advertisement_name(vpc, "1", node.name)) is None
     node.plugin.ok("DEL", ptp, container_id="ctr-ptp", netns=netns, CNI_ARGS=args,
                    executable="ptp")
     assert run_ip("-n", os.path.basename(netns), "-o", "link").count("eth0") == 0

@@ -74,7 +74,7 @@ def test_a_colliding_vrf_id_is_moved_by_the_later_instance(kube: Kube, node: Nod
     rt = naming.route_target(65000, vpc)
     assert moved["spec"]["importRouteTargets"] == [{"value": "65000:999"}, {"value": rt}]
     assert moved["spec"]["nptv6"] == NPTV6, "other writers' fields are preserved"
-    adv = advertisement(kube, naming.advertisement_name(vpc, "1"))
+    adv = advertisement(kube, naming.advertisement_name(vpc, "1", node.name))
     assert adv is not None and adv["spec"]["vrfID"] == 1
 
 
@@ -165,13 +165,17 @@ def test_only_this_nodes_stale_annotations_are_pruned(kube: Kube, node: Node, cl
     publish_only(node, "ctr-dead-here", "fd00:51::/96", "/var/run/netns/vpa-never-existed-1")
     publish_only(other, "ctr-dead-there", "fd00:52::/96", "/var/run/netns/vpa-never-existed-2")
     publish_only(node, "ctr-live", "fd00:53::/96", netns)
-    adv = advertisement(kube, naming.advertisement_name(vpc, "5"))
-    assert adv is not None
+    adv = advertisement(kube, naming.advertisement_name(vpc, "5", node.name))
+    theirs = advertisement(kube, naming.advertisement_name(vpc, "5", other.name))
+    assert adv is not None and theirs is not None
     notes = adv["metadata"]["annotations"]
     assert not any(naming.annotation_cid("ctr-dead-here") in key for key in notes)
-    assert f"galactic.datum.net/netns.{naming.annotation_cid('ctr-dead-there')}" in notes
-    # publish-only: each address is advertised as a host prefix, whatever its pool
-    assert sorted(adv["spec"]["prefixes"]) == ["fd00:52::/128", "fd00:53::/128"]
+    assert f"galactic.datum.net/netns.{naming.annotation_cid('ctr-dead-there')}" in \
+        theirs["metadata"]["annotations"]
+    # publish-only: each address is advertised as a host prefix, whatever its pool; each node
+    # announces its own containers
+    assert adv["spec"]["prefixes"] == ["fd00:53::/128"]
+    assert theirs["spec"]["prefixes"] == ["fd00:52::/128"]
 
 
 def test_status_is_50_when_no_router_targets_this_node(plugin: Plugin, vpc: str, tmp_path: Path,
@@ -199,7 +203,8 @@ def _fill_advertisement(kube: Kube, node: Node, vpc: str, att: str, prefixes: in
         annotations[key] = "p" * (annotation_bytes - size - len(key))
     return kube.create(f"/apis/{GROUP}/{VERSION}/namespaces/{BGP_NS}/bgpadvertisements", {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "BGPAdvertisement",
-        "metadata": {"name": naming.advertisement_name(vpc, att), "annotations": annotations},
+        "metadata": {"name": naming.advertisement_name(vpc, att, node.name),
+                     "annotations": annotations},
         "spec": {"routerRef": {"name": node.router}, "prefixes": spec_prefixes or ["::/128"],
                  "addressFamily": {"afi": "l2vpn", "safi": "evpn"}, "communities": [],
                  "vrfID": 1, "function": "End.DT46"}})
@@ -218,7 +223,7 @@ def test_an_advertisement_at_its_limit_refuses_one_more_and_nothing_is_left(
                               netns=netns, CNI_ARGS=node.cni_args(pod, uid))
     assert answer.code == 11 and "is full" in answer.body["msg"], answer.stdout
     assert limit in answer.body["msg"]
-    after = advertisement(kube, naming.advertisement_name(vpc, "7"))
+    after = advertisement(kube, naming.advertisement_name(vpc, "7", node.name))
     assert after is not None
     assert after["metadata"]["annotations"] == before["metadata"]["annotations"]
     assert after["spec"] == before["spec"]

@@ -56,7 +56,8 @@ def _conf(vpc: str, att: str, tmp_path: Path, isolation: str) -> dict[str, Any]:
 
 
 def _publish_only(other: Node, kube: Kube, vpc: str, att: str, address: str) -> str:
-    """A container on another node publishing (vpc, att) without touching this kernel."""
+    """A container on node `other` publishing (vpc, att) without touching this kernel (its
+    netns is PID 1's, so no node prunes it)."""
     uid = create_pod(kube, f"remote-{secrets.token_hex(3)}", other.name)
     pod = f"remote-{uid[:6]}"
     prev = {"cniVersion": "1.1.0", "interfaces": [{"name": "eth0", "sandbox": "/proc/1/ns/net"}],
@@ -104,7 +105,7 @@ def test_denied_vrf_instance_create_leaves_nothing(kube: Kube, node: Node, netns
         assert answer.code == 104 and "BGPVRFInstance" in answer.body["msg"], answer.stdout
         _assert_nothing_kept(node.plugin, vpc, "7", netns, tmp_path)
         assert vrf_instance(kube, naming.vrf_instance_name(vpc, node.name)) is None
-        assert advertisement(kube, naming.advertisement_name(vpc, "7")) is None
+        assert advertisement(kube, naming.advertisement_name(vpc, "7", node.name)) is None
     finally:
         remove()
 
@@ -113,13 +114,13 @@ def test_denied_advertisement_update_keeps_the_shared_objects_intact(
         kube: Kube, node: Node, other_node: Node, netns: str, vpc: str, tmp_path: Path,
         isolation: str) -> None:
     # Pre-existing shared state: the VPC's instance on this node (another attachment) and
-    # the attachment's advertisement, which a container on another node already uses.
+    # this node's advertisement of the attachment, which another container already uses.
     sibling_uid = create_pod(kube, "sibling", node.name)
     node.plugin.ok("ADD", _conf(vpc, "5", tmp_path, isolation), container_id="ctr-sibling",
                    netns=netns, ifname="net5", CNI_ARGS=node.cni_args("sibling", sibling_uid))
-    remote_cid = _publish_only(other_node, kube, vpc, "7", "fd00:99::/96")
+    remote_cid = _publish_only(node, kube, vpc, "7", "fd00:99::/96")
     instance_before = vrf_instance(kube, naming.vrf_instance_name(vpc, node.name))
-    adv_name = naming.advertisement_name(vpc, "7")
+    adv_name = naming.advertisement_name(vpc, "7", node.name)
     adv_before = advertisement(kube, adv_name)
     assert instance_before is not None and adv_before is not None
 
@@ -148,7 +149,7 @@ def test_denied_slice_create_withdraws_only_this_containers_state(
         kube: Kube, node: Node, other_node: Node, netns: str, vpc: str, tmp_path: Path,
         isolation: str) -> None:
     remote_cid = _publish_only(other_node, kube, vpc, "7", "fd00:98::/96")
-    adv_name = naming.advertisement_name(vpc, "7")
+    adv_name = naming.advertisement_name(vpc, "7", node.name)
     uid = create_pod(kube, "deny-eps", node.name)
     name = slice_name("deny-eps", vpc, "7", "IPv6")
     remove = deny_writes(kube, f"deny-eps-{vpc.lower()}", "endpointslices", "discovery.k8s.io",
@@ -164,12 +165,15 @@ def test_denied_slice_create_withdraws_only_this_containers_state(
         remove()
     _assert_nothing_kept(node.plugin, vpc, "7", netns, tmp_path)
     assert endpoint_slice(kube, name) is None
-    after = advertisement(kube, adv_name)
-    assert after is not None, "the shared advertisement survives"
+    # This ADD created this node's advertisement: withdrawn and gone; the other node's own
+    # advertisement of the attachment is untouched.
+    assert advertisement(kube, adv_name) is None
+    after = advertisement(kube, naming.advertisement_name(vpc, "7", other_node.name))
+    assert after is not None, "the other node's advertisement survives"
     notes = after["metadata"]["annotations"]
     assert f"galactic.datum.net/netns.{remote_cid}" in notes
     assert not any(naming.annotation_cid("ctr-f") in key for key in notes)
     assert after["spec"]["prefixes"] == ["fd00:98::/128"]  # published by address alone
-    assert after["spec"]["routerRef"] == {"name": other_node.router}, "shared spec restored"
+    assert after["spec"]["routerRef"] == {"name": other_node.router}
     # This ADD created the instance (a new VPC on this node): with no user left, it is gone.
     assert vrf_instance(kube, naming.vrf_instance_name(vpc, node.name)) is None

@@ -52,6 +52,7 @@ class Pod:
     vpc: str
     att: str
     name: str
+    node: str  # the node it runs on
 
 
 @pytest.fixture
@@ -91,7 +92,7 @@ def attached(kube: Kube, at: SrNode, vpc: str, att: str, v6: str, v4: str) -> It
         four, six = (ip["address"].split("/")[0] for ip in
                      sorted(result["ips"], key=lambda ip: ":" in ip["address"]))
         try:
-            yield Pod(os.path.basename(netns), four, six, vpc, att, pod)
+            yield Pod(os.path.basename(netns), four, six, vpc, att, pod, at.node.name)
         finally:
             at.node.plugin.ok("DEL", conf, container_id=f"ctr-{pod}", netns=netns,
                               CNI_ARGS=args)
@@ -101,7 +102,8 @@ def write_routes(kube: Kube, into: SrNode, published: Pod) -> list[str]:
     """What galactic-router would do on ``into``: the other node's prefixes of the Pod's
     attachment (its BGPAdvertisement) encapsulated to its SID (its EndpointSlice), in the
     VPC's VRF table. Returns the routes as `ip` prints them."""
-    adv = advertisement(kube, naming.advertisement_name(published.vpc, published.att))
+    adv = advertisement(kube, naming.advertisement_name(published.vpc, published.att,
+                                                    published.node))
     eps = endpoint_slice(kube, slice_name(published.name, published.vpc, published.att, "IPv6"))
     assert adv is not None and eps is not None
     sid = eps["metadata"]["annotations"][SID_ANNOTATION]

@@ -92,7 +92,7 @@ def _nothing_made(kube: Kube, node: Node, vpc: str, att: str, pod: str, ns: str,
                   tmp_path: Path) -> None:
     assert naming.host_link_name(vpc, att) not in links_in(), "no link"
     assert IpamFiles.read(tmp_path / "ipam").records == {}, "no IPAM allocation"
-    assert advertisement(kube, naming.advertisement_name(vpc, att)) is None
+    assert advertisement(kube, naming.advertisement_name(vpc, att, node.name)) is None
     assert vrf_instance(kube, naming.vrf_instance_name(vpc, node.name)) is None
     assert endpoint_slice(kube, slice_name(pod, vpc, att, "IPv6"), ns) is None
 
@@ -174,7 +174,7 @@ def test_a_binding_admits_and_its_removal_stops_only_new_attachments(
         plugin.ok("DEL", with_prev(conf, answer.body), container_id="t-1", netns=first,
                   CNI_ARGS=node.cni_args(pods[0], None, ns))
         assert naming.host_link_name(tenant_vpc, "7") not in links_in()
-        assert advertisement(kube, naming.advertisement_name(tenant_vpc, "7")) is None
+        assert advertisement(kube, naming.advertisement_name(tenant_vpc, "7", node.name)) is None
 
 
 @pytest.mark.parametrize("mode", ["audit", "off"])
@@ -258,7 +258,7 @@ def test_pods_of_two_namespaces_choose_their_attachments_within_their_bindings(
             plugin.ok("DEL", shared, container_id=f"fp-{n}", netns=nets[n],
                       CNI_ARGS=node.cni_args(pod, None, ns))
         assert not {naming.host_link_name(vpc, "2") for vpc in vpcs} & links_in()
-        assert all(advertisement(kube, naming.advertisement_name(vpc, "2")) is None
+        assert all(advertisement(kube, naming.advertisement_name(vpc, "2", node.name)) is None
                    for vpc in vpcs)
 
 

@@ -17,6 +17,7 @@ from cni_plugin.core.naming import (
     host_link_name,
     pad_base62,
     route_target,
+    shared_advertisement_name,
     srv6_sid,
     tenant_id,
     vrf_instance_name,
@@ -199,9 +200,26 @@ def test_hex_id_round_trips_through_int(vpc: int) -> None:
 
 def test_spec_examples_of_object_names() -> None:
     assert vrf_instance_name("10", "worker-1") == "3e-worker-1"
-    assert advertisement_name("10", "10") == "3e-3e"
-    assert advertisement_name("jU", "G") == "4d2-2a"
+    assert advertisement_name("10", "10", "worker-1") == "3e-3e-worker-1"
+    assert advertisement_name("jU", "G", "worker-1") == "4d2-2a-worker-1"
+    assert shared_advertisement_name("10", "10") == "3e-3e"
+    assert shared_advertisement_name("jU", "G") == "4d2-2a"
     assert tenant_id("10", "10") == "10-10"
+
+
+@given(st.integers(0, 2**48 - 1), st.integers(0, 2**16 - 1),
+       st.from_regex(r"[a-z0-9]([a-z0-9.-]{0,300}[a-z0-9])?", fullmatch=True))
+def test_per_node_advertisement_names_fit_and_stay_apart(vpc: int, att: int, node: str) -> None:
+    name = advertisement_name(encode_base62(vpc), encode_base62(att), node)
+    shared = shared_advertisement_name(encode_base62(vpc), encode_base62(att))
+    assert len(name) <= 253 and name.startswith(shared + "-")
+    assert name != advertisement_name(encode_base62(vpc), encode_base62(att), node + "x")
+
+
+def test_a_long_node_name_is_shortened_with_a_hash() -> None:
+    name = advertisement_name("10", "10", "n" * 260)
+    assert len(name) == 253 and name.startswith("3e-3e-nnn")
+    assert name != advertisement_name("10", "10", "n" * 261)
 
 
 def test_tenant_id_keeps_the_raw_base62_strings() -> None:

@@ -81,7 +81,7 @@ def test_the_threads_error_is_raised_to_the_verb(monkeypatch: pytest.MonkeyPatch
 def test_the_thread_hands_over_the_vrf_id_and_the_advertisement_it_read(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(instance, "ensure_vrf_instance", lambda *_: 9)
-    monkeypatch.setattr(advertisement, "read_advertisement",
-                        lambda *_: {"metadata": {"name": "3e-3e"}})
+    found = advertisement.Found({"metadata": {"name": "3e-3e-worker-1"}})
+    monkeypatch.setattr(advertisement, "read_found", lambda *_: found)
     settling = publish.SettlingInstance(fake_context(), ROUTER, Rollback(Deadline(6)))
-    assert settling.result() == (9, {"metadata": {"name": "3e-3e"}})
+    assert settling.result() == (9, found)

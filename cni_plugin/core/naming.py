@@ -6,6 +6,7 @@ Kubernetes object names, route targets and SRv6 SIDs (SPEC §5, §6).
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 
 from netconf.base62 import decode_base62, encode_base62
@@ -13,6 +14,7 @@ from netconf.base62 import decode_base62, encode_base62
 VPC_WIDTH = 9
 ATTACHMENT_WIDTH = 3
 ANNOTATION_CID_LENGTH = 41
+MAX_OBJECT_NAME = 253  # a DNS subdomain name
 
 
 def pad_base62(text: str, width: int) -> str:
@@ -78,8 +80,19 @@ def vrf_instance_name(vpc: str, node: str) -> str:
     return f"{hex_id(vpc)}-{node}"
 
 
-def advertisement_name(vpc: str, attachment: str) -> str:
-    """BGPAdvertisement name: {hex(vpc)}-{hex(att)}."""
+def advertisement_name(vpc: str, attachment: str, node: str) -> str:
+    """This node's BGPAdvertisement of an attachment: {hex(vpc)}-{hex(att)}-{node}, the node
+    shortened with a hash when the name would exceed 253 characters."""
+    prefix = f"{shared_advertisement_name(vpc, attachment)}-"
+    if len(prefix) + len(node) <= MAX_OBJECT_NAME:
+        return prefix + node
+    digest = hashlib.sha256(node.encode()).hexdigest()[:10]
+    return f"{prefix}{node[:MAX_OBJECT_NAME - len(prefix) - 11]}-{digest}"
+
+
+def shared_advertisement_name(vpc: str, attachment: str) -> str:
+    """The attachment's BGPAdvertisement as earlier versions wrote it for every node:
+    {hex(vpc)}-{hex(att)} (converted to per-node ones, SPEC §6)."""
     return f"{hex_id(vpc)}-{hex_id(attachment)}"
 
 

@@ -12,7 +12,7 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.request import Invocation
@@ -21,6 +21,9 @@ from cni_plugin.kube.client import ApiError, api_failure
 from cni_plugin.publish.context import PublishContext, Router
 from cni_plugin.publish.source import ClusterSource
 from netconf.errors import INVALID_CONFIG, STATUS_NOT_AVAILABLE, TRY_AGAIN_LATER, CniError
+
+if TYPE_CHECKING:
+    from cni_plugin.publish.bgp.advertisement import Found
 
 
 @contextmanager
@@ -72,12 +75,12 @@ def _session(inv: Invocation, source: ClusterSource, kubeconfig: str,
 
 class SettlingInstance:
     """The VPC's BGPVRFInstance being settled (reused or created, recorded for rollback) and
-    the attachment's advertisement read, on a thread of its own while IPAM and the kernel work
-    run: neither needs the addresses."""
+    this node's advertisement of the attachment read, on a thread of its own while IPAM and
+    the kernel work run: neither needs the addresses."""
 
     def __init__(self, ctx: PublishContext, router: Router, rollback: Rollback) -> None:
         self._ctx = ctx
-        self._done: tuple[int, dict[str, Any] | None] | None = None
+        self._done: tuple[int, Found] | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(router, rollback),
                                         name="vpc-attach settling instance", daemon=True)
@@ -88,7 +91,7 @@ class SettlingInstance:
         ctx, deadline = self._ctx, self._ctx.inv.deadline
         try:
             vrf_id = instance.ensure_vrf_instance(ctx, router, rollback, deadline)
-            self._done = (vrf_id, advertisement.read_advertisement(ctx, deadline))
+            self._done = (vrf_id, advertisement.read_found(ctx, deadline))
         except BaseException as exc:  # handed to the verb's thread by result()
             self._error = exc
 
@@ -96,8 +99,8 @@ class SettlingInstance:
         """Until the thread is done (each of its requests and locks ends by the deadline)."""
         self._thread.join(self._ctx.inv.final_deadline.remaining(floor=0))
 
-    def result(self) -> tuple[int, dict[str, Any] | None]:
-        """(VRF ID, the advertisement as read or None); what the thread raised, if it did."""
+    def result(self) -> tuple[int, Found]:
+        """(VRF ID, the advertisements as read); what the thread raised, if it did."""
         self.wait()
         if self._error is not None:
             raise self._error
@@ -180,7 +183,8 @@ class Publisher:
 
 
 def unpublish(inv: Invocation, source: ClusterSource) -> None:
-    """Withdraw this container's slices and advertisement annotations (DEL)."""
+    """Withdraw this container's slices and advertisement annotations (DEL), converting a
+    shared advertisement earlier versions wrote on the way."""
     if not inv.conf.publish.any:
         return
     try:
@@ -188,13 +192,25 @@ def unpublish(inv: Invocation, source: ClusterSource) -> None:
     except CniError:
         return  # never configured, so nothing can have been published
     from cni_plugin.publish import endpointslice
-    from cni_plugin.publish.bgp.advertisement import withdraw_advertisement
+    from cni_plugin.publish.bgp.advertisement import convert_shared, withdraw_advertisement
     with _session(inv, source, kubeconfig, node) as ctx, \
             api_boundary("withdraw the attachment"):
         if inv.conf.publish.endpoint_slice:
             endpointslice.delete_slices(ctx, inv.deadline)
         if inv.conf.publish.bgp:
+            convert_shared(ctx, lambda: _router_and_vrf_id(ctx), inv.deadline)
             withdraw_advertisement(ctx, inv.deadline, may_delete=True)
+
+
+def _router_and_vrf_id(ctx: PublishContext) -> tuple[Router | None, int | None]:
+    """This node's router and the VPC's VRF ID on it, where both exist (DEL's conversion)."""
+    from cni_plugin.publish.bgp.instance import instance_vrf_id
+    from cni_plugin.publish.bgp.router import find_router
+    try:
+        router = find_router(ctx, ctx.inv.deadline)
+    except CniError:
+        return None, None
+    return router, instance_vrf_id(ctx, ctx.inv.deadline)
 
 
 def published_differences(inv: Invocation, source: ClusterSource,

@@ -57,8 +57,14 @@ class PublishContext:
 
     @cached_property
     def advertisement_name(self) -> str:
-        """The attachment's BGPAdvertisement."""
-        return naming.advertisement_name(self.inv.conf.vpc, self.inv.conf.vpcattachment)
+        """This node's BGPAdvertisement of the attachment."""
+        return naming.advertisement_name(self.inv.conf.vpc, self.inv.conf.vpcattachment,
+                                         self.node)
+
+    @cached_property
+    def shared_advertisement_name(self) -> str:
+        """The attachment's advertisement as earlier versions shared it between nodes."""
+        return naming.shared_advertisement_name(self.inv.conf.vpc, self.inv.conf.vpcattachment)
 
     @cached_property
     def cid(self) -> str:

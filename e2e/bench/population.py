@@ -138,7 +138,8 @@ def _advert(k: int) -> dict[str, Any]:
              f"galactic.datum.net/allocated-subnet-ipv4.{cid}": _address(k),
              f"galactic.datum.net/node.{cid}": _node(k)}
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "BGPAdvertisement",
-            "metadata": {"name": naming.advertisement_name(_vpc(k), "1"), "annotations": notes},
+            "metadata": {"name": naming.advertisement_name(_vpc(k), "1", _node(k)),
+                         "annotations": notes},
             "spec": {"routerRef": {"name": f"router-{_node(k)}"},
                      "addressFamily": {"afi": "l2vpn", "safi": "evpn"},
                      "prefixes": [f"{_address(k)}/32"], "communities": [f"65001:{k}"],

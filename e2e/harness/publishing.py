@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cni_plugin.core import naming
 from cni_plugin.publish.resources import (
     ADVERTISEMENTS,
     ENDPOINT_SLICES,
@@ -57,6 +58,15 @@ def delete_pod(kube: Kube, name: str, namespace: str = "default") -> None:
 def advertisement(kube: Kube, name: str) -> dict[str, Any] | None:
     """A BGPAdvertisement by name."""
     return kube.get(ADVERTISEMENTS.path(BGP_NS, name))
+
+
+def advertisements_of(kube: Kube, vpc: str, att: str) -> dict[str, dict[str, Any]]:
+    """Every BGPAdvertisement of (vpc, att) by name: each node's, and a shared one earlier
+    versions wrote."""
+    shared = naming.shared_advertisement_name(vpc, att)
+    return {item["metadata"]["name"]: item for item in kube.list(ADVERTISEMENTS.path(BGP_NS))
+            if item["metadata"]["name"] == shared
+            or item["metadata"]["name"].startswith(shared + "-")}
 
 
 def vrf_instance(kube: Kube, name: str) -> dict[str, Any] | None:

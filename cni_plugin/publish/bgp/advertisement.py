@@ -1,10 +1,13 @@
-"""The attachment's BGPAdvertisement: this container's annotations merged in (creating it when
-missing), the advertised prefixes their union; withdrawn on DEL or rollback."""
+"""This node's BGPAdvertisement of the attachment: this container's annotations merged in
+(creating it when missing), the advertised prefixes their union; withdrawn on DEL or rollback.
+The shared advertisement earlier versions wrote for every node is converted on the way: this
+node's containers are written into its own first, then removed from the shared one."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from cni_plugin.core import naming
@@ -15,6 +18,7 @@ from cni_plugin.kube.client import update_with_retry
 from cni_plugin.publish.bgp.spec import (
     MAX_ATTEMPTS,
     drop_containers,
+    live_containers,
     prefixes_of,
     restore_fields,
     stale_containers,
@@ -34,8 +38,9 @@ from cni_plugin.publish.resources import (
 from netconf.errors import TRY_AGAIN_LATER, CniError
 
 log = logging.getLogger(__name__)
-# Spec fields an ADD sets on an advertisement it shares with other containers.
-SHARED_SPEC_KEYS = ("routerRef", "addressFamily", "communities", "vrfID", "function")
+# Spec fields an ADD sets on an advertisement it shares with other containers (routerRef is
+# set at creation only: the router announcing an object never changes).
+SHARED_SPEC_KEYS = ("addressFamily", "communities", "vrfID", "function")
 MAX_PREFIXES = 256  # spec.prefixes maxItems of the CRD we ship
 MAX_ANNOTATION_BYTES = 256 * 1024  # the API server's limit on all annotations of an object
 
@@ -66,22 +71,85 @@ def _advertisement_spec(router: Router, vrf_id: int, target: str,
             "function": "End.DT46"}
 
 
-def read_advertisement(ctx: PublishContext, deadline: Deadline) -> dict[str, Any] | None:
-    """The attachment's BGPAdvertisement, or None."""
-    return ctx.client.get(ADVERTISEMENTS, ctx.advertisement_name, namespace=ctx.namespace,
-                          deadline=deadline)
+@dataclass(frozen=True)
+class Found:
+    """What ADD read before writing: this node's advertisement of the attachment, and the shared
+    one earlier versions wrote (read only when this node's is absent, to convert it)."""
+
+    own: dict[str, Any] | None
+    shared: dict[str, Any] | None = None
+
+
+def read_advertisement(ctx: PublishContext, deadline: Deadline,
+                       name: str | None = None) -> dict[str, Any] | None:
+    """This node's BGPAdvertisement of the attachment (or the one named), or None."""
+    return ctx.client.get(ADVERTISEMENTS, name or ctx.advertisement_name,
+                          namespace=ctx.namespace, deadline=deadline)
+
+
+def read_found(ctx: PublishContext, deadline: Deadline) -> Found:
+    """This node's advertisement; when absent, the shared one too (one request more, only on
+    the ADD that creates this node's)."""
+    own = read_advertisement(ctx, deadline)
+    if own is not None:
+        return Found(own)
+    return Found(None, read_advertisement(ctx, deadline, ctx.shared_advertisement_name))
 
 
 def ensure_advertisement(ctx: PublishContext, router: Router, vrf_id: int,
                          addressing: Addressing, rollback: Rollback, deadline: Deadline,
-                         read: dict[str, Any] | None) -> None:
-    """Merge this container into the attachment's BGPAdvertisement (create it if missing).
-    `read`: the object as `read_advertisement` found it a moment ago (None: absent), used for
-    the first attempt (a write based on it is conditional: a stale read costs a conflict and a
-    re-read, nothing else)."""
+                         read: Found) -> None:
+    """Merge this container into this node's BGPAdvertisement of the attachment (create it if
+    missing), then move this node's containers out of a shared one earlier versions wrote.
+    `read`: what `read_found` found a moment ago, used for the first attempt (a write based on
+    it is conditional: a stale read costs a conflict and a re-read, nothing else)."""
     ours = container_annotations(ctx, addressing)
     if not ours:
         return  # nothing to advertise (an L2-only tap)
+    moving = {} if read.shared is None else _live_of_node(read.shared, ctx.node, ctx.cid)
+    _merge_own(ctx, router, vrf_id, ours, moving, rollback, deadline, read.own)
+    if read.shared is not None:  # ours now announced by this node's: no window
+        _release_shared(ctx, deadline, _cids(moving) | {ctx.cid})
+
+
+def convert_shared(ctx: PublishContext, locate: Callable[[], tuple[Router | None, int | None]],
+                   deadline: Deadline) -> None:
+    """DEL: move this node's other live containers from the shared advertisement into this
+    node's (created first), then remove this container and them from the shared one.
+    `locate`: this node's router and the VPC's VRF ID on it, asked only when there is
+    something to move; without either this container is removed alone."""
+    shared = read_advertisement(ctx, deadline, ctx.shared_advertisement_name)
+    if shared is None:
+        return
+    moving = _live_of_node(shared, ctx.node, ctx.cid)
+    router, vrf_id = locate() if moving else (None, None)
+    if moving and router is not None and vrf_id is not None:
+        # Creating this node's object here is not rolled back: DEL has nothing to undo.
+        _merge_own(ctx, router, vrf_id, {}, moving, Rollback(deadline), deadline,
+                   read_advertisement(ctx, deadline))
+    else:
+        moving = {}
+    _release_shared(ctx, deadline, _cids(moving) | {ctx.cid})
+
+
+def _live_of_node(shared: dict[str, Any], node: str, leaving: str) -> dict[str, str]:
+    """The annotations of this node's live containers on a shared advertisement, but leaving's."""
+    annotations = shared["metadata"].get("annotations") or {}
+    cids = live_containers(annotations, node) - {leaving}
+    return {key + cid: annotations[key + cid] for cid in cids for key in CONTAINER_KEYS
+            if key + cid in annotations}
+
+
+def _cids(values: dict[str, str]) -> set[str]:
+    return {key[len(NODE_KEY):] for key in values if key.startswith(NODE_KEY)}
+
+
+def _merge_own(ctx: PublishContext, router: Router, vrf_id: int, ours: dict[str, str],
+               moving: dict[str, str], rollback: Rollback, deadline: Deadline,
+               read: dict[str, Any] | None) -> None:
+    """Write `ours` (this container's, recorded for rollback) and `moving` (other containers
+    of this node, from the shared form) into this node's advertisement, creating it if
+    missing. Its routerRef is set at creation and never changed."""
     name, cid = ctx.advertisement_name, ctx.cid
     target = naming.route_target(router.local_asn, ctx.inv.conf.vpc)
 
@@ -89,12 +157,15 @@ def ensure_advertisement(ctx: PublishContext, router: Router, vrf_id: int,
         meta = obj.setdefault("metadata", {})
         annotations = dict(meta.get("annotations") or {})
         drop_containers(annotations, stale_containers(annotations, ctx.node, cid))
+        annotations.update({k: v for k, v in moving.items() if k not in annotations})
         annotations.update(ours)
         prefixes = prefixes_of(annotations)
         _within_limits(name, prefixes, annotations)
-        spec = {**(obj.get("spec") or {}),
-                **_advertisement_spec(router, vrf_id, target, prefixes)}
-        if annotations == meta.get("annotations") and spec == obj.get("spec"):
+        old_spec = obj.get("spec") or {}
+        spec = {**old_spec, **_advertisement_spec(router, vrf_id, target, prefixes)}
+        if old_spec.get("routerRef"):
+            spec["routerRef"] = old_spec["routerRef"]
+        if annotations == meta.get("annotations") and spec == old_spec:
             return False
         meta["annotations"] = annotations
         obj["spec"] = spec
@@ -126,6 +197,43 @@ def ensure_advertisement(ctx: PublishContext, router: Router, vrf_id: int,
             return
         # created concurrently: merge into it
     raise CniError(TRY_AGAIN_LATER, f"BGPAdvertisement {name!r} keeps changing")
+
+
+def _release_shared(ctx: PublishContext, deadline: Deadline, cids: set[str]) -> None:
+    """Remove these containers (now in this node's advertisement, or leaving) and this node's
+    stale ones from the shared advertisement; delete it when that leaves no prefixes (with a
+    resourceVersion precondition, so a concurrent writer keeps it)."""
+    name = ctx.shared_advertisement_name
+    for _ in range(MAX_ATTEMPTS):
+        current = read_advertisement(ctx, deadline, name)
+        if current is None:
+            return
+        annotations = dict(current["metadata"].get("annotations") or {})
+        gone = {cid for cid in cids if any(key + cid in annotations for key in CONTAINER_KEYS)}
+        gone |= stale_containers(annotations, ctx.node, keep="")
+        if not gone:
+            return
+        drop_containers(annotations, gone)
+        if _write_or_delete(ctx, current, annotations, name, deadline):
+            log.info("moved containers %s of node %s out of shared BGPAdvertisement %s",
+                     ", ".join(sorted(gone)), ctx.node, name)
+            return
+    raise CniError(TRY_AGAIN_LATER, f"BGPAdvertisement {name!r} keeps changing")
+
+
+def _write_or_delete(ctx: PublishContext, current: dict[str, Any], annotations: dict[str, str],
+                     name: str, deadline: Deadline) -> bool:
+    """Put the advertisement with these annotations, or delete it when they advertise nothing;
+    False when it changed meanwhile (re-read)."""
+    prefixes = prefixes_of(annotations)
+    meta = current["metadata"]
+    if not prefixes:
+        return ctx.client.delete(ADVERTISEMENTS, name, namespace=ctx.namespace,
+                                 deadline=deadline, uid=meta["uid"],
+                                 resource_version=meta["resourceVersion"])
+    meta["annotations"] = annotations
+    current["spec"]["prefixes"] = prefixes
+    return ctx.client.put_unless_changed(ADVERTISEMENTS, current, deadline=deadline)
 
 
 def _within_limits(name: str, prefixes: list[str], annotations: dict[str, str]) -> None:

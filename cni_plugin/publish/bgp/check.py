@@ -7,7 +7,7 @@ from cni_plugin.core.deadline import Deadline
 from cni_plugin.publish.bgp.advertisement import container_annotations, read_advertisement
 from cni_plugin.publish.bgp.spec import prefixes_of, vrf_id
 from cni_plugin.publish.context import PublishContext
-from cni_plugin.publish.resources import NODE_KEY, VRF_INSTANCES
+from cni_plugin.publish.resources import NETNS_KEY, NODE_KEY, VRF_INSTANCES
 
 
 def advertisement_differences(ctx: PublishContext, addressing: Addressing,
@@ -24,6 +24,12 @@ def advertisement_differences(ctx: PublishContext, addressing: Addressing,
         return diffs
     name = ctx.advertisement_name
     adv = read_advertisement(ctx, deadline)
+    if adv is None or NETNS_KEY + ctx.cid not in (adv["metadata"].get("annotations") or {}):
+        # published by an earlier version, not converted yet: the shared form
+        shared = read_advertisement(ctx, deadline, ctx.shared_advertisement_name)
+        if shared is not None and \
+                NETNS_KEY + ctx.cid in (shared["metadata"].get("annotations") or {}):
+            name, adv = ctx.shared_advertisement_name, shared
     if adv is None:
         return [*diffs, f"BGPAdvertisement {name!r} is missing"]
     annotations = adv["metadata"].get("annotations") or {}
