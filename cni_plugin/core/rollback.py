@@ -19,7 +19,7 @@ from netconf.errors import CniError
 
 log = logging.getLogger(__name__)
 
-Undo = Callable[[Deadline], None]
+Undo = Callable[[Deadline], object]  # what it returns is ignored
 # Kept for each undo step still to come while an earlier one runs (each takes milliseconds
 # when its system answers).
 STEP_SECONDS = 0.25

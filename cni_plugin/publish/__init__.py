@@ -197,9 +197,12 @@ def unpublish(inv: Invocation, source: ClusterSource) -> None:
             api_boundary("withdraw the attachment"):
         if inv.conf.publish.endpoint_slice:
             endpointslice.delete_slices(ctx, inv.deadline)
-        if inv.conf.publish.bgp:
-            convert_shared(ctx, lambda: _router_and_vrf_id(ctx), inv.deadline)
-            withdraw_advertisement(ctx, inv.deadline, may_delete=True)
+        if inv.conf.publish.bgp and \
+                not withdraw_advertisement(ctx, inv.deadline, may_delete=True):
+            # Published by an earlier version into the attachment's shared advertisement?
+            # This node's other containers move to its own first, then this one goes.
+            convert_shared(ctx, lambda: _router_and_vrf_id(ctx), inv.deadline,
+                           keeps=lambda cid: cid != ctx.cid)
 
 
 def _router_and_vrf_id(ctx: PublishContext) -> tuple[Router | None, int | None]:
@@ -287,6 +290,22 @@ def collect_stale_slices(inv: Invocation, source: ClusterSource,
     with connected(inv, source) as ctx, api_boundary("collect stale EndpointSlices"):
         if ctx is not None:
             endpointslice.collect_slices(ctx, valid, inv.deadline)
+
+
+def collect_stale_advertisements(inv: Invocation, source: ClusterSource,
+                                 valid: set[tuple[str, str]]) -> None:
+    """GC: drop this node's containers not in valid from its advertisement of the attachment,
+    and move this node's valid ones out of the shared advertisement earlier versions wrote."""
+    if not inv.conf.publish.bgp:
+        return
+    from cni_plugin.core.naming import annotation_cid
+    from cni_plugin.publish.bgp.advertisement import convert_shared, prune_own
+    kept = {annotation_cid(container_id) for container_id, _ifname in valid}
+    with connected(inv, source) as ctx, api_boundary("collect stale advertisements"):
+        if ctx is not None:
+            convert_shared(ctx, lambda: _router_and_vrf_id(ctx), inv.deadline,
+                           keeps=kept.__contains__)
+            prune_own(ctx, inv.deadline, keeps=kept.__contains__)
 
 
 def collect_unused_instance(inv: Invocation, source: ClusterSource, valid: set[tuple[str, str]],

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -11,8 +12,10 @@ from cni_plugin.core import naming
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Invocation
 from cni_plugin.core.rollback import Rollback
-from cni_plugin.kube.client import CREATED_BY_ANNOTATION, ApiError, KubeClient, Resource
+from cni_plugin.kube.client import CREATED_BY_ANNOTATION, NODES, ApiError, KubeClient, Resource
 from cni_plugin.publish.source import ClusterSession, ClusterSource
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -23,6 +26,7 @@ class PublishContext:
     inv: Invocation
     session: ClusterSession
     node: str
+    _node_owner: list[dict[str, Any]] | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def open(cls, inv: Invocation, source: ClusterSource, kubeconfig: str,
@@ -66,6 +70,31 @@ class PublishContext:
         """The attachment's advertisement as earlier versions shared it between nodes."""
         return naming.shared_advertisement_name(self.inv.conf.vpc, self.inv.conf.vpcattachment)
 
+    def node_owner(self, deadline: Deadline) -> list[dict[str, Any]]:
+        """ownerReferences naming this node's Node, so the API server's garbage collector
+        removes a node-owned object (its BGPVRFInstances and advertisements) with the Node.
+        Read once per invocation and only when such an object is created (an ADD that finds
+        its objects asks nothing more). [] when the Node does not exist or may not be read:
+        the object is written without one, and the operator log says so."""
+        if self._node_owner is None:
+            self._node_owner = self._read_node_owner(deadline)
+        return self._node_owner
+
+    def _read_node_owner(self, deadline: Deadline) -> list[dict[str, Any]]:
+        try:
+            node = self.client.get(NODES, self.node, deadline=deadline)
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+            node = None
+        uid = ((node or {}).get("metadata") or {}).get("uid")
+        if not uid:
+            log.warning("Node %s not found (or not readable): its BGP objects are written "
+                        "without an ownerReference, so deleting the Node will not remove "
+                        "them", self.node)
+            return []
+        return [{"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": str(uid)}]
+
     @cached_property
     def cid(self) -> str:
         """The container ID as it appears in the advertisement's annotation keys."""
@@ -90,7 +119,7 @@ class Router:
 
 
 def create(ctx: PublishContext, resource: Resource, body: dict[str, Any], rollback: Rollback,
-           undo: Callable[[dict[str, Any], Deadline], None],
+           undo: Callable[[dict[str, Any], Deadline], object],
            deadline: Deadline) -> dict[str, Any] | None:
     """Create body, marked with this invocation's created-by; the object, or None when someone
     else created it first (409).

@@ -40,4 +40,5 @@ REQUIRED_PERMISSIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (GROUP, "bgpadvertisements", ("get", "list", "create", "update", "delete")),
     ("discovery.k8s.io", "endpointslices", ("get", "list", "create", "update", "delete")),
     ("", "pods", ("get",)),
+    ("", "nodes", ("get",)),  # ownerReferences of node-owned objects; cluster IPAM
 )

@@ -12,7 +12,11 @@ from cni_plugin.core.request import Invocation, Request
 from cni_plugin.ipam import delegate
 from cni_plugin.kernel import links
 from cni_plugin.kernel.rtnl import Rtnl
-from cni_plugin.publish import collect_stale_slices, collect_unused_instance
+from cni_plugin.publish import (
+    collect_stale_advertisements,
+    collect_stale_slices,
+    collect_unused_instance,
+)
 from cni_plugin.tenancy import choice
 from cni_plugin.verbs.collaborators import Collaborators
 from netconf.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CniError
@@ -36,8 +40,9 @@ def valid_attachments(raw: dict[str, Any]) -> set[tuple[str, str]]:
 
 
 def gc(request: Request, collaborators: Collaborators) -> None:
-    """Delete this network's host link if its owner is not valid, the VPC's table or VRF and the
-    BGPVRFInstance on this node if nothing uses them any more; forward GC to IPAM."""
+    """Delete this network's host link if its owner is not valid, its slices and advertised
+    containers on this node that are not valid, the VPC's table or VRF and the BGPVRFInstance
+    on this node if nothing uses them any more; forward GC to IPAM."""
     inv = Invocation.parse(request)
     if not at_least(inv.conf.cni_version, GC_STATUS_MIN_VERSION):
         raise CniError(INCOMPATIBLE_VERSION, "config version does not allow GC")
@@ -77,6 +82,7 @@ def _collect(inv: Invocation, collaborators: Collaborators, valid: set[tuple[str
     steps: list[Callable[[], None]] = [
         lambda: _release_vpc(inv),
         lambda: collect_stale_slices(inv, collaborators.cluster, valid),
+        lambda: collect_stale_advertisements(inv, collaborators.cluster, valid),
         lambda: collect_unused_instance(inv, collaborators.cluster, valid, attached)]
     for step in steps:
         try:

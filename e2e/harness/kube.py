@@ -9,9 +9,11 @@ the cluster with it (the `kube` fixture).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -137,6 +139,43 @@ class Kube:
             query["fieldSelector"] = fields
         items: list[JsonObject] = self.request("GET", path, query=query).get("items") or []
         return items
+
+    @contextlib.contextmanager
+    def watching(self, path: str, window_s: float = 120.0) -> Iterator[list[tuple[str, str]]]:
+        """Record a collection's watch events from now on, in the API server's order, as
+        (type, name) pairs appended while the block runs (at most ``window_s``); a test waits
+        on the list's content, never on time."""
+        listing = self.request("GET", path, query={"limit": "1"})
+        query = urllib.parse.urlencode({
+            "watch": "1", "resourceVersion": listing["metadata"]["resourceVersion"],
+            "timeoutSeconds": str(int(window_s)), "allowWatchBookmarks": "false"})
+        headers = {**self._auth, "Accept": JSON}
+        response = self._api.rest_client.pool_manager.request(
+            "GET", f"{self._api.configuration.host}{path}?{query}", headers=headers,
+            preload_content=False, timeout=urllib3.Timeout(connect=self.timeout,
+                                                           read=window_s + self.timeout))
+        if response.status != 200:
+            raise ApiError("GET", path, response.status, response.read().decode())
+        events: list[tuple[str, str]] = []
+
+        def read() -> None:
+            with contextlib.suppress(Exception):  # ended by release_conn below, or its timeout
+                buffer = b""
+                for chunk in response.stream(4096):
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in filter(None, lines):
+                        event = json.loads(line)
+                        events.append((event["type"], event["object"]["metadata"]["name"]))
+
+        reader = threading.Thread(target=read, name="watch recorder", daemon=True)
+        reader.start()
+        try:
+            yield events
+        finally:
+            response.shutdown()  # the reader's stream ends
+            reader.join(self.timeout)
+            response.close()
 
     def apply(self, manifest: JsonObject, *, dry_run: bool = False,
               field_manager: str = FIELD_MANAGER) -> JsonObject:

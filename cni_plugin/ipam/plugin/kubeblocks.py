@@ -17,6 +17,7 @@ from cni_plugin.ipam.plugin.claims import POOL_LABEL
 from cni_plugin.ipam.plugin.pool import Pool
 from cni_plugin.kube.client import (
     CREATED_BY_ANNOTATION,
+    NODES,
     ApiError,
     KubeClient,
     Resource,
@@ -29,7 +30,6 @@ from netconf.host import HostSettings, resolve_host_settings
 GROUP = "vpc-attach.datum.net"
 VERSION = "v1alpha1"
 IPAM_BLOCKS = Resource(GROUP, VERSION, "ipamblocks", "IPAMBlock", namespaced=False)
-NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
 T = TypeVar("T")
 NODE_FIELD = "spec.node"  # a selectable field of the CRD: node names may exceed label limits
 

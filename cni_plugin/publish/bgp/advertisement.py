@@ -20,6 +20,7 @@ from cni_plugin.publish.bgp.spec import (
     drop_containers,
     live_containers,
     prefixes_of,
+    recorded_containers,
     restore_fields,
     stale_containers,
     unchanged_since,
@@ -106,42 +107,54 @@ def ensure_advertisement(ctx: PublishContext, router: Router, vrf_id: int,
     ours = container_annotations(ctx, addressing)
     if not ours:
         return  # nothing to advertise (an L2-only tap)
-    moving = {} if read.shared is None else _live_of_node(read.shared, ctx.node, ctx.cid)
-    _merge_own(ctx, router, vrf_id, ours, moving, rollback, deadline, read.own)
-    if read.shared is not None:  # ours now announced by this node's: no window
-        _release_shared(ctx, deadline, _cids(moving) | {ctx.cid})
+    if read.shared is None:
+        _merge_own(ctx, router, vrf_id, ours, {}, rollback, deadline, read.own)
+        return
+    shared = read.shared["metadata"].get("annotations") or {}
+    moving = live_containers(shared, ctx.node) - {ctx.cid}
+    _merge_own(ctx, router, vrf_id, ours, _annotations_of(shared, moving), rollback, deadline,
+               read.own)
+    _release_shared(ctx, deadline, moving | {ctx.cid})  # announced by this node's now
 
 
 def convert_shared(ctx: PublishContext, locate: Callable[[], tuple[Router | None, int | None]],
-                   deadline: Deadline) -> None:
-    """DEL: move this node's other live containers from the shared advertisement into this
-    node's (created first), then remove this container and them from the shared one.
-    `locate`: this node's router and the VPC's VRF ID on it, asked only when there is
-    something to move; without either this container is removed alone."""
+                   deadline: Deadline, *, keeps: Callable[[str], bool]) -> None:
+    """Move this node's containers out of the shared advertisement earlier versions wrote: the
+    live ones `keeps` accepts into this node's (written first: no live prefix is unannounced
+    in between), the others dropped; the shared one is deleted when that empties it (DEL, GC).
+    `locate`: this node's router and the VPC's VRF ID on it, asked only when something moves;
+    without either, those containers stay in the shared one (still announced there)."""
     shared = read_advertisement(ctx, deadline, ctx.shared_advertisement_name)
     if shared is None:
         return
-    moving = _live_of_node(shared, ctx.node, ctx.cid)
-    router, vrf_id = locate() if moving else (None, None)
-    if moving and router is not None and vrf_id is not None:
-        # Creating this node's object here is not rolled back: DEL has nothing to undo.
-        _merge_own(ctx, router, vrf_id, {}, moving, Rollback(deadline), deadline,
-                   read_advertisement(ctx, deadline))
-    else:
-        moving = {}
-    _release_shared(ctx, deadline, _cids(moving) | {ctx.cid})
-
-
-def _live_of_node(shared: dict[str, Any], node: str, leaving: str) -> dict[str, str]:
-    """The annotations of this node's live containers on a shared advertisement, but leaving's."""
     annotations = shared["metadata"].get("annotations") or {}
-    cids = live_containers(annotations, node) - {leaving}
+    moving = {cid for cid in live_containers(annotations, ctx.node) if keeps(cid)}
+    staying: set[str] = set()
+    if moving:
+        router, vrf_id = locate()
+        if router is None or vrf_id is None:
+            staying = moving  # nowhere to move them: still announced from the shared one
+        else:
+            # Creating this node's object here is not rolled back: DEL and GC undo nothing.
+            _merge_own(ctx, router, vrf_id, {}, _annotations_of(annotations, moving),
+                       Rollback(deadline), deadline, read_advertisement(ctx, deadline))
+    _release_shared(ctx, deadline, recorded_containers(annotations, ctx.node) - staying)
+
+
+def prune_own(ctx: PublishContext, deadline: Deadline, *, keeps: Callable[[str], bool]) -> None:
+    """GC: drop this node's containers that `keeps` refuses (or whose netns is gone) from this
+    node's advertisement; deleted when that leaves no prefixes."""
+    def gone(annotations: dict[str, str]) -> set[str]:
+        return {cid for cid in recorded_containers(annotations, ctx.node) if not keeps(cid)}
+
+    _drop_containers(ctx, ctx.advertisement_name, gone, deadline,
+                     "collected containers {} from BGPAdvertisement {}")
+
+
+def _annotations_of(annotations: dict[str, str], cids: set[str]) -> dict[str, str]:
+    """Every annotation of these containers."""
     return {key + cid: annotations[key + cid] for cid in cids for key in CONTAINER_KEYS
             if key + cid in annotations}
-
-
-def _cids(values: dict[str, str]) -> set[str]:
-    return {key[len(NODE_KEY):] for key in values if key.startswith(NODE_KEY)}
 
 
 def _merge_own(ctx: PublishContext, router: Router, vrf_id: int, ours: dict[str, str],
@@ -189,7 +202,8 @@ def _merge_own(ctx: PublishContext, router: Router, vrf_id: int, ours: dict[str,
                 continue  # deleted meanwhile: create it
             return
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "BGPAdvertisement",
-                "metadata": {"name": name, "namespace": ctx.namespace, "annotations": {}}}
+                "metadata": {"name": name, "namespace": ctx.namespace, "annotations": {},
+                             "ownerReferences": ctx.node_owner(deadline)}}
         merge(body)
         # Others may join before a rollback: it withdraws ours, never blind-deletes.
         if create(ctx, ADVERTISEMENTS, body, rollback,
@@ -203,20 +217,29 @@ def _release_shared(ctx: PublishContext, deadline: Deadline, cids: set[str]) -> 
     """Remove these containers (now in this node's advertisement, or leaving) and this node's
     stale ones from the shared advertisement; delete it when that leaves no prefixes (with a
     resourceVersion precondition, so a concurrent writer keeps it)."""
-    name = ctx.shared_advertisement_name
+    _drop_containers(ctx, ctx.shared_advertisement_name, lambda _: cids, deadline,
+                     "moved containers {} out of shared BGPAdvertisement {}")
+
+
+def _drop_containers(ctx: PublishContext, name: str,
+                     choose: Callable[[dict[str, str]], set[str]], deadline: Deadline,
+                     done: str) -> None:
+    """Drop the containers `choose` names (from the annotations as read) and this node's stale
+    ones from an advertisement; delete it when that leaves no prefixes. Conditional writes,
+    re-read on a conflict."""
     for _ in range(MAX_ATTEMPTS):
         current = read_advertisement(ctx, deadline, name)
         if current is None:
             return
         annotations = dict(current["metadata"].get("annotations") or {})
-        gone = {cid for cid in cids if any(key + cid in annotations for key in CONTAINER_KEYS)}
+        gone = {cid for cid in choose(annotations)
+                if any(key + cid in annotations for key in CONTAINER_KEYS)}
         gone |= stale_containers(annotations, ctx.node, keep="")
         if not gone:
             return
         drop_containers(annotations, gone)
         if _write_or_delete(ctx, current, annotations, name, deadline):
-            log.info("moved containers %s of node %s out of shared BGPAdvertisement %s",
-                     ", ".join(sorted(gone)), ctx.node, name)
+            log.info(done.format(", ".join(sorted(gone)), name) + " (node %s)", ctx.node)
             return
     raise CniError(TRY_AGAIN_LATER, f"BGPAdvertisement {name!r} keeps changing")
 
@@ -253,36 +276,37 @@ def _within_limits(name: str, prefixes: list[str], annotations: dict[str, str]) 
 
 
 def _restoring_withdrawal(ctx: PublishContext, written: dict[str, Any],
-                          before: dict[str, Any]) -> Callable[[Deadline], None]:
+                          before: dict[str, Any]) -> Callable[[Deadline], object]:
     return lambda d: withdraw_advertisement(ctx, d, may_delete=False, restore=(written, before))
 
 
 def withdraw_advertisement(ctx: PublishContext, deadline: Deadline, *, may_delete: bool,
-                           restore: tuple[dict[str, Any], dict[str, Any]] | None = None) -> None:
+                           restore: tuple[dict[str, Any], dict[str, Any]] | None = None) -> bool:
     """Remove this container's annotations; delete the object if that leaves no prefixes
     (with a resourceVersion precondition, so a concurrent ADD keeps it).
 
     `restore` = (what this ADD wrote, what was there before): a rollback puts the shared
-    spec fields back, unless someone has changed them since."""
+    spec fields back, unless someone has changed them since. Whether this node's advertisement
+    recorded the container."""
     name, cid = ctx.advertisement_name, ctx.cid
     for _ in range(MAX_ATTEMPTS):
         current = read_advertisement(ctx, deadline)
         if current is None:
-            return
+            return False
         annotations = dict(current["metadata"].get("annotations") or {})
         if not any(key + cid in annotations for key in CONTAINER_KEYS):
-            return
+            return False
         drop_containers(annotations, {cid} | stale_containers(annotations, ctx.node, cid))
         prefixes = prefixes_of(annotations)
         if not prefixes:
             if not may_delete:
                 log.info("leaving %s untouched: it would have no prefixes", name)
-                return
+                return True
             meta = current["metadata"]
             if ctx.client.delete(ADVERTISEMENTS, name, namespace=ctx.namespace,
                                  deadline=deadline, uid=meta["uid"],
                                  resource_version=meta["resourceVersion"]):
-                return
+                return True
             continue  # changed meanwhile (a concurrent ADD): re-read
         current["metadata"]["annotations"] = annotations
         current["spec"]["prefixes"] = prefixes
@@ -291,5 +315,5 @@ def withdraw_advertisement(ctx: PublishContext, deadline: Deadline, *, may_delet
             if unchanged_since(current["spec"], written):  # else changed by someone: theirs
                 restore_fields(current["spec"], before)
         if ctx.client.put_unless_changed(ADVERTISEMENTS, current, deadline=deadline):
-            return
+            return True
     raise CniError(TRY_AGAIN_LATER, f"BGPAdvertisement {name!r} keeps changing")

@@ -120,7 +120,8 @@ def _create_instance_locked(ctx: PublishContext, router: Router, target: str,
     free = _lowest_free(vrf_id(i) for i in _router_instances(ctx, router, deadline))
     body = {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "BGPVRFInstance",
-        "metadata": {"name": ctx.instance_name, "namespace": ctx.namespace},
+        "metadata": {"name": ctx.instance_name, "namespace": ctx.namespace,
+                     "ownerReferences": ctx.node_owner(deadline)},
         "spec": {"routerRef": {"name": router.name}, "vrfID": free,
                  "importRouteTargets": [{"value": target}],
                  "exportRouteTargets": [{"value": target}]},

@@ -69,11 +69,15 @@ def stale_containers(annotations: dict[str, str], node: str, keep: str) -> set[s
     return stale
 
 
+def recorded_containers(annotations: dict[str, str], node: str) -> set[str]:
+    """Containers this node recorded."""
+    return {key[len(NODE_KEY):] for key, value in annotations.items()
+            if key.startswith(NODE_KEY) and value == node}
+
+
 def live_containers(annotations: dict[str, str], node: str) -> set[str]:
     """Containers this node recorded whose netns is still there."""
-    recorded = {key[len(NODE_KEY):] for key, value in annotations.items()
-                if key.startswith(NODE_KEY) and value == node}
-    return recorded - stale_containers(annotations, node, keep="")
+    return recorded_containers(annotations, node) - stale_containers(annotations, node, keep="")
 
 
 def drop_containers(annotations: dict[str, str], cids: Iterable[str]) -> None:
