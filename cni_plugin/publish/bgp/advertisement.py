@@ -134,6 +134,10 @@ def convert_shared(ctx: PublishContext, locate: Callable[[], tuple[Router | None
         router, vrf_id = locate()
         if router is None or vrf_id is None:
             staying = moving  # nowhere to move them: still announced from the shared one
+            log.warning("leaving containers %s of node %s in shared BGPAdvertisement %s: "
+                        "no BGPRouter or no BGPVRFInstance of the VPC for this node to write "
+                        "its own advertisement with", ", ".join(sorted(moving)), ctx.node,
+                        ctx.shared_advertisement_name)
         else:
             # Creating this node's object here is not rolled back: DEL and GC undo nothing.
             _merge_own(ctx, router, vrf_id, {}, _annotations_of(annotations, moving),
