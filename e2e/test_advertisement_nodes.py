@@ -227,16 +227,35 @@ def test_a_nodes_instance_and_advertisement_are_owned_by_its_node_and_go_with_it
         publish_only(node, vpc, "65", "ctr-owned", "fd00:65::5/64", netns, verb="DEL")
 
 
-def test_without_a_node_object_the_objects_are_written_unowned_and_the_log_says_so(
+def test_without_a_node_object_the_objects_are_written_unowned_and_gc_gives_them_to_it(
         kube: Kube, cluster: Any, plugin: Plugin, vpc: str, tmp_path: Path) -> None:
     unregistered = make_node(kube, cluster, plugin)
     log = tmp_path / "vpc-attach.log"
     plugin.environ["VPC_ATTACH_LOG_FILE"] = str(log)
+    cid = f"ctr-{secrets.token_hex(2)}"
+    instance_name = naming.vrf_instance_name(vpc, unregistered.name)
+    adv_name = naming.advertisement_name(vpc, "66", unregistered.name)
     with live_netns(1) as (netns,):
-        publish_only(unregistered, vpc, "66", f"ctr-{secrets.token_hex(2)}", "fd00:66::5/64",
-                     netns)
-    instance = vrf_instance(kube, naming.vrf_instance_name(vpc, unregistered.name))
-    adv = advertisement(kube, naming.advertisement_name(vpc, "66", unregistered.name))
-    assert instance is not None and "ownerReferences" not in instance["metadata"]
-    assert adv is not None and "ownerReferences" not in adv["metadata"]
-    assert f"Node {unregistered.name} not found" in log.read_text()
+        publish_only(unregistered, vpc, "66", cid, "fd00:66::5/64", netns)
+        instance, adv = vrf_instance(kube, instance_name), advertisement(kube, adv_name)
+        assert instance is not None and "ownerReferences" not in instance["metadata"]
+        assert adv is not None and "ownerReferences" not in adv["metadata"]
+        assert f"Node {unregistered.name} not found" in log.read_text()
+
+        # The Node registers (or an earlier version wrote the objects): GC gives them to it.
+        node = kube.create(NODES, {"apiVersion": "v1", "kind": "Node",
+                                   "metadata": {"name": unregistered.name}})
+        try:
+            gc(unregistered, vpc, "66", cid)
+            owner = [{"apiVersion": "v1", "kind": "Node", "name": unregistered.name,
+                      "uid": node["metadata"]["uid"]}]
+            instance, adv = vrf_instance(kube, instance_name), advertisement(kube, adv_name)
+            assert instance is not None and instance["metadata"]["ownerReferences"] == owner
+            assert adv is not None and adv["metadata"]["ownerReferences"] == owner
+            assert cids_of(adv) == {cid}, "GC with the container valid keeps it"
+        finally:
+            kube.delete(f"{NODES}/{unregistered.name}")
+        wait_until("the garbage collector to delete the node's BGP objects",
+                   lambda: vrf_instance(kube, instance_name) is None
+                   and advertisement(kube, adv_name) is None, 60.0)
+        publish_only(unregistered, vpc, "66", cid, "fd00:66::5/64", netns, verb="DEL")

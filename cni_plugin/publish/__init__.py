@@ -308,6 +308,19 @@ def collect_stale_advertisements(inv: Invocation, source: ClusterSource,
             prune_own(ctx, inv.deadline, keeps=kept.__contains__)
 
 
+def give_to_node(inv: Invocation, source: ClusterSource) -> None:
+    """GC: this node's BGPVRFInstance of the VPC and advertisement of the attachment get the
+    Node's ownerReference when vpc-attach created them without one (earlier versions wrote
+    none; a Node registered after the object was created), so they go with the Node."""
+    if not inv.conf.publish.bgp:
+        return
+    from cni_plugin.publish.resources import ADVERTISEMENTS, VRF_INSTANCES
+    with connected(inv, source) as ctx, api_boundary("give this node's BGP objects to its Node"):
+        if ctx is not None:
+            ctx.give_to_node(VRF_INSTANCES, ctx.instance_name, inv.deadline)
+            ctx.give_to_node(ADVERTISEMENTS, ctx.advertisement_name, inv.deadline)
+
+
 def collect_unused_instance(inv: Invocation, source: ClusterSource, valid: set[tuple[str, str]],
                             attached: set[tuple[str, str]]) -> None:
     """GC: delete the VPC's BGPVRFInstance on this node if vpc-attach created it and no valid

@@ -12,7 +12,14 @@ from cni_plugin.core import naming
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Invocation
 from cni_plugin.core.rollback import Rollback
-from cni_plugin.kube.client import CREATED_BY_ANNOTATION, NODES, ApiError, KubeClient, Resource
+from cni_plugin.kube.client import (
+    CREATED_BY_ANNOTATION,
+    NODES,
+    ApiError,
+    KubeClient,
+    Resource,
+    update_with_retry,
+)
 from cni_plugin.publish.source import ClusterSession, ClusterSource
 
 log = logging.getLogger(__name__)
@@ -89,11 +96,27 @@ class PublishContext:
             node = None
         uid = ((node or {}).get("metadata") or {}).get("uid")
         if not uid:
-            log.warning("Node %s not found (or not readable): its BGP objects are written "
-                        "without an ownerReference, so deleting the Node will not remove "
-                        "them", self.node)
+            log.warning("Node %s not found (or not readable): its BGP objects carry no "
+                        "ownerReference, so deleting the Node will not remove them (a GC on "
+                        "this node adds it once the Node exists)", self.node)
             return []
         return [{"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": str(uid)}]
+
+    def give_to_node(self, resource: Resource, name: str, deadline: Deadline) -> None:
+        """GC: add the Node's ownerReference to this node's object of `resource` that
+        vpc-attach created without one (an earlier version, or the Node not registered yet).
+        Objects others made, or already owned, are left alone."""
+        def own(obj: dict[str, Any]) -> bool:
+            meta = obj["metadata"]
+            if created_by(obj) is None or meta.get("ownerReferences"):
+                return False
+            meta["ownerReferences"] = self.node_owner(deadline)
+            return bool(meta["ownerReferences"])
+
+        if update_with_retry(self.client, resource, name, namespace=self.namespace,
+                             deadline=deadline, mutate=own) is not None and \
+                self._node_owner:
+            log.info("%s %s is owned by Node %s", resource.kind, name, self.node)
 
     @cached_property
     def cid(self) -> str:

@@ -16,6 +16,7 @@ from cni_plugin.publish import (
     collect_stale_advertisements,
     collect_stale_slices,
     collect_unused_instance,
+    give_to_node,
 )
 from cni_plugin.tenancy import choice
 from cni_plugin.verbs.collaborators import Collaborators
@@ -83,7 +84,8 @@ def _collect(inv: Invocation, collaborators: Collaborators, valid: set[tuple[str
         lambda: _release_vpc(inv),
         lambda: collect_stale_slices(inv, collaborators.cluster, valid),
         lambda: collect_stale_advertisements(inv, collaborators.cluster, valid),
-        lambda: collect_unused_instance(inv, collaborators.cluster, valid, attached)]
+        lambda: collect_unused_instance(inv, collaborators.cluster, valid, attached),
+        lambda: give_to_node(inv, collaborators.cluster)]
     for step in steps:
         try:
             step()

@@ -29,6 +29,7 @@ APPLY_PATCH = "application/apply-patch+yaml"
 
 JsonObject = dict[str, Any]
 Query = dict[str, str]
+Events = list[tuple[str, str]]  # watch events as (type, object name)
 
 
 class ApiError(RuntimeError):
@@ -141,7 +142,7 @@ class Kube:
         return items
 
     @contextlib.contextmanager
-    def watching(self, path: str, window_s: float = 120.0) -> Iterator[list[tuple[str, str]]]:
+    def watching(self, path: str, window_s: float = 120.0) -> Iterator[Events]:
         """Record a collection's watch events from now on, in the API server's order, as
         (type, name) pairs appended while the block runs (at most ``window_s``); a test waits
         on the list's content, never on time."""
@@ -156,7 +157,7 @@ class Kube:
                                                            read=window_s + self.timeout))
         if response.status != 200:
             raise ApiError("GET", path, response.status, response.read().decode())
-        events: list[tuple[str, str]] = []
+        events: Events = []
 
         def read() -> None:
             with contextlib.suppress(Exception):  # ended by release_conn below, or its timeout
