@@ -14,7 +14,13 @@ from typing import Any
 import pytest
 
 from cni_plugin.core.deadline import Deadline
-from cni_plugin.kube.client import CREATED_BY_ANNOTATION, KubeClient, repeatable
+from cni_plugin.kube.client import (
+    CREATED_BY_ANNOTATION,
+    KubeClient,
+    Resource,
+    repeatable,
+    update_with_retry,
+)
 from cni_plugin.kube.config import load_kubeconfig
 from netconf.errors import TRY_AGAIN_LATER, CniError
 
@@ -150,3 +156,45 @@ def test_an_unmarked_write_refused_with_429_is_repeated_the_server_did_not_act(
 def test_only_writes_a_second_copy_cannot_harm_are_repeatable(
         method: str, body: dict[str, Any] | None, safe: bool) -> None:
     assert repeatable(method, body) is safe
+
+
+MAPS = Resource("", "v1", "configmaps", "ConfigMap")
+
+
+def _versioned(version: str, **data: str) -> dict[str, Any]:
+    return {"metadata": {"name": "m", "resourceVersion": version}, "data": data}
+
+
+def _add_key(obj: dict[str, Any]) -> bool:
+    obj["data"]["mine"] = "1"
+    return True
+
+
+def test_an_update_from_the_callers_read_writes_without_reading_again(
+        serve: Callable[[list[Action]], tuple[Scripted, KubeClient]]) -> None:
+    read = _versioned("5")
+    server, client = serve([(200, {}, _versioned("6", mine="1"))])
+    updated = update_with_retry(client, MAPS, "m", namespace="a", deadline=Deadline(10),
+                                mutate=_add_key, read=read)
+    assert updated == _versioned("6", mine="1")
+    assert [method for method, _ in server.seen] == ["PUT"]
+    assert read == _versioned("5"), "the caller's read is not edited"
+
+
+def test_a_stale_read_costs_a_conflict_and_a_fresh_read(
+        serve: Callable[[list[Action]], tuple[Scripted, KubeClient]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(time, "sleep", lambda _: None)
+    server, client = serve([(409, {}, {}), (200, {}, _versioned("7", other="x")),
+                            (200, {}, _versioned("8", other="x", mine="1"))])
+    update_with_retry(client, MAPS, "m", namespace="a", deadline=Deadline(10),
+                      mutate=_add_key, read=_versioned("5"))
+    assert [method for method, _ in server.seen] == ["PUT", "GET", "PUT"]
+
+
+def test_a_read_of_an_object_deleted_since_ends_in_none(
+        serve: Callable[[list[Action]], tuple[Scripted, KubeClient]]) -> None:
+    server, client = serve([(404, {}, {}), (404, {}, {})])
+    assert update_with_retry(client, MAPS, "m", namespace="a", deadline=Deadline(10),
+                             mutate=_add_key, read=_versioned("5")) is None
+    assert [method for method, _ in server.seen] == ["PUT", "GET"]

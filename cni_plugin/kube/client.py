@@ -9,6 +9,7 @@ error in one place, `api_failure`.
 
 from __future__ import annotations
 
+import copy
 import http.client
 import json
 import random
@@ -355,17 +356,22 @@ def _api_error(status: int, data: bytes, method: str, path: str,
 
 def update_with_retry(client: KubeClient, resource: Resource, name: str, *,
                       namespace: str | None = None, deadline: Deadline,
-                      mutate: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+                      mutate: Callable[[dict[str, Any]], bool],
+                      read: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """Read-modify-write with re-read on 409 until the deadline; None if the object does not
     exist.
 
-    `mutate` edits the object in place and returns False when nothing needs writing. Between
+    `mutate` edits the object in place and returns False when nothing needs writing. `read`:
+    the object as the caller read it a moment ago, used (a copy) instead of the first GET; the
+    PUT carries its resourceVersion, so a stale read costs a conflict and a re-read. Between
     conflicts a short random pause spreads writers that keep colliding (many nodes merging
     into one shared object at once)."""
     target = Target(resource, namespace, name)
     conflicts = 0
+    first = copy.deepcopy(read) if read is not None else None
     while True:
-        current = client.get(resource, name, namespace=namespace, deadline=deadline)
+        current = first or client.get(resource, name, namespace=namespace, deadline=deadline)
+        first = None
         if current is None:
             return None
         if not mutate(current):
@@ -374,6 +380,8 @@ def update_with_retry(client: KubeClient, resource: Resource, name: str, *,
             updated: dict[str, Any] = client.request("PUT", target, deadline, body=current)
             return updated
         except ApiError as exc:
+            if exc.status == 404:
+                continue  # deleted since it was read: the GET says so
             if exc.status != 409:
                 raise
         conflicts += 1

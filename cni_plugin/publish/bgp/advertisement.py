@@ -202,7 +202,7 @@ def _merge_own(ctx: PublishContext, router: Router, vrf_id: int, ours: dict[str,
                 rollback.created(f"annotations of {cid} on BGPAdvertisement {name}",
                                  _restoring_withdrawal(ctx, written, before))
             if update_with_retry(ctx.client, ADVERTISEMENTS, name, namespace=ctx.namespace,
-                                 deadline=deadline, mutate=merge) is None:
+                                 deadline=deadline, mutate=merge, read=existing) is None:
                 continue  # deleted meanwhile: create it
             return
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "BGPAdvertisement",
