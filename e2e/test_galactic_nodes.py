@@ -91,6 +91,7 @@ DEL_LAST = [*DEL_KEEPING[:-1], "DELETE bgpadvertisements 200"]
 FIRST_ADD = "ADD first on node {} (creates instance, advertisement)"
 SECOND_ADD = "ADD second on node {}"
 STEADY = "ADD third on node 1 (steady state)"
+AGAIN = "ADD on node 2 again (instance kept, advertisement created)"
 SCALE_DOWN = "DEL on node 3, another Pod left (advertisement updated)"
 LAST_POD = "DEL of node 2's last Pod (advertisement deleted)"
 
@@ -482,18 +483,28 @@ def test_pods_on_three_nodes_announced_once_by_their_nodes_router_until_the_node
 
 def check_requests(calls: dict[str, list[str]]) -> None:
     """A steady ADD asks one request fewer than before per-node advertisements (it read the
-    advertisement twice: 10 in-process, 5 through the agent); the first ADD on
-    a node reads its Node once for both objects it creates, and the shared form; DEL reads and
-    writes this node's advertisement only."""
+    advertisement twice: 10 in-process, 5 through the agent). The first ADD on a node reads
+    its Node once for both objects it creates; an ADD creating the advertisement next to a
+    kept instance takes the Node's ownerReference from the instance. In-process, an ADD
+    creating the advertisement reads the shared form too; the agent lists the namespace's
+    advertisements once instead and reads no shared form that holds none of its node's
+    containers. DEL reads and writes this node's advertisement only."""
     assert calls[STEADY] == STEADY_ADD, calls[STEADY]
     if not VIA_AGENT:  # through the agent, its second ADD may still be warming its caches
         assert calls[SECOND_ADD.format(1)] == calls[SECOND_ADD.format(3)] == STEADY_ADD
+    reads = ["GET bgpadvertisements 404"] * (1 if VIA_AGENT else 2)  # this node's (the shared)
     for index in (1, 2, 3):
         first = calls[FIRST_ADD.format(index)]
         assert first.count("GET nodes 200") == 1, first
-        assert first.count("GET bgpadvertisements 404") == 2, first  # this node's, the shared
+        assert [c for c in first if " bgpadvertisements " in c] == \
+            [*reads[:1], *(["LIST bgpadvertisements 200"] if VIA_AGENT else []), *reads[1:],
+             "POST bgpadvertisements 201"], first
         assert [c for c in first if c.startswith("POST bgp")] == \
             ["POST bgpvrfinstances 201", "POST bgpadvertisements 201"], first
+    again = calls[AGAIN]
+    assert not [c for c in again if c.startswith("GET nodes")], again
+    assert [c for c in again if " bgpadvertisements " in c] == \
+        [*reads, "POST bgpadvertisements 201"], again
     assert calls[SCALE_DOWN] == DEL_KEEPING, calls[SCALE_DOWN]
     assert calls[LAST_POD] == DEL_LAST, calls[LAST_POD]
 
@@ -548,7 +559,7 @@ def failing_writes_step(deployment: Deployment, site: Site) -> None:
     """A Pod on ``site`` again, then another whose ADD meets a 503 on every advertisement
     write until its deadline: it fails, and every node's advertisement and announcements stay
     exactly as they were."""
-    deployment.add(site, "b2", "ADD on node 2 again (instance kept, advertisement created)")
+    deployment.add(site, "b2", AGAIN)
     before_rib = deployment.settle("5 (a Pod on node 2 again)")
     deployment.check_objects()
     before = settled_advertisements(deployment)

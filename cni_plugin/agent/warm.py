@@ -13,7 +13,15 @@ from typing import Any
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.kube.client import ApiError, ApiObserver, KubeClient, Resource, Target
 from cni_plugin.kube.config import KubeCredentials, load_kubeconfig
-from cni_plugin.publish.resources import BINDINGS, NAMESPACES, PODS, ROUTERS, VRF_INSTANCES
+from cni_plugin.publish.bgp.spec import recorded_containers
+from cni_plugin.publish.resources import (
+    ADVERTISEMENTS,
+    BINDINGS,
+    NAMESPACES,
+    PODS,
+    ROUTERS,
+    VRF_INSTANCES,
+)
 from netconf.errors import TRY_AGAIN_LATER, CniError
 
 log = logging.getLogger(__name__)
@@ -191,6 +199,8 @@ class WarmCluster:
         self._creds: dict[str, tuple[float, KubeCredentials]] = {}
         self._idle: dict[str, list[KubeClient]] = {}  # released clients, per kubeconfig
         self._watches: dict[tuple[str, str, str], WatchCache] = {}
+        # (kubeconfig, namespace, node): advertisements holding the node's containers, listed once
+        self._holders: dict[tuple[str, str, str], frozenset[str]] = {}
 
     def _credentials(self, kubeconfig: str) -> KubeCredentials:
         mtime = os.stat(kubeconfig).st_mtime
@@ -242,6 +252,29 @@ class WarmCluster:
                 cache = self._watches[key] = WatchCache(creds, resource, selector, self._observe,
                                                         absent_ok, namespace=namespace).start()
         return cache
+
+    def holders(self, kubeconfig: str, namespace: str, node: str, client: KubeClient,
+                deadline: Deadline) -> frozenset[str] | None:
+        """Names of the BGPAdvertisements in namespace that hold containers of node, listed
+        once per agent (one request instead of a GET of the shared form on every ADD that
+        creates a per-node advertisement). Only this node writes its containers, and this
+        version never into the shared form: the set can only shrink, so a name in it is at
+        worst read for nothing. None when the list is refused (read each time)."""
+        key = (kubeconfig, namespace, node)
+        with self._lock:
+            known = self._holders.get(key)
+        if known is not None:
+            return known
+        try:
+            items = client.list(ADVERTISEMENTS, namespace=namespace, deadline=deadline)
+        except ApiError as exc:
+            log.info("cannot list BGPAdvertisements in %s (%s): each new advertisement reads "
+                     "the shared form first", namespace, exc)
+            return None
+        found = frozenset(item["metadata"]["name"] for item in items
+                          if recorded_containers(item["metadata"].get("annotations") or {}, node))
+        with self._lock:
+            return self._holders.setdefault(key, found)
 
     def session(self, kubeconfig: str) -> WarmSession:
         """A `WarmSession`: a pooled client and the watch caches for kubeconfig."""
@@ -341,6 +374,13 @@ class WarmSession:
     def pod(self, node: str, namespace: str, name: str) -> dict[str, Any] | None:
         """A Pod from the watch of this node's Pods."""
         return self._cluster.watch_pods(self._kubeconfig, node).get(namespace, name)
+
+    def shared_may_hold(self, namespace: str, name: str, node: str,
+                        deadline: Deadline) -> bool:
+        """Whether the agent's one listing found node's containers in `name`."""
+        holders = self._cluster.holders(self._kubeconfig, namespace, node, self.client(),
+                                        deadline)
+        return holders is None or name in holders
 
     def close(self) -> None:
         """Hand the client back to the pool."""

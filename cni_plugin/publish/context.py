@@ -80,12 +80,26 @@ class PublishContext:
     def node_owner(self, deadline: Deadline) -> list[dict[str, Any]]:
         """ownerReferences naming this node's Node, so the API server's garbage collector
         removes a node-owned object (its BGPVRFInstances and advertisements) with the Node.
-        Read once per invocation and only when such an object is created (an ADD that finds
-        its objects asks nothing more). [] when the Node does not exist or may not be read:
-        the object is written without one, and the operator log says so."""
+        Read once per invocation and only when such an object is created, unless learnt from
+        the VPC's BGPVRFInstance (an ADD that finds its objects asks nothing more). [] when
+        the Node does not exist or may not be read: the object is written without one, and
+        the operator log says so."""
         if self._node_owner is None:
             self._node_owner = self._read_node_owner(deadline)
         return self._node_owner
+
+    def learn_node_owner(self, owned: dict[str, Any]) -> None:
+        """Take this node's Node ownerReference from an object of this node that carries one
+        (its BGPVRFInstance of the VPC, read anyway), so creating the advertisement next does
+        not read the Node. Only an entry naming this node's Node counts."""
+        if self._node_owner:
+            return
+        for ref in (owned.get("metadata") or {}).get("ownerReferences") or []:
+            if ref.get("apiVersion") == "v1" and ref.get("kind") == "Node" and \
+                    ref.get("name") == self.node and ref.get("uid"):
+                self._node_owner = [{"apiVersion": "v1", "kind": "Node", "name": self.node,
+                                     "uid": str(ref["uid"])}]
+                return
 
     def _read_node_owner(self, deadline: Deadline) -> list[dict[str, Any]]:
         try:

@@ -40,6 +40,12 @@ class ClusterSession(Protocol):
     def pod(self, node: str, namespace: str, name: str) -> dict[str, Any] | None:
         """This node's Pod from a synced cache, or None (ask the API)."""
 
+    def shared_may_hold(self, namespace: str, name: str, node: str,
+                        deadline: Deadline) -> bool:
+        """Whether the shared advertisement `name` (the form earlier versions wrote) may hold
+        containers of node: False only when known that it cannot (nothing to convert, so
+        nothing to read)."""
+
     def close(self) -> None:
         """Done with the client (closed, or kept for the next verb)."""
 
@@ -82,6 +88,11 @@ class ColdSession:
     def pod(self, node: str, namespace: str, name: str) -> dict[str, Any] | None:
         """No cache."""
         return None
+
+    def shared_may_hold(self, namespace: str, name: str, node: str,
+                        deadline: Deadline) -> bool:
+        """Not known: read it."""
+        return True
 
     def close(self) -> None:
         """Close the client, if one was made."""

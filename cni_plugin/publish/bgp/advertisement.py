@@ -90,9 +90,11 @@ def read_advertisement(ctx: PublishContext, deadline: Deadline,
 
 def read_found(ctx: PublishContext, deadline: Deadline) -> Found:
     """This node's advertisement; when absent, the shared one too (one request more, only on
-    the ADD that creates this node's)."""
+    the ADD that creates this node's, and not when the session knows it holds none of this
+    node's containers: the agent lists them once)."""
     own = read_advertisement(ctx, deadline)
-    if own is not None:
+    if own is not None or not ctx.session.shared_may_hold(
+            ctx.namespace, ctx.shared_advertisement_name, ctx.node, deadline):
         return Found(own)
     return Found(None, read_advertisement(ctx, deadline, ctx.shared_advertisement_name))
 

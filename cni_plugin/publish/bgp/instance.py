@@ -99,6 +99,7 @@ def ensure_vrf_instance(ctx: PublishContext, router: Router, rollback: Rollback,
         existing = update_with_retry(ctx.client, VRF_INSTANCES, name, namespace=ctx.namespace,
                                      deadline=deadline, mutate=fill)
         if existing is not None:  # checked when created; checked again in case of a late rival
+            ctx.learn_node_owner(existing)
             return _resolve_collision(ctx, router, existing, deadline, cached=True)
         existing = _create_instance(ctx, router, target, rollback, deadline)
         if existing is not None:

@@ -1,0 +1,137 @@
+"""What an ADD that creates this node's advertisement reads: the Node's ownerReference learnt
+from the VPC's BGPVRFInstance, and the shared form skipped when the agent's one listing knows
+it holds none of this node's containers."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from cni_plugin.agent.warm import WarmCluster
+from cni_plugin.core import naming
+from cni_plugin.core.deadline import Deadline
+from cni_plugin.kube.client import ApiError, KubeClient, Resource
+from cni_plugin.publish.bgp.advertisement import read_found
+from cni_plugin.publish.context import PublishContext
+from cni_plugin.publish.resources import ADVERTISEMENTS, NODE_KEY
+from cni_plugin.publish.source import ClusterSession, ColdSession
+
+NODE = "node-a"
+VPC, ATT = "21", "40"
+SHARED = naming.shared_advertisement_name(VPC, ATT)
+NODE_REF = {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "u-1"}
+
+
+class Recording:
+    """A client answering GETs from `objects` (None: 404) and LISTs with `items`, or with
+    `refuse` as an ApiError; every request recorded."""
+
+    def __init__(self, objects: dict[str, dict[str, Any]] | None = None,
+                 items: list[dict[str, Any]] | None = None, refuse: int | None = None) -> None:
+        self.objects = objects or {}
+        self.items = items or []
+        self.refuse = refuse
+        self.seen: list[str] = []
+
+    def get(self, resource: Resource, name: str, *, namespace: str | None = None,
+            deadline: Deadline) -> dict[str, Any] | None:
+        self.seen.append(f"GET {resource.plural} {name}")
+        return self.objects.get(name)
+
+    def list(self, resource: Resource, *, namespace: str | None = None,
+             deadline: Deadline) -> list[dict[str, Any]]:
+        self.seen.append(f"LIST {resource.plural}")
+        if self.refuse is not None:
+            raise ApiError(self.refuse, "Forbidden", "no", "GET", resource.path(namespace))
+        return self.items
+
+
+def advertisement(name: str, *nodes: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "annotations": {
+        f"{NODE_KEY}c{index}": node for index, node in enumerate(nodes)}}}
+
+
+class Session(ColdSession):
+    def __init__(self, client: Recording, may_hold: bool = True) -> None:
+        super().__init__("unused")
+        self._fake = client
+        self.may_hold = may_hold
+
+    def client(self) -> KubeClient:
+        return cast(KubeClient, self._fake)
+
+    def shared_may_hold(self, namespace: str, name: str, node: str,
+                        deadline: Deadline) -> bool:
+        return self.may_hold
+
+
+def context(session: ClusterSession) -> PublishContext:
+    inv = SimpleNamespace(namespace="galactic-system",
+                          conf=SimpleNamespace(vpc=VPC, vpcattachment=ATT))
+    return PublishContext(cast(Any, inv), session, NODE)
+
+
+# The Node's ownerReference -------------------------------------------------------------------
+
+def test_the_node_owner_is_learnt_from_this_nodes_instance_without_reading_the_node() -> None:
+    client = Recording()
+    ctx = context(Session(client))
+    ctx.learn_node_owner({"metadata": {"ownerReferences": [
+        {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": NODE, "uid": "x"},
+        {"apiVersion": "v1", "kind": "Node", "name": "node-b", "uid": "y"},
+        {**NODE_REF, "controller": True}]}})
+    assert ctx.node_owner(Deadline(5)) == [NODE_REF]
+    assert client.seen == []
+
+
+def test_an_instance_without_this_nodes_owner_leaves_the_node_to_be_read() -> None:
+    client = Recording({NODE: {"metadata": {"name": NODE, "uid": "u-2"}}})
+    ctx = context(Session(client))
+    ctx.learn_node_owner({"metadata": {"ownerReferences": [
+        {"apiVersion": "v1", "kind": "Node", "name": "node-b", "uid": "y"}]}})
+    ctx.learn_node_owner({"metadata": {}})
+    assert ctx.node_owner(Deadline(5)) == [{**NODE_REF, "uid": "u-2"}]
+    assert client.seen == [f"GET nodes {NODE}"]
+
+
+# The shared form -----------------------------------------------------------------------------
+
+def test_an_absent_advertisement_reads_the_shared_form_unless_the_session_knows_better() -> None:
+    own = naming.advertisement_name(VPC, ATT, NODE)
+    client = Recording({SHARED: advertisement(SHARED, NODE)})
+    found = read_found(context(Session(client)), Deadline(5))
+    assert found.own is None and found.shared is not None
+    assert client.seen == [f"GET bgpadvertisements {own}", f"GET bgpadvertisements {SHARED}"]
+
+    client = Recording({SHARED: advertisement(SHARED, NODE)})
+    found = read_found(context(Session(client, may_hold=False)), Deadline(5))
+    assert found.own is None and found.shared is None
+    assert client.seen == [f"GET bgpadvertisements {own}"]
+
+
+def test_the_agent_lists_advertisements_once_and_knows_which_hold_this_nodes_containers(
+        kubeconfig: str) -> None:
+    client = Recording(items=[advertisement(SHARED, "node-b", NODE),
+                              advertisement("3e-3e", "node-b"),
+                              advertisement(f"{SHARED}-{NODE}", NODE)])
+    session = WarmCluster().session(kubeconfig)
+    session._client = cast(KubeClient, client)
+    assert session.shared_may_hold("ns", SHARED, NODE, Deadline(5))
+    assert not session.shared_may_hold("ns", "3e-3e", NODE, Deadline(5))
+    assert not session.shared_may_hold("ns", "15-28", NODE, Deadline(5))  # none at all
+    assert client.seen == [f"LIST {ADVERTISEMENTS.plural}"]
+    assert session.shared_may_hold("ns", "3e-3e", "node-b", Deadline(5))  # per node
+    assert client.seen == [f"LIST {ADVERTISEMENTS.plural}"] * 2
+
+
+@pytest.mark.parametrize("status", [403, 404])
+def test_a_refused_listing_reads_the_shared_form_each_time(kubeconfig: str,
+                                                           status: int) -> None:
+    client = Recording(refuse=status)
+    session = WarmCluster().session(kubeconfig)
+    session._client = cast(KubeClient, client)
+    assert session.shared_may_hold("ns", "3e-3e", NODE, Deadline(5))
+    assert session.shared_may_hold("ns", "3e-3e", NODE, Deadline(5))
+    assert client.seen == [f"LIST {ADVERTISEMENTS.plural}"] * 2
