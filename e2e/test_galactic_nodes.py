@@ -3,7 +3,8 @@ item 6). A gobgpd collector peered with every router holds each Pod's prefixes e
 from the router of the node the Pod runs on, with that node's RD, SID, route target and next
 hop, through a scale-down, a node losing its last Pod, a refused write's rollback, a node whose
 API writes fail, and the deletion of a node's Node object (the garbage collector removes that
-node's BGP objects through their ownerReference and its router withdraws them). Each node
+node's BGP objects through their ownerReference and its router withdraws them). galactic's
+ingress-sidecar code routes each Pod's IPv6 slice to the SID its node announces. Each node
 reaches the API server through a fault proxy of its own, which also counts each verb's requests.
 
 Two Pods of one attachment cannot share a node as veth attachments (the host link is named by
@@ -58,7 +59,9 @@ from e2e.harness.wait import wait_until
 from e2e.test_galactic_router import (
     ROUTE_TIMEOUT_S,
     GalacticNode,
+    assert_ipv6_slice_accepted,
     expected_routes,
+    judge_slices,
     start_node,
     wait_announced,
 )
@@ -439,9 +442,10 @@ def test_pods_on_three_nodes_announced_once_by_their_nodes_router_until_the_node
         for site in sites:
             deployment.vrf_ids[site.index] = wait_announced(kube, fabric, site.gnode, vpc, ATT,
                                                             deployment.prefixes(site))
-        deployment.settle("1 (6 Pods on 3 nodes)")
+        rib = deployment.settle("1 (6 Pods on 3 nodes)")
         deployment.check_objects()
         assert len(deployment.router_refs) == 3
+        check_sidecar(deployment, galactic, rib)
 
         # 2. Scale down: one of node 3's Pods goes; only its prefixes are withdrawn.
         settled_advertisements(deployment)  # nor the DEL's
@@ -479,6 +483,21 @@ def test_pods_on_three_nodes_announced_once_by_their_nodes_router_until_the_node
         deployment.requests.report()
 
     check_requests(deployment.requests.calls)
+
+
+def check_sidecar(deployment: Deployment, galactic: GalacticBuild,
+                  rib: list[EvpnRoute]) -> None:
+    """galactic's ingress-sidecar code selects each Pod's IPv6 slice and routes the Pod's /128
+    to the SID the collector holds for that prefix: its node's."""
+    names = {slice_name(pod.name, deployment.vpc, ATT, "IPv6"): pod
+             for pod in deployment.pods if pod.live}
+    verdicts = judge_slices(deployment.kube, galactic, sorted(names))
+    announced = {route.prefix: route.sid for route in rib}
+    for name, pod in names.items():
+        assert_ipv6_slice_accepted(deployment.kube, verdicts, name, deployment.vpc)
+        route = verdicts[name].route
+        assert route is not None and route.prefix in pod.prefixes
+        assert route.sid == announced[route.prefix], f"{name}: {route} vs the RIB"
 
 
 def check_requests(calls: dict[str, list[str]]) -> None:

@@ -4,11 +4,13 @@ it holds none of this node's containers."""
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 
+from cni_plugin.agent import warm
 from cni_plugin.agent.warm import WarmCluster
 from cni_plugin.core import naming
 from cni_plugin.core.deadline import Deadline
@@ -135,3 +137,27 @@ def test_a_refused_listing_reads_the_shared_form_each_time(kubeconfig: str,
     assert session.shared_may_hold("ns", "3e-3e", NODE, Deadline(5))
     assert session.shared_may_hold("ns", "3e-3e", NODE, Deadline(5))
     assert client.seen == [f"LIST {ADVERTISEMENTS.plural}"] * 2
+
+
+def test_the_agent_lists_them_at_start_so_its_first_add_asks_nothing_more(
+        kubeconfig: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    class NoWatch:
+        def __init__(self, *_: object, **__: object) -> None:
+            pass
+
+        def start(self) -> NoWatch:
+            return self
+
+    monkeypatch.setattr(warm, "WatchCache", NoWatch)
+    client = Recording(items=[advertisement(SHARED, NODE)])
+    cluster = WarmCluster()
+    monkeypatch.setattr(cluster, "client", lambda _: client)
+    monkeypatch.setattr(cluster, "release", lambda *_: None)
+    cluster.prime(kubeconfig, "ns", NODE)
+    listed = Deadline(10)
+    while not cluster._holders and listed.remaining(floor=0) > 0:
+        threading.Event().wait(0.01)  # the start-up listing runs on a thread of its own
+    session = cluster.session(kubeconfig)
+    assert session.shared_may_hold("ns", SHARED, NODE, Deadline(5))
+    assert not session.shared_may_hold("ns", "3e-3e", NODE, Deadline(5))
+    assert client.seen == [f"LIST {ADVERTISEMENTS.plural}"]

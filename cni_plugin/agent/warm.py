@@ -33,6 +33,7 @@ MAX_IDLE_CLIENTS = 16  # at shutdown; what is left is swept by the next agent or
 TENANCY_SYNC_SECONDS = 5.0
 # A watch a verb has just started is still listing, not out of sync: readiness counts it after this.
 FIRST_LIST_GRACE_SECONDS = 10.0
+PRIME_LIST_SECONDS = 30.0  # the start-up listing of BGPAdvertisements (no ADD waits on it)
 
 
 class WatchCache:
@@ -282,10 +283,25 @@ class WarmCluster:
 
     def prime(self, kubeconfig: str, namespace: str, node: str) -> None:
         """Start the watches of this node's routers and Pods, and of the VPCBindings and
-        namespaces, now, not on the first Pod."""
+        namespaces, and list the advertisements holding this node's containers, now, not on
+        the first Pod."""
         self.watch_routers(kubeconfig, namespace, node)
         self.watch_pods(kubeconfig, node)
         self.watch_tenancy(kubeconfig)
+        threading.Thread(target=self._list_holders, args=(kubeconfig, namespace, node),
+                         name="list advertisements", daemon=True).start()
+
+    def _list_holders(self, kubeconfig: str, namespace: str, node: str) -> None:
+        """`holders` listed now, not by the first ADD (which lists them itself if this has
+        not succeeded by then)."""
+        try:
+            client = self.client(kubeconfig)
+            try:
+                self.holders(kubeconfig, namespace, node, client, Deadline(PRIME_LIST_SECONDS))
+            finally:
+                self.release(kubeconfig, client)
+        except Exception as exc:  # best effort: the first ADD lists them itself
+            log.info("agent: cannot list BGPAdvertisements yet (the first ADD will): %s", exc)
 
     def watch_routers(self, kubeconfig: str, namespace: str, node: str) -> WatchCache:
         """The watch of the BGPRouters targeting node (started if it is not yet)."""
