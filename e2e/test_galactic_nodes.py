@@ -91,6 +91,19 @@ STEADY_ADD = {
 DEL_KEEPING = ["GET endpointslices 200", "DELETE endpointslices 200", "GET endpointslices 404",
                "GET bgpadvertisements 200", "PUT bgpadvertisements 200"]
 DEL_LAST = [*DEL_KEEPING[:-1], "DELETE bgpadvertisements 200"]
+# What an ADD creating this node's advertisement asks of advertisements: this node's (404), then
+# in-process the shared form (404); the agent instead lists the namespace's advertisements, once
+# (on the first ADD on a node that is not the agent's own: it lists its own when it starts).
+FIRST_ADVERTISEMENT_READS = {
+    "in-process": ["GET bgpadvertisements 404", "GET bgpadvertisements 404",
+                   "POST bgpadvertisements 201"],
+    "agent": ["GET bgpadvertisements 404", "LIST bgpadvertisements 200",
+              "POST bgpadvertisements 201"],
+}[PATH]
+LATER_ADVERTISEMENT_READS = {
+    "in-process": FIRST_ADVERTISEMENT_READS,
+    "agent": ["GET bgpadvertisements 404", "POST bgpadvertisements 201"],
+}[PATH]
 FIRST_ADD = "ADD first on node {} (creates instance, advertisement)"
 SECOND_ADD = "ADD second on node {}"
 STEADY = "ADD third on node 1 (steady state)"
@@ -511,21 +524,22 @@ def check_requests(calls: dict[str, list[str]]) -> None:
     assert calls[STEADY] == STEADY_ADD, calls[STEADY]
     if not VIA_AGENT:  # through the agent, its second ADD may still be warming its caches
         assert calls[SECOND_ADD.format(1)] == calls[SECOND_ADD.format(3)] == STEADY_ADD
-    reads = ["GET bgpadvertisements 404"] * (1 if VIA_AGENT else 2)  # this node's (the shared)
     for index in (1, 2, 3):
         first = calls[FIRST_ADD.format(index)]
         assert first.count("GET nodes 200") == 1, first
-        assert [c for c in first if " bgpadvertisements " in c] == \
-            [*reads[:1], *(["LIST bgpadvertisements 200"] if VIA_AGENT else []), *reads[1:],
-             "POST bgpadvertisements 201"], first
+        assert advertisement_requests(first) == FIRST_ADVERTISEMENT_READS, first
         assert [c for c in first if c.startswith("POST bgp")] == \
             ["POST bgpvrfinstances 201", "POST bgpadvertisements 201"], first
     again = calls[AGAIN]
     assert not [c for c in again if c.startswith("GET nodes")], again
-    assert [c for c in again if " bgpadvertisements " in c] == \
-        [*reads, "POST bgpadvertisements 201"], again
+    assert advertisement_requests(again) == LATER_ADVERTISEMENT_READS, again
     assert calls[SCALE_DOWN] == DEL_KEEPING, calls[SCALE_DOWN]
     assert calls[LAST_POD] == DEL_LAST, calls[LAST_POD]
+
+
+def advertisement_requests(calls: list[str]) -> list[str]:
+    """The requests about BGPAdvertisements, in order."""
+    return [call for call in calls if " bgpadvertisements " in call]
 
 
 def rollback_step(deployment: Deployment, site: Site) -> None:

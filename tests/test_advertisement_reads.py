@@ -113,13 +113,20 @@ def test_an_absent_advertisement_reads_the_shared_form_unless_the_session_knows_
     assert client.seen == [f"GET bgpadvertisements {own}"]
 
 
+def agent(client: Recording, monkeypatch: pytest.MonkeyPatch) -> WarmCluster:
+    """The agent's cluster source, every verb's client the recording one."""
+    cluster = WarmCluster()
+    monkeypatch.setattr(cluster, "client", lambda _: client)
+    monkeypatch.setattr(cluster, "release", lambda *_: None)
+    return cluster
+
+
 def test_the_agent_lists_advertisements_once_and_knows_which_hold_this_nodes_containers(
-        kubeconfig: str) -> None:
+        kubeconfig: str, monkeypatch: pytest.MonkeyPatch) -> None:
     client = Recording(items=[advertisement(SHARED, "node-b", NODE),
                               advertisement("3e-3e", "node-b"),
                               advertisement(f"{SHARED}-{NODE}", NODE)])
-    session = WarmCluster().session(kubeconfig)
-    session._client = cast(KubeClient, client)
+    session = agent(client, monkeypatch).session(kubeconfig)
     assert session.shared_may_hold("ns", SHARED, NODE, Deadline(5))
     assert not session.shared_may_hold("ns", "3e-3e", NODE, Deadline(5))
     assert not session.shared_may_hold("ns", "15-28", NODE, Deadline(5))  # none at all
@@ -129,11 +136,10 @@ def test_the_agent_lists_advertisements_once_and_knows_which_hold_this_nodes_con
 
 
 @pytest.mark.parametrize("status", [403, 404])
-def test_a_refused_listing_reads_the_shared_form_each_time(kubeconfig: str,
-                                                           status: int) -> None:
+def test_a_refused_listing_reads_the_shared_form_each_time(
+        kubeconfig: str, status: int, monkeypatch: pytest.MonkeyPatch) -> None:
     client = Recording(refuse=status)
-    session = WarmCluster().session(kubeconfig)
-    session._client = cast(KubeClient, client)
+    session = agent(client, monkeypatch).session(kubeconfig)
     assert session.shared_may_hold("ns", "3e-3e", NODE, Deadline(5))
     assert session.shared_may_hold("ns", "3e-3e", NODE, Deadline(5))
     assert client.seen == [f"LIST {ADVERTISEMENTS.plural}"] * 2
@@ -150,13 +156,12 @@ def test_the_agent_lists_them_at_start_so_its_first_add_asks_nothing_more(
 
     monkeypatch.setattr(warm, "WatchCache", NoWatch)
     client = Recording(items=[advertisement(SHARED, NODE)])
-    cluster = WarmCluster()
-    monkeypatch.setattr(cluster, "client", lambda _: client)
-    monkeypatch.setattr(cluster, "release", lambda *_: None)
+    cluster = agent(client, monkeypatch)
     cluster.prime(kubeconfig, "ns", NODE)
-    listed = Deadline(10)
-    while not cluster._holders and listed.remaining(floor=0) > 0:
-        threading.Event().wait(0.01)  # the start-up listing runs on a thread of its own
+    for thread in threading.enumerate():  # the start-up listing runs on a thread of its own
+        if thread.name == "list advertisements":
+            thread.join(10)
+    assert client.seen == [f"LIST {ADVERTISEMENTS.plural}"]  # before any ADD
     session = cluster.session(kubeconfig)
     assert session.shared_may_hold("ns", SHARED, NODE, Deadline(5))
     assert not session.shared_may_hold("ns", "3e-3e", NODE, Deadline(5))
