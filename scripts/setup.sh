@@ -24,6 +24,8 @@ command -v iperf3 >/dev/null || need_apt+=(iperf3)
 command -v clang-14 >/dev/null || need_apt+=(clang-14)
 command -v llvm-strip-14 >/dev/null || need_apt+=(llvm-14)
 dpkg -s libbpf-dev >/dev/null 2>&1 || need_apt+=(libbpf-dev)
+# bpftool: the tests' independent reader of galactic's pinned eBPF maps and programs.
+command -v bpftool >/dev/null || [ -x /usr/sbin/bpftool ] || need_apt+=(bpftool)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}" >&2
   apt-get update -qq
