@@ -1,5 +1,6 @@
 """The bpf(2) and TC wire formats: attr and info layouts against linux/bpf.h, instruction bytes,
-the refusals made before any syscall, EINTR; no root, no bpf object is created."""
+the refusals made before any syscall, EINTR; the clsact and bpf filter messages against what
+galactic's Go attach sends, and filter dumps decoded. No root; no bpf object or qdisc is made."""
 
 from __future__ import annotations
 
@@ -17,8 +18,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cni_plugin.kernel import bpf
+from cni_plugin.kernel import bpf, tc
 from cni_plugin.kernel.bpf import BpfError, MapInfo, PinnedMap
+from cni_plugin.kernel.rtnl import (
+    Message,
+    NetlinkError,
+    Rtnl,
+    attr,
+    attr_str,
+    attr_u32,
+    nested,
+    parse_attrs,
+)
 
 BPF_HEADER = Path("/usr/include/linux/bpf.h")
 U32 = st.integers(0, 0xFFFFFFFF)
@@ -203,3 +214,123 @@ def test_other_errors_name_the_operation_and_object(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
     with pytest.raises(BpfError, match="open map /sys/fs/bpf/x: Operation not permitted"):
         bpf.open_map("/sys/fs/bpf/x")
+
+
+# TC ----------------------------------------------------------------------------------------
+
+GALACTIC_NAME = "galactic_usid_egress"
+PROTOCOLS = st.integers(0, 0xFFFF)
+FILTER_NAMES = st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\0"),
+                       max_size=40)
+
+
+def test_filter_replace_is_what_galactic_attach_one_sends() -> None:
+    # netlink.FilterReplace(&BpfFilter{LinkIndex: 7, Parent: HANDLE_MIN_INGRESS,
+    # Handle: MakeHandle(0, 1), Protocol: ETH_P_ALL, Priority: 1, Fd: 9,
+    # Name: "galactic_usid_egress", DirectAction: true}), after its nlmsghdr.
+    expected = bytes.fromhex(
+        "00000000" "07000000" "01000000" "f2ffffff" "00030100"  # tcmsg; info = 1<<16 | htons(3)
+        "0800" "0100" "62706600"  # TCA_KIND "bpf\0"
+        "3000" "0200"  # TCA_OPTIONS (not flagged NLA_F_NESTED), 48 bytes:
+        "0800" "0600" "09000000"  # TCA_BPF_FD 9
+        "1900" "0700" + GALACTIC_NAME.encode().hex() + "00" "000000"  # TCA_BPF_NAME, padded
+        "0800" "0800" "01000000")  # TCA_BPF_FLAGS ACT_DIRECT
+    assert tc.bpf_filter_request(7, 9, GALACTIC_NAME, hook=tc.TC_H_INGRESS_HOOK, priority=1,
+                                 handle=1, protocol=tc.ETH_P_ALL, direct_action=True) == expected
+
+
+def test_filter_flags_are_sent_even_when_zero_and_no_classid() -> None:
+    body = tc.bpf_filter_request(7, 9, "x", hook=tc.TC_H_EGRESS_HOOK, priority=2, handle=1,
+                                 protocol=tc.ETH_P_ALL, direct_action=False)
+    options = parse_attrs(parse_attrs(body, tc.TCMSG.size)[tc.TCA_OPTIONS])
+    assert sorted(options) == [tc.TCA_BPF_FD, tc.TCA_BPF_NAME, tc.TCA_BPF_FLAGS]
+    assert options[tc.TCA_BPF_FLAGS] == struct.pack("=I", 0)
+
+
+def test_clsact_is_what_galactic_ensure_clsact_adds() -> None:
+    # netlink.QdiscAdd(&Clsact{LinkIndex: 7, Handle: MakeHandle(0xffff, 0),
+    # Parent: HANDLE_CLSACT}): a kind and no TCA_OPTIONS.
+    assert tc.clsact_request(7) == bytes.fromhex(
+        "00000000" "07000000" "0000ffff" "f1ffffff" "00000000"
+        "0b00" "0100" "636c7361637400" "00")
+
+
+@given(ifindex=st.integers(1, 2**31 - 1), fd=U32, name=FILTER_NAMES,
+       hook=st.sampled_from([tc.TC_H_INGRESS_HOOK, tc.TC_H_EGRESS_HOOK]),
+       priority=PROTOCOLS, handle=U32, protocol=PROTOCOLS, direct_action=st.booleans())
+def test_a_filter_request_decodes_to_the_filter_it_asked_for(
+        ifindex: int, fd: int, name: str, hook: int, priority: int, handle: int,
+        protocol: int, direct_action: bool) -> None:
+    body = tc.bpf_filter_request(ifindex, fd, name, hook=hook, priority=priority,
+                                 handle=handle, protocol=protocol, direct_action=direct_action)
+    assert tc.decode_bpf_filter(body) == tc.BpfFilter(
+        priority=priority, handle=handle, protocol=protocol, name=name, prog_id=None,
+        direct_action=direct_action)
+    assert struct.unpack_from("=i", body, 4)[0] == ifindex
+    assert struct.unpack_from("=I", body, 12)[0] == hook
+
+
+@given(priority=PROTOCOLS, handle=U32, protocol=PROTOCOLS, name=FILTER_NAMES, prog_id=U32,
+       tag=st.binary(min_size=8, max_size=8), flags=st.sampled_from([None, 0, 1, 3]))
+def test_a_dumped_bpf_filter_decodes_its_id_name_and_flags(
+        priority: int, handle: int, protocol: int, name: str, prog_id: int, tag: bytes,
+        flags: int | None) -> None:
+    # As cls_bpf_dump writes it: TCA_BPF_FLAGS only when set, the program's id and tag.
+    options = attr_str(tc.TCA_BPF_NAME, name) + attr_u32(tc.TCA_BPF_ID, prog_id) + \
+        attr(tc.TCA_BPF_TAG, tag) + (b"" if flags is None else attr_u32(tc.TCA_BPF_FLAGS, flags))
+    payload = tc.tcmsg(3, handle, tc.TC_H_INGRESS_HOOK, tc.filter_info(priority, protocol)) + \
+        attr_str(tc.TCA_KIND, "bpf") + nested(tc.TCA_OPTIONS, options)
+    assert tc.decode_bpf_filter(payload) == tc.BpfFilter(
+        priority=priority, handle=handle, protocol=protocol, name=name, prog_id=prog_id,
+        direct_action=bool(flags and flags & 1))
+
+
+def test_a_dump_entry_without_options_or_of_another_kind_is_no_bpf_filter() -> None:
+    header = tc.tcmsg(3, 0, tc.TC_H_INGRESS_HOOK, tc.filter_info(1, tc.ETH_P_ALL))
+    assert tc.decode_bpf_filter(header + attr_str(tc.TCA_KIND, "bpf")) is None
+    assert tc.decode_bpf_filter(header + attr_str(tc.TCA_KIND, "u32") +
+                                nested(tc.TCA_OPTIONS, attr_u32(1, 1))) is None
+
+
+def test_filter_info_holds_priority_and_the_protocol_in_network_order() -> None:
+    assert tc.filter_info(1, tc.ETH_P_ALL) == 0x00010300
+    assert tc.filter_info(0xFFFF, 0x86DD) == 0xFFFFDD86
+
+
+class ScriptedRtnl(Rtnl):
+    """An Rtnl without a socket: dumps answer `qdiscs`, requests raise `refusal`."""
+
+    def __init__(self, qdiscs: list[str], refusal: NetlinkError | None = None) -> None:
+        self.qdiscs = qdiscs
+        self.refusal = refusal
+        self.sent: list[int] = []
+
+    def dump(self, msg_type: int, body: bytes, consistent: bool = False) -> list[Message]:
+        return [Message(tc.RTM_NEWQDISC, 0, 1, tc.tcmsg(7) + attr_str(tc.TCA_KIND, kind))
+                for kind in self.qdiscs]
+
+    def request(self, msg_type: int, body: bytes, flags: int = 0) -> list[Message]:
+        self.sent.append(msg_type)
+        if self.refusal is not None:
+            raise self.refusal
+        return []
+
+
+def test_ensure_clsact_adds_nothing_when_the_link_has_one() -> None:
+    scripted = ScriptedRtnl(["noqueue", "clsact"])
+    assert tc.ensure_clsact(scripted, 7) is False
+    assert scripted.sent == []
+
+
+def test_ensure_clsact_takes_a_concurrent_add_as_done() -> None:
+    scripted = ScriptedRtnl(["noqueue"], NetlinkError(errno.EEXIST))
+    assert tc.ensure_clsact(scripted, 7) is False
+    assert scripted.sent == [tc.RTM_NEWQDISC]
+
+
+def test_tc_errors_name_the_operation_and_interface_index() -> None:
+    scripted = ScriptedRtnl(["clsact"], NetlinkError(errno.EBADF))
+    with pytest.raises(NetlinkError, match=r"attach bpf filter 'galactic_usid_egress' "
+                       r"\(priority 1, handle 0x1\) to ingress on ifindex 7: Bad file") as raised:
+        tc.replace_bpf_filter(scripted, 7, 99, GALACTIC_NAME)
+    assert raised.value.code == errno.EBADF
