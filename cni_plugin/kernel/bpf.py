@@ -12,9 +12,10 @@ import errno
 import os
 import platform
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
+from typing import Generic, Self, TypeVar
 
 BPF_MAP_CREATE, BPF_MAP_LOOKUP_ELEM, BPF_MAP_UPDATE_ELEM, BPF_MAP_DELETE_ELEM = 0, 1, 2, 3
 BPF_MAP_GET_NEXT_KEY, BPF_PROG_LOAD, BPF_OBJ_PIN, BPF_OBJ_GET = 4, 5, 6, 7
@@ -30,6 +31,7 @@ BPF_ANY, BPF_NOEXIST, BPF_EXIST = 0, 1, 2
 BPF_F_NO_PREALLOC = 1
 OBJ_NAME_LEN = 16  # BPF_OBJ_NAME_LEN, with the NUL
 
+InfoT = TypeVar("InfoT")
 _SYSCALL_NUMBERS = {"x86_64": 321, "aarch64": 280}
 
 # union bpf_attr, one layout per command (linux/bpf.h); fields past these stay zero.
@@ -197,29 +199,33 @@ def _object_kind(fd: int) -> str:
     return {"prog": "program"}.get(kind, kind)
 
 
-def _open_pinned(path: str, kind: str) -> int:
-    """The fd of the pin at path; BpfError (EINVAL) when it holds another kind of object."""
+def _open_pinned(path: str, kind: str, describe: Callable[[int], InfoT]) -> tuple[int, InfoT]:
+    """The fd of the pin at path and what describe reads of it; BpfError (EINVAL) when the pin
+    holds another kind of object. No fd is left open on failure."""
     fd = _obj_get(path, kind)
-    found = _object_kind(fd)
-    if found != kind:
+    try:
+        found = _object_kind(fd)
+        if found != kind:
+            raise BpfError(errno.EINVAL, f"open {kind}", path,
+                           f"the pin holds a BPF {found}, not a {kind}")
+        return fd, describe(fd)
+    except BaseException:
         os.close(fd)
-        raise BpfError(errno.EINVAL, f"open {kind}", path,
-                       f"the pin holds a BPF {found}, not a {kind}")
-    return fd
+        raise
 
 
 # Pinned maps and programs -------------------------------------------------------------------
 
-class PinnedMap:
-    """A pinned map opened by path; keys and values are raw bytes of exactly key_size and
-    value_size. A context manager: the fd is closed after the block."""
+class _Pinned(Generic[InfoT]):
+    """An fd of a pinned object, its path and what the kernel says of it. A context manager:
+    the fd is closed after the block."""
 
-    def __init__(self, path: str, fd: int, info: MapInfo) -> None:
+    def __init__(self, path: str, fd: int, info: InfoT) -> None:
         self.path = path
         self.fd = fd
         self.info = info
 
-    def __enter__(self) -> PinnedMap:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -230,6 +236,11 @@ class PinnedMap:
         if self.fd >= 0:
             fd, self.fd = self.fd, -1
             os.close(fd)
+
+
+class PinnedMap(_Pinned[MapInfo]):
+    """A pinned map opened by path; keys and values are raw bytes of exactly key_size and
+    value_size."""
 
     @property
     def target(self) -> str:
@@ -313,48 +324,20 @@ class PinnedMap:
                 yield key, value
 
 
-class PinnedProg:
-    """A pinned program opened by path (its fd is what a TC filter attaches). A context
-    manager: the fd is closed after the block."""
-
-    def __init__(self, path: str, fd: int, info: ProgInfo) -> None:
-        self.path = path
-        self.fd = fd
-        self.info = info
-
-    def __enter__(self) -> PinnedProg:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Close the fd (again is a no-op)."""
-        if self.fd >= 0:
-            fd, self.fd = self.fd, -1
-            os.close(fd)
+class PinnedProg(_Pinned[ProgInfo]):
+    """A pinned program opened by path (its fd is what a TC filter attaches)."""
 
 
 def open_map(path: str) -> PinnedMap:
     """The map pinned at path; BpfError ENOENT when nothing is pinned there, EINVAL when the
     pin is not a map."""
-    fd = _open_pinned(path, "map")
-    try:
-        return PinnedMap(path, fd, map_info(fd))
-    except BaseException:
-        os.close(fd)
-        raise
+    return PinnedMap(path, *_open_pinned(path, "map", map_info))
 
 
 def open_prog(path: str) -> PinnedProg:
     """The program pinned at path; BpfError ENOENT when nothing is pinned there, EINVAL when
     the pin is not a program."""
-    fd = _open_pinned(path, "program")
-    try:
-        return PinnedProg(path, fd, prog_info(fd))
-    except BaseException:
-        os.close(fd)
-        raise
+    return PinnedProg(path, *_open_pinned(path, "program", prog_info))
 
 
 # For the tests and the harness --------------------------------------------------------------
