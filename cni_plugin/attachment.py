@@ -9,10 +9,11 @@ container's ownership mark; `differences` lists what CHECK finds changed.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import secrets
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 
 from cni_plugin.core import naming
@@ -21,14 +22,26 @@ from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.locks import file_lock
 from cni_plugin.core.request import Invocation
 from cni_plugin.core.rollback import Rollback, Undo
-from cni_plugin.kernel import addresses, hostfilter, isolation, links, netns, srv6, sysctl, tap
+from cni_plugin.galactic import layout, pins, registration, underlay
+from cni_plugin.kernel import (
+    addresses,
+    hostfilter,
+    isolation,
+    links,
+    netns,
+    srv6,
+    sysctl,
+    tableids,
+    tap,
+)
 from cni_plugin.kernel.addresses import RouteSpec
 from cni_plugin.kernel.links import Link, Owner
 from cni_plugin.kernel.rtnl import Rtnl
 from netconf.errors import INTERFACE_CONFLICT, TRY_AGAIN_LATER, CniError
-from netconf.host import DatapathSettings, resolve_datapath_settings
+from netconf.host import DatapathSettings, resolve_datapath_settings, resolve_galactic_settings
 from netconf.result import Interface, Result
 
+log = logging.getLogger(__name__)
 TAP_IPV4_GATEWAY_PREFIX = 25
 
 
@@ -82,14 +95,36 @@ def claim_host_link(rtnl: Rtnl, inv: Invocation) -> None:
                        "vpcattachment")
 
 
-def ensure_vpc_table(rtnl: Rtnl, inv: Invocation) -> isolation.VpcTable:
+def ensure_vpc_table(rtnl: Rtnl, inv: Invocation, *, keeps_table: bool) -> isolation.VpcTable:
     """The VPC's isolation (shared, created once under the host-wide lock), and the node's host
-    protection, installed here if neither the agent nor `vpc-attach install` did."""
+    protection, installed here if neither the agent nor `vpc-attach install` did.
+
+    `keeps_table`: the VPC publishes a BGPVRFInstance on this node, so its VRF keeps its table
+    id until GC forgets it (`tableids`): galactic-router keys the VPC's routes by it."""
+    lock_dir = inv.host.lock_dir
     with file_lock(inv.lock_path("host"), inv.deadline.remaining()):
         hostfilter.ensure(lambda: resolve_datapath_settings(inv.node_env), inv.deadline)
-        if inv.conf.isolation == "vrf":
-            return isolation.ensure_vrf(rtnl, inv.conf.vpc)
-        return isolation.ensure_table(rtnl, inv.conf.vpc)
+        kept = tableids.kept(lock_dir)
+        if inv.conf.isolation != "vrf":
+            return isolation.ensure_table(rtnl, inv.conf.vpc, lambda: set(kept.values()))
+        pin_dir = resolve_galactic_settings(inv.node_env).pin_dir
+        vpc_table = isolation.ensure_vrf(rtnl, inv.conf.vpc, kept,
+                                         lambda: registration.route_table_ids(pin_dir))
+        vrf = naming.vrf_name(inv.conf.vpc)
+        if keeps_table and kept.get(vrf) != vpc_table.table:
+            tableids.keep(lock_dir, vrf, vpc_table.table)
+        return vpc_table
+
+
+def forget_kept_table(inv: Invocation) -> bool:
+    """GC, once the VPC's BGPVRFInstance on this node is gone: its table id is free again
+    unless its VRF still exists (then the next GC decides); whether it was forgotten."""
+    with file_lock(inv.lock_path("host"), inv.deadline.remaining()), \
+            host_netlink(inv.deadline) as rtnl:
+        vrf = naming.vrf_name(inv.conf.vpc)
+        if links.find(rtnl, vrf) is not None:
+            return False
+        return tableids.forget(inv.host.lock_dir, vrf)
 
 
 def set_up_node(settings: DatapathSettings, lock_dir: str, timeout: float) -> list[str]:
@@ -116,22 +151,127 @@ def release_unused_vpc(inv: Invocation) -> int | None:
             return None  # an ADD of the VPC is running: the state is about to be used
         stack.enter_context(file_lock(inv.lock_path("host"), inv.deadline.remaining()))
         with host_netlink(inv.deadline) as rtnl:
-            return isolation.release(rtnl, inv.conf.vpc)
+            table = isolation.release(rtnl, inv.conf.vpc)
+        if table is not None and inv.conf.isolation == "vrf":  # its SID's row goes with it
+            registration.release_vpc(resolve_galactic_settings(inv.node_env).pin_dir, table)
+        return table
     return None
 
 
-def answer_sid(inv: Invocation, sid: str) -> None:
-    """Decapsulate the VPC's SID into its VRF (shared per-VPC state, set under the host lock
-    like the VRF; never undone: it goes with the VRF)."""
-    with file_lock(inv.lock_path("host"), inv.deadline.remaining()), \
-            host_netlink(inv.deadline) as rtnl:
-        srv6.ensure_decap(rtnl, inv.conf.vpc, sid)
+@dataclass(frozen=True)
+class VpcSid:
+    """The SID this node publishes for the VPC, and the fields it is made of."""
+
+    sid: str
+    locator: str
+    node_id: int
+    vrf_id: int
 
 
-def sid_differences(inv: Invocation, sid: str) -> list[str]:
-    """What CHECK finds wrong with the decapsulation of the VPC's SID."""
+def galactic_datapath(inv: Invocation) -> bool:
+    """Whether galactic's datapath is pinned on this node (its pin directory)."""
+    return pins.present(resolve_galactic_settings(inv.node_env).pin_dir)
+
+
+def link_mtu(inv: Invocation, rtnl: Rtnl, encapsulated: bool) -> int | None:
+    """The MTU of the links ADD makes: the stanza's; else, where the node's packets leave
+    encapsulated (galactic's datapath and a router with SIDs), the underlay's MTU less the
+    40-byte outer header, since galactic's usid_egress drops what no longer fits."""
+    if not encapsulated or inv.conf.attachment == "existing":
+        return inv.conf.mtu
+    settings = resolve_galactic_settings(inv.node_env)
+    room = underlay.workload_mtu(underlay.underlay_links(rtnl, settings.underlay_interfaces),
+                                 settings.underlay_mtu)
+    if room is None or inv.conf.mtu is None:
+        return room if inv.conf.mtu is None else inv.conf.mtu
+    if inv.conf.mtu > room:
+        log.warning("mtu %d of %s leaves no room for the 40-byte SRv6 encapsulation (the "
+                    "underlay carries %d): larger packets to other nodes are dropped",
+                    inv.conf.mtu, host_link_name(inv), room)
+    return inv.conf.mtu
+
+
+def answer_sid(inv: Invocation, created: CreatedVeth | CreatedTap, vpc_sid: VpcSid,
+               addressing: Addressing, rollback: Rollback) -> None:
+    """The node answers the VPC's SID before it is announced: End.DT46 into the VPC's VRF in
+    the kernel (shared per-VPC state; never undone: it goes with the VRF), and where galactic's
+    datapath is pinned, the attachment registered in it (undone by the rollback)."""
+    settings = resolve_galactic_settings(inv.node_env)
+    with host_lock(inv, inv.deadline), host_netlink(inv.deadline) as rtnl:
+        srv6.ensure_decap(rtnl, inv.conf.vpc, vpc_sid.sid)
+        with pins.opened(settings.pin_dir) as datapath:
+            if datapath is None:
+                return
+            link = created.host_link if isinstance(created, CreatedVeth) else created.link
+            registration.register(
+                datapath, rtnl, registration.Registration(
+                    network=inv.conf.name, container_id=inv.env.container_id,
+                    ifname=inv.env.ifname, host_link=link.name, host_ifindex=link.index,
+                    egress_kind=_egress_kind(rtnl, inv), locator=vpc_sid.locator,
+                    node_id=vpc_sid.node_id, argument=vpc_sid.vrf_id,
+                    table_id=created.vpc_table.table,
+                    prefixes=addressing.advertised(host_only=False)),
+                rollback, inv.host.lock_dir, settings.underlay_interfaces,
+                lambda deadline: host_lock(inv, deadline))
+
+
+def _egress_kind(rtnl: Rtnl, inv: Invocation) -> int:
+    """How galactic hands a decapsulated packet to the VPC's workloads (one vrf_table row per
+    VPC): a plain redirect once a tap of the VPC is on the node (it reaches veth Pods too);
+    into the Pod's netns directly while all are veth (galactic-bgp takes the last ADD's kind,
+    which breaks a VPC that has both)."""
+    if inv.conf.attachment == "tap":
+        return layout.EGRESS_KIND_TAP
+    taps = (link for link in links.all_links(rtnl)
+            if naming.is_host_link_of(link.name, inv.conf.vpc) and link.kind == "tun")
+    return layout.EGRESS_KIND_TAP if any(taps) else layout.EGRESS_KIND_VETH
+
+
+def host_lock(inv: Invocation, deadline: Deadline) -> AbstractContextManager[None]:
+    """The node-wide lock of per-VPC and per-node state (code 11 when it is not had in time)."""
+    return file_lock(inv.lock_path("host"), deadline.remaining())
+
+
+def unregister_datapath(inv: Invocation) -> None:
+    """DEL: this attachment's rows in galactic's datapath, if it registered any."""
+    settings = resolve_galactic_settings(inv.node_env)
+    with host_lock(inv, inv.deadline):
+        registration.unregister(settings.pin_dir, inv.host.lock_dir, inv.env.container_id,
+                                inv.env.ifname)
+
+
+def collect_registrations(inv: Invocation, valid: set[tuple[str, str]]) -> list[str]:
+    """GC: the rows of this network's attachments the runtime no longer runs; their
+    (containerID/ifname)."""
+    settings = resolve_galactic_settings(inv.node_env)
+    collected = []
+    with host_lock(inv, inv.deadline):
+        for container_id, ifname in list(registration.records_of(inv.host.lock_dir,
+                                                                 inv.conf.name)):
+            if (container_id, ifname) in valid:
+                continue
+            registration.unregister(settings.pin_dir, inv.host.lock_dir, container_id, ifname)
+            collected.append(f"{container_id}/{ifname}")
+    return collected
+
+
+def sid_differences(inv: Invocation, vpc_sid: VpcSid, addressing: Addressing) -> list[str]:
+    """What CHECK finds wrong with the answer to the VPC's SID: its decapsulation in the
+    kernel and, where galactic's datapath is pinned, the attachment's registration in it."""
+    settings = resolve_galactic_settings(inv.node_env)
     with host_netlink(inv.deadline) as rtnl:
-        return srv6.decap_differences(rtnl, inv.conf.vpc, sid)
+        diffs = srv6.decap_differences(rtnl, inv.conf.vpc, vpc_sid.sid)
+        with pins.opened(settings.pin_dir) as datapath:
+            link = links.find(rtnl, host_link_name(inv))
+            table = isolation.find_vpc_table(rtnl, inv.conf.vpc, "vrf")
+            if datapath is None or link is None or table is None:
+                return diffs  # nothing registered to compare, or reported already
+            return diffs + registration.differences(datapath, rtnl, registration.Registration(
+                network=inv.conf.name, container_id=inv.env.container_id,
+                ifname=inv.env.ifname, host_link=link.name, host_ifindex=link.index,
+                egress_kind=layout.EGRESS_KIND_VETH, locator=vpc_sid.locator,
+                node_id=vpc_sid.node_id, argument=vpc_sid.vrf_id, table_id=table,
+                prefixes=addressing.advertised(host_only=False)))
 
 
 def _undo_temporary(name: str) -> Undo:
@@ -199,22 +339,37 @@ def lock(inv: Invocation) -> Iterator[None]:
         yield
 
 
-class VethLinks:
+class _Links:
+    """What the links of either kind are made in: the VPC's table, at an MTU."""
+
+    def __init__(self, inv: Invocation, host_rtnl: Rtnl) -> None:
+        self.inv = inv
+        self.host_rtnl = host_rtnl
+
+    def ensure_vpc_table(self, *, keeps_table: bool) -> isolation.VpcTable:
+        """The VPC's VRF or table, created if missing (kernel, under the host lock)."""
+        return ensure_vpc_table(self.host_rtnl, self.inv, keeps_table=keeps_table)
+
+    def mtu(self, *, encapsulated: bool) -> int | None:
+        """The MTU to make the links with (`link_mtu`)."""
+        return link_mtu(self.inv, self.host_rtnl, encapsulated)
+
+
+class VethLinks(_Links):
     """A veth pair to make: host end G…H in the VPC's table, container end CNI_IFNAME in the
     pod."""
 
     def __init__(self, inv: Invocation, host_rtnl: Rtnl, pod_rtnl: Rtnl) -> None:
-        self.inv = inv
-        self.host_rtnl = host_rtnl
+        super().__init__(inv, host_rtnl)
         self.pod_rtnl = pod_rtnl
 
-    def create(self, rollback: Rollback) -> CreatedVeth:
+    def create(self, rollback: Rollback, vpc_table: isolation.VpcTable,
+               mtu: int | None) -> CreatedVeth:
         """Make the pair, name both ends with their owner mark and bring the pod end up."""
         inv, host_rtnl, pod_rtnl = self.inv, self.host_rtnl, self.pod_rtnl
         owner = owner_of(inv)
         claim_pod_ifname(pod_rtnl, inv)
         claim_host_link(host_rtnl, inv)
-        vpc_table = ensure_vpc_table(host_rtnl, inv)
         guest = naming.guest_link_name(inv.conf.vpc, inv.conf.vpcattachment)
         stale = links.find(pod_rtnl, guest)
         if stale is not None:  # a killed ADD's half-made pair: the G…G name is ours alone
@@ -223,7 +378,7 @@ class VethLinks:
         # mark in one request, so a G…H without its owner never exists, even if we are killed.
         temporary = f"vpa{secrets.token_hex(5)}"
         with netns.opened(inv.env.netns) as fd:
-            links.create_veth(host_rtnl, temporary, guest, fd, inv.conf.mtu)
+            links.create_veth(host_rtnl, temporary, guest, fd, mtu)
         rollback.created(f"veth {temporary}", _undo_temporary(temporary))
         fresh = _require(links.find(host_rtnl, temporary), temporary)
         name = host_link_name(inv)
@@ -236,7 +391,7 @@ class VethLinks:
             links.set_mac(pod_rtnl, pod_link, mac)
         pod_link = links.configure(pod_rtnl, pod_link, name=inv.env.ifname, alias=owner.alias,
                                    up=True)
-        return CreatedVeth(inv, host_rtnl, pod_rtnl, vpc_table, host_link, pod_link, mac)
+        return CreatedVeth(inv, host_rtnl, pod_rtnl, vpc_table, host_link, pod_link, mac, mtu)
 
 
 @dataclass(frozen=True)
@@ -250,6 +405,7 @@ class CreatedVeth:
     host_link: Link
     pod_link: Link
     mac: str | None  # runtimeConfig's, set on the pod end
+    mtu: int | None  # of both ends (None: the kernel's default)
 
     def configure(self, addressing: Addressing) -> Result:
         """Addresses and routes on both ends; the kernel part of the result."""
@@ -265,7 +421,7 @@ class CreatedVeth:
             pod_link = _require(links.by_index(pod_rtnl, pod_link.index), inv.env.ifname)
         host_link = _setup_host_side(self.host_rtnl, inv, self.host_link, self.vpc_table,
                                      addressing, pod_link.mac)
-        mtu = inv.conf.mtu
+        mtu = self.mtu
         return Result(
             interfaces=[
                 Interface(name=host_link.name, mac=host_link.mac, mtu=mtu),
@@ -276,27 +432,23 @@ class CreatedVeth:
         )
 
 
-class TapLinks:
+class TapLinks(_Links):
     """A host tap G…H for a VM to make, in the VPC's table."""
 
-    def __init__(self, inv: Invocation, host_rtnl: Rtnl) -> None:
-        self.inv = inv
-        self.host_rtnl = host_rtnl
-
-    def create(self, rollback: Rollback) -> CreatedTap:
+    def create(self, rollback: Rollback, vpc_table: isolation.VpcTable,
+               mtu: int | None) -> CreatedTap:
         """Make the tap with its owner mark and MTU."""
         inv, rtnl = self.inv, self.host_rtnl
         name = host_link_name(inv)
         owner = owner_of(inv)
         options = inv.conf.tap_options
         claim_host_link(rtnl, inv)
-        vpc_table = ensure_vpc_table(rtnl, inv)
         tap.create_tap(name, owner=options.owner, group=options.group,
                        multi_queue=options.multi_queue, vnet_hdr=options.vnet_hdr)
         link = _require(links.find(rtnl, name), name)
-        link = links.configure(rtnl, link, alias=owner.alias, mtu=inv.conf.mtu)
+        link = links.configure(rtnl, link, alias=owner.alias, mtu=mtu)
         rollback.created(f"tap {name}", _undo_link(name, owner))
-        return CreatedTap(inv, rtnl, vpc_table, link)
+        return CreatedTap(inv, rtnl, vpc_table, link, mtu)
 
 
 @dataclass(frozen=True)
@@ -307,13 +459,14 @@ class CreatedTap:
     host_rtnl: Rtnl
     vpc_table: isolation.VpcTable
     link: Link
+    mtu: int | None
 
     def configure(self, addressing: Addressing) -> Result:
         """Gateways and routes on the tap; the result has the tap alone (IPs at index 0)."""
         link = _setup_host_side(self.host_rtnl, self.inv, self.link, self.vpc_table, addressing,
                                 workload_mac=None)
         return Result(
-            interfaces=[Interface(name=link.name, mac=link.mac, mtu=self.inv.conf.mtu,
+            interfaces=[Interface(name=link.name, mac=link.mac, mtu=self.mtu,
                                   sandbox="")],
             ips=addressing.result_ips(interface=0),
             routes=addressing.result_routes(),
@@ -406,6 +559,8 @@ def differences(inv: Invocation, prev: Result, addressing: Addressing) -> list[s
 def _link_differences(link: Link, prev: Result, mtu: int | None, what: str) -> list[str]:
     diffs: list[str] = []
     recorded = next((i for i in prev.interfaces if i.name == link.name), None)
+    if mtu is None and recorded is not None:  # the default ADD chose (the underlay's room)
+        mtu = recorded.mtu
     if recorded is None:
         diffs.append(f"{what} {link.name!r} is not in prevResult.interfaces")
     elif recorded.mac and recorded.mac.lower() != link.mac:

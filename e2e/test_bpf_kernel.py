@@ -8,31 +8,38 @@ here; both go when the test ends.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from cni_plugin.kernel import bpf, tc
-from cni_plugin.kernel.bpf import BpfError, PinnedMap
+from cni_plugin.kernel.bpf import BpfError
 from cni_plugin.kernel.netns import open_netlink
 from cni_plugin.kernel.rtnl import Rtnl
+from e2e.harness.bpf import (
+    BPFTOOL,
+    TOOL_TIMEOUT,
+    bpftool,
+    bpftool_rows,
+    hex_words,
+    mounted_bpffs,
+    pinned_map,
+    tc_bpf_filters,
+    tc_json,
+)
 from e2e.harness.kernel import IS_ROOT, run_ip, temporary_netns
 from e2e.harness.packets import ping
 
-BPFTOOL = shutil.which("bpftool") or "/usr/sbin/bpftool"
 pytestmark = [
     pytest.mark.root,
     pytest.mark.skipif(not IS_ROOT, reason="needs root: bpffs, bpf(2) and namespaces"),
     pytest.mark.skipif(not os.access(BPFTOOL, os.X_OK), reason="needs bpftool (setup.sh)"),
     pytest.mark.skipif(shutil.which("tc") is None, reason="needs iproute2's tc"),
 ]
-TOOL_TIMEOUT = 20.0
 MAP_TYPE_NAMES = {"hash": bpf.BPF_MAP_TYPE_HASH, "array": bpf.BPF_MAP_TYPE_ARRAY,
                   "lpm_trie": bpf.BPF_MAP_TYPE_LPM_TRIE}
 GALACTIC_NAME = "galactic_usid_egress"
@@ -42,42 +49,8 @@ ROWS = 100
 @pytest.fixture
 def bpffs(tmp_path: Path) -> Iterator[Path]:
     """A private bpffs instance on a temporary directory, unmounted (pins and all) after."""
-    mount = tmp_path / "bpffs"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "bpf", "bpf", str(mount)], check=True, timeout=TOOL_TIMEOUT)
-    try:
+    with mounted_bpffs(tmp_path / "bpffs") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True, timeout=TOOL_TIMEOUT)
-
-
-def bpftool(*args: str) -> Any:
-    """`bpftool -j ARGS`, parsed (None when it printed nothing)."""
-    out = subprocess.run([BPFTOOL, "-j", *args], check=True, capture_output=True, text=True,
-                         timeout=TOOL_TIMEOUT).stdout
-    return json.loads(out) if out.strip() else None
-
-
-def bpftool_rows(path: Path) -> dict[bytes, bytes]:
-    """The rows `bpftool map dump` reads from the map pinned at path."""
-    return {bytes(int(b, 16) for b in row["key"]): bytes(int(b, 16) for b in row["value"])
-            for row in bpftool("map", "dump", "pinned", str(path))}
-
-
-def hex_words(data: bytes) -> list[str]:
-    """bytes as bpftool's `hex` arguments take them."""
-    return ["hex", *(f"{b:02x}" for b in data)]
-
-
-def pinned_map(mount: Path, name: str, map_type: int, key_size: int, value_size: int,
-               max_entries: int) -> PinnedMap:
-    """A new map pinned at mount/name, opened again by its path."""
-    fd = bpf.create_map(map_type, key_size, value_size, max_entries, name=name)
-    try:
-        bpf.pin(fd, str(mount / name))
-    finally:
-        os.close(fd)
-    return bpf.open_map(str(mount / name))
 
 
 def pinned_program(mount: Path, name: str, verdict: int = bpf.TC_ACT_UNSPEC) -> bpf.PinnedProg:
@@ -270,19 +243,6 @@ def veth(netns: str) -> Iterator[tuple[Rtnl, str, int, int]]:
     run_ip("-n", name, "link", "add", "va", "type", "veth", "peer", "name", "vb")
     with open_netlink(netns) as nl:
         yield nl, name, nl.get_link(name="va").index, nl.get_link(name="vb").index
-
-
-def tc_json(netns: str, *args: str) -> Any:
-    """`tc -n NETNS -j ARGS`, parsed."""
-    out = subprocess.run(["tc", "-n", netns, "-j", *args], check=True, capture_output=True,
-                         text=True, timeout=TOOL_TIMEOUT).stdout
-    return json.loads(out) if out.strip() else []
-
-
-def tc_bpf_filters(netns: str, dev: str, hook: str = "ingress") -> list[dict[str, Any]]:
-    """The filters (entries with options) `tc filter show dev DEV HOOK` lists."""
-    return [entry for entry in tc_json(netns, "filter", "show", "dev", dev, hook)
-            if "options" in entry]
 
 
 def test_ensure_clsact_creates_it_once(veth: tuple[Rtnl, str, int, int]) -> None:

@@ -27,6 +27,7 @@ CHECK_MISMATCH = 103  # CHECK found a difference from prevResult
 PUBLISH_FAILURE = 104  # the API server refused for a non-transient reason (401 is code 11)
 INTERFACE_CONFLICT = 105  # the interface exists and belongs to nobody we know
 TENANCY_DENIED = 106  # no VPCBinding admits the Pod's namespace to the VPC attachment
+DATAPATH_MISMATCH = 107  # galactic's pinned datapath has a layout vpc-attach does not write
 INTERNAL_ERROR = 199  # a bug: an unexpected exception (never a traceback on stdout)
 
 

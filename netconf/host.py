@@ -33,6 +33,14 @@ STANZA_HOST_SETTINGS_ENV = "VPC_ATTACH_STANZA_HOST_SETTINGS"
 IPAM_DATA_ROOT_KEY = "ipamDataRoot"
 IPAM_DATA_ROOT_ENV = "VPC_ATTACH_IPAM_DATA_ROOT"
 DEFAULT_IPAM_DATA_ROOT = "/var/lib/cni/vpc-attach-ipam"
+# galactic's datapath on the node (SPEC §15): where its pins are, the underlay (host file key,
+# environment variable); settings of the node alone, like the datapath settings below.
+GALACTIC_PIN_DIR = ("galacticPinDir", "VPC_ATTACH_GALACTIC_PIN_DIR")
+UNDERLAY_INTERFACES = ("underlayInterfaces", "VPC_ATTACH_UNDERLAY_INTERFACES")
+UNDERLAY_MTU = ("underlayMTU", "VPC_ATTACH_UNDERLAY_MTU")
+DEFAULT_GALACTIC_PIN_DIR = "/sys/fs/bpf/galactic"
+# The smallest underlay that still carries an encapsulated IPv6 packet of the minimum MTU.
+MIN_UNDERLAY_MTU = 1280 + 40
 
 # setting -> (host-file / stanza key, environment variable)
 _SOURCES: dict[str, tuple[str, str | None]] = {
@@ -51,7 +59,8 @@ _SOURCES: dict[str, tuple[str, str | None]] = {
 # Settings of the node alone: never taken from a network config, whatever it allows.
 _NODE_ONLY: dict[str, str] = {STANZA_HOST_SETTINGS_KEY: STANZA_HOST_SETTINGS_ENV,
                               IPAM_DATA_ROOT_KEY: IPAM_DATA_ROOT_ENV,
-                              "tenancy": "VPC_ATTACH_TENANCY"}
+                              "tenancy": "VPC_ATTACH_TENANCY",
+                              **dict((GALACTIC_PIN_DIR, UNDERLAY_INTERFACES, UNDERLAY_MTU))}
 
 
 @dataclass(frozen=True)
@@ -312,3 +321,44 @@ def _allowed_sources(item: Any) -> AllowedSources:
         raise CniError(INVALID_CONFIG, f"invalid allowedSourcePrefixes entry {item!r}",
                        f"{exc}; {hint}") from None
     return AllowedSources(vpc, attachment, prefixes)
+
+
+@dataclass(frozen=True)
+class GalacticSettings:
+    """Where galactic's datapath is pinned, and the underlay its packets cross (SPEC §15)."""
+
+    pin_dir: str = DEFAULT_GALACTIC_PIN_DIR
+    underlay_interfaces: tuple[str, ...] = ()  # empty: the IPv6 default route's devices
+    underlay_mtu: int | None = None  # None: the smallest MTU of the underlay interfaces
+
+
+def resolve_galactic_settings(environ: Mapping[str, str],
+                              host_file: Mapping[str, Any] | None = None) -> GalacticSettings:
+    """galacticPinDir, underlayInterfaces (a list, or comma-separated) and underlayMTU from
+    the environment, else the host file; code 7 for anything malformed."""
+    host_file = read_host_file(environ) if host_file is None else host_file
+
+    def value(names: tuple[str, str]) -> Any:
+        key, env_name = names
+        return environ.get(env_name) or host_file.get(key)
+
+    pin_dir = value(GALACTIC_PIN_DIR) or DEFAULT_GALACTIC_PIN_DIR
+    if not isinstance(pin_dir, str) or not pin_dir.startswith("/"):
+        raise CniError(INVALID_CONFIG, f"invalid {GALACTIC_PIN_DIR[0]} {pin_dir!r}",
+                       f"expected an absolute path (environment {GALACTIC_PIN_DIR[1]})")
+    interfaces = value(UNDERLAY_INTERFACES) or []
+    if isinstance(interfaces, str):
+        interfaces = [name.strip() for name in interfaces.split(",") if name.strip()]
+    if not isinstance(interfaces, list) or not all(_link_name(n) for n in interfaces):
+        raise CniError(INVALID_CONFIG, f"invalid {UNDERLAY_INTERFACES[0]} {interfaces!r}",
+                       "expected interface names (a list, or comma-separated in "
+                       f"{UNDERLAY_INTERFACES[1]})")
+    mtu = value(UNDERLAY_MTU)
+    return GalacticSettings(pin_dir, tuple(interfaces),
+                            None if mtu in (None, "") else
+                            _count(mtu, UNDERLAY_MTU[0], MIN_UNDERLAY_MTU, 65535))
+
+
+def _link_name(name: Any) -> bool:
+    return isinstance(name, str) and 0 < len(name) <= 15 and name not in (".", "..") and \
+        not any(c in name for c in "/: \t\n")

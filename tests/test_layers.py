@@ -1,6 +1,7 @@
 """The import graph of the product: layers point down only, and no module circle exists.
 
-netconf ← cni_plugin.core ← domain (kernel, kube, ipam, publish, attachment, tenancy) ← verbs
+netconf ← cni_plugin.core ← domain (kernel, kube, ipam, publish, galactic, attachment, tenancy)
+← verbs
 ← dispatch ← transports (cli, ipam_cli, agent, install, doctor). Every import counts, including
 the ones inside functions and under TYPE_CHECKING. `python tests/test_layers.py [ROOT]` prints
 the graph.
@@ -20,7 +21,7 @@ LAYERS: dict[str, int] = {
     "netconf": 0,
     "cni_plugin": 1,  # the package itself; its modules are placed below
     "cni_plugin.core": 1,
-    "cni_plugin.kernel": 2, "cni_plugin.kube": 2, "cni_plugin.ipam": 2,
+    "cni_plugin.kernel": 2, "cni_plugin.kube": 2, "cni_plugin.ipam": 2, "cni_plugin.galactic": 2,
     "cni_plugin.publish": 2, "cni_plugin.attachment": 2, "cni_plugin.tenancy": 2,
     "cni_plugin.verbs": 3,
     "cni_plugin.dispatch": 4,
@@ -34,7 +35,9 @@ DOMAIN_USES: dict[str, set[str]] = {
     "cni_plugin.kernel": set(),
     "cni_plugin.kube": set(),
     "cni_plugin.ipam": {"cni_plugin.kube"},  # cluster pools claim IPAMBlocks
-    "cni_plugin.attachment": {"cni_plugin.kernel"},
+    # galactic's datapath is written through the kernel's bpf(2) and TC primitives.
+    "cni_plugin.galactic": {"cni_plugin.kernel"},
+    "cni_plugin.attachment": {"cni_plugin.kernel", "cni_plugin.galactic"},
     "cni_plugin.publish": {"cni_plugin.kube"},
     # Tenancy reads the cluster through publishing's ClusterSource and resources.
     "cni_plugin.tenancy": {"cni_plugin.kube", "cni_plugin.publish"},

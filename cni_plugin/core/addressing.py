@@ -10,6 +10,7 @@ from netconf.result import IPConfig, Result, Route
 
 IPAddr = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 # Used when the IPAM result names no gateway: link-local, so no VPC address is consumed.
 DEFAULT_GATEWAYS: dict[int, IPAddr] = {
@@ -42,6 +43,17 @@ class Addressing:
         for version in {a.version for a in workload}:
             gateways.setdefault(version, DEFAULT_GATEWAYS[version])
         return cls(tuple(workload), gateways)
+
+    def advertised(self, host_only: bool) -> tuple[IPNetwork, ...]:
+        """What the attachment is advertised as (SPEC §6): its first IPv6 address's network
+        (the host alone when `host_only`: an earlier plugin's pool is shared), its first IPv4
+        address as /32."""
+        found: dict[int, IPNetwork] = {}
+        for addr in self.workload:
+            if addr.version not in found:
+                found[addr.version] = addr.network if addr.version == 6 and not host_only \
+                    else ipaddress.ip_network(f"{addr.ip}/{addr.max_prefixlen}")
+        return tuple(found[v] for v in sorted(found, reverse=True))
 
     @property
     def versions(self) -> set[int]:

@@ -14,6 +14,7 @@ import errno
 import ipaddress
 import os
 import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from cni_plugin.core import naming
@@ -106,8 +107,11 @@ def _has_mark_rule(family_rules: list[RuleMsg], table: int) -> bool:
                and rule.priority == RULE_PRIORITY and not rule.iifname for rule in family_rules)
 
 
-def ensure_vrf(rtnl: Rtnl, vpc: str) -> VpcTable:
-    """The VPC's VRF, created with a fresh table if missing (call under the host lock)."""
+def ensure_vrf(rtnl: Rtnl, vpc: str, kept: Mapping[str, int] | None = None,
+               avoid: Callable[[], set[int]] | None = None) -> VpcTable:
+    """The VPC's VRF, created if missing (call under the host lock) with the table id the VPC
+    keeps (`kept`: {VRF name: table id}, `tableids`), else the lowest id free of rules, VRFs,
+    ids other VPCs keep and `avoid()` (ids still named elsewhere, e.g. by galactic's maps)."""
     name = naming.vrf_name(vpc)
     existing = links.find(rtnl, name)
     if existing is not None:
@@ -117,7 +121,16 @@ def ensure_vrf(rtnl: Rtnl, vpc: str) -> VpcTable:
         if not existing.up:
             links.configure(rtnl, existing, up=True)
         return VpcTable(_vrf_table(existing, rtnl), existing.index)
-    table = lowest_free_table(used_tables(rtnl))
+    kept = kept or {}
+    used = used_tables(rtnl)
+    table = kept.get(name)
+    if table is not None and table in used:
+        raise CniError(KERNEL_FAILURE, f"table {table}, which VPC {vpc!r} keeps while its "
+                       "BGPVRFInstance exists on this node, is used by another rule or VRF",
+                       "galactic-router keys the VPC's routes by it; delete what uses it")
+    if table is None:
+        others = {kept_table for vrf, kept_table in kept.items() if vrf != name}
+        table = lowest_free_table(used | others | (avoid() if avoid else set()))
     try:
         rtnl.new_vrf(name, table)
     except NetlinkError as exc:
@@ -134,13 +147,13 @@ def ensure_vrf(rtnl: Rtnl, vpc: str) -> VpcTable:
     return VpcTable(table, created.index)
 
 
-def ensure_table(rtnl: Rtnl, vpc: str) -> VpcTable:
-    """The VPC's table (from its record, else a fresh, emptied id) with its two mark rules
-    (call under the host lock)."""
+def ensure_table(rtnl: Rtnl, vpc: str, avoid: Callable[[], set[int]] | None = None) -> VpcTable:
+    """The VPC's table (from its record, else a fresh, emptied id not in `avoid()`) with its
+    two mark rules (call under the host lock)."""
     rules = all_rules(rtnl)
     table = _recorded_table(rules, vpc)
     if table is None:
-        table = lowest_free_table(used_tables(rtnl, rules))
+        table = lowest_free_table(used_tables(rtnl, rules) | (avoid() if avoid else set()))
         if table > MAX_MARK_TABLE:
             raise CniError(KERNEL_FAILURE, f"no routing table id up to {MAX_MARK_TABLE} is free",
                            "table mode marks packets with the table id in 12 bits")

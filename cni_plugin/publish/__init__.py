@@ -12,6 +12,7 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cni_plugin.core.addressing import Addressing
@@ -109,6 +110,24 @@ class SettlingInstance:
         return self._done
 
 
+@dataclass(frozen=True)
+class SettledInstance:
+    """The VPC's BGPVRFInstance on this node as ADD settled it: its VRF ID and, when the
+    node's router has a locator and node ID, the SID the VPC is published with."""
+
+    vrf_id: int
+    locator: str | None = None
+    node_id: int | None = None
+
+    @property
+    def sid(self) -> str | None:
+        """The VPC's End.DT46 SID on this node (SPEC §6), if the router has SIDs."""
+        if not (self.locator and self.node_id):
+            return None
+        from cni_plugin.core import naming
+        return naming.srv6_sid(self.locator, self.node_id, self.vrf_id)
+
+
 class Publication:
     """What `Publisher.settling_instance` yields: the only way to publish an attachment, so
     publishing runs while the instance is held in use and after it was settled."""
@@ -120,27 +139,33 @@ class Publication:
         self._settling = settling
         self._rollback = rollback
 
-    def publish(self, addressing: Addressing) -> str | None:
-        """BGP state first, then the EndpointSlices; every creation recorded for rollback.
-        Returns the VPC's SRv6 SID on this node, when its router has one."""
+    def settled(self) -> SettledInstance | None:
+        """Waits for the settling thread: the VPC's instance, None when BGP is not published
+        (what the thread raised, if it did)."""
+        router, settling = self._router, self._settling
+        if router is None or settling is None:
+            return None
+        with api_boundary("settle the VPC's BGPVRFInstance"):
+            vrf_id, _read = settling.result()
+        return SettledInstance(vrf_id, router.srv6_locator, router.node_id)
+
+    def publish(self, addressing: Addressing) -> None:
+        """BGP state first, then the EndpointSlices; every creation recorded for rollback."""
         ctx, router, rollback = self._ctx, self._router, self._rollback
         if ctx is None:
-            return None
-        from cni_plugin.core import naming
+            return
         from cni_plugin.publish import endpointslice
         from cni_plugin.publish.bgp import advertisement
         deadline = ctx.inv.deadline
-        sid = None
+        settled = self.settled()
         with api_boundary("publish the attachment"):
-            if router is not None and self._settling is not None:
-                vrf_id, read = self._settling.result()
-                advertisement.ensure_advertisement(ctx, router, vrf_id, addressing, rollback,
-                                                   deadline, read)
-                if router.srv6_locator and router.node_id:
-                    sid = naming.srv6_sid(router.srv6_locator, router.node_id, vrf_id)
+            if router is not None and self._settling is not None and settled is not None:
+                _vrf_id, read = self._settling.result()
+                advertisement.ensure_advertisement(ctx, router, settled.vrf_id, addressing,
+                                                   rollback, deadline, read)
             if ctx.inv.conf.publish.endpoint_slice:
-                endpointslice.ensure_slices(ctx, addressing, sid, rollback, deadline)
-        return sid
+                endpointslice.ensure_slices(ctx, addressing, settled.sid if settled else None,
+                                            rollback, deadline)
 
 
 class Publisher:
@@ -149,6 +174,16 @@ class Publisher:
     def __init__(self, ctx: PublishContext | None, router: Router | None) -> None:
         self.ctx = ctx
         self.router = router
+
+    @property
+    def publishes_instance(self) -> bool:
+        """Whether ADD publishes the VPC's BGPVRFInstance on this node (BGP on, router found)."""
+        return self.router is not None
+
+    @property
+    def announces_sids(self) -> bool:
+        """Whether this node's router has a locator and node ID: the VPC gets a SID here."""
+        return self.router is not None and bool(self.router.srv6_locator and self.router.node_id)
 
     @classmethod
     @contextmanager
@@ -232,12 +267,11 @@ def published_differences(inv: Invocation, source: ClusterSource,
         return diffs
 
 
-def published_sid(inv: Invocation, source: ClusterSource) -> str | None:
-    """The SID this node published for the VPC (CHECK): None without a router that has a
-    locator and node ID, or before the VPC's BGPVRFInstance exists."""
+def published_sid(inv: Invocation, source: ClusterSource) -> SettledInstance | None:
+    """The VPC's instance on this node with the SID it published (CHECK): None without a
+    router that has a locator and node ID, or before the VPC's BGPVRFInstance exists."""
     if not inv.conf.publish.bgp:
         return None
-    from cni_plugin.core import naming
     from cni_plugin.publish.bgp.instance import instance_vrf_id
     from cni_plugin.publish.bgp.router import find_router
     with connected(inv, source) as ctx, api_boundary("read the VPC's SID"):
@@ -249,7 +283,7 @@ def published_sid(inv: Invocation, source: ClusterSource) -> str | None:
         vrf_id = instance_vrf_id(ctx, inv.deadline)
         if vrf_id is None:
             return None
-        return naming.srv6_sid(router.srv6_locator, router.node_id, vrf_id)
+        return SettledInstance(vrf_id, router.srv6_locator, router.node_id)
 
 
 def router_has_sids(inv: Invocation, source: ClusterSource) -> bool:
@@ -322,15 +356,18 @@ def give_to_node(inv: Invocation, source: ClusterSource) -> None:
 
 
 def collect_unused_instance(inv: Invocation, source: ClusterSource, valid: set[tuple[str, str]],
-                            attached: set[tuple[str, str]]) -> None:
+                            attached: set[tuple[str, str]]) -> bool:
     """GC: delete the VPC's BGPVRFInstance on this node if vpc-attach created it and no valid
     attachment, attachment on this node (`attached`: owners of the VPC's links) or
-    advertisement uses it any more."""
+    advertisement uses it any more; whether the node has no such instance now (False when
+    BGP is not published)."""
     if not inv.conf.publish.bgp:
-        return
-    from cni_plugin.publish.bgp.instance import collect_instance
+        return False
+    from cni_plugin.publish.bgp.instance import collect_instance, instance_vrf_id
     from cni_plugin.publish.bgp.router import find_router
     with connected(inv, source) as ctx, api_boundary("collect the VPC's unused BGPVRFInstance"):
-        if ctx is not None:
-            router = find_router(ctx, inv.deadline)
-            collect_instance(ctx, router, valid, attached, inv.deadline)
+        if ctx is None:
+            return False
+        router = find_router(ctx, inv.deadline)
+        return collect_instance(ctx, router, valid, attached, inv.deadline) or \
+            instance_vrf_id(ctx, inv.deadline) is None

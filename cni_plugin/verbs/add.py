@@ -1,16 +1,18 @@
-"""ADD: parse → admit (tenancy, SPEC §14) → start IPAM (undo recorded) → create links →
-addresses from the IPAM result → configure → publish → answer the VPC's SID → result, like the
-reference ptp plugin's cmdAdd."""
+"""ADD: parse → admit (tenancy, SPEC §14) → the VPC's VRF → settle its BGPVRFInstance (thread)
+→ start IPAM (process) → create links → addresses from the IPAM result → answer the VPC's SID
+(kernel, galactic's datapath) → publish (API) → result, like the reference ptp plugin's cmdAdd.
+"""
 
 from __future__ import annotations
 
 from cni_plugin import attachment
+from cni_plugin.attachment import VpcSid
 from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Invocation, Request
 from cni_plugin.core.rollback import Rollback
 from cni_plugin.ipam import delegate
-from cni_plugin.publish import Publisher
+from cni_plugin.publish import Publication, Publisher
 from cni_plugin.tenancy import admit, choice
 from cni_plugin.verbs.collaborators import Collaborators
 from netconf.errors import INVALID_CONFIG, CniError
@@ -30,21 +32,38 @@ def add(request: Request, collaborators: Collaborators) -> Result:
             rollback.created("record of the Pod's chosen attachment",
                              lambda _deadline: choice.remove_record(inv))
             choice.write_record(inv)
-        # The VPC's BGPVRFInstance is settled on a thread of its own meanwhile.
-        with publisher.settling_instance(rollback) as publication:
-            if inv.conf.attachment == "existing":  # publish what an earlier plugin created
-                result = _previous(prev)
-                addressing = Addressing.from_result(result)
-            else:
-                ipam = start_ipam(inv, rollback)  # runs while the links are made
-                with attachment.lock(inv), attachment.open_links(inv) as links:
-                    created = links.create(rollback)
-                    addressing = Addressing.from_result(ipam.result())
-                    result = chain(prev, created.configure(addressing))
-            sid = publication.publish(addressing)
-        if sid is not None and inv.conf.isolation == "vrf" and inv.conf.attachment != "existing":
-            attachment.answer_sid(inv, sid)
+        if inv.conf.attachment == "existing":  # publish what an earlier plugin created
+            result = _previous(prev)
+            with publisher.settling_instance(rollback) as publication:
+                publication.publish(Addressing.from_result(result))
+            return result
+        with attachment.lock(inv), attachment.open_links(inv) as links:
+            # The VRF exists before galactic-router can read the VPC's instance: it resolves
+            # the VPC's table through it once (SPEC §15).
+            vpc_table = links.ensure_vpc_table(keeps_table=publisher.publishes_instance)
+            mtu = links.mtu(encapsulated=publisher.announces_sids and
+                            attachment.galactic_datapath(inv))
+            with publisher.settling_instance(rollback) as publication:
+                ipam = start_ipam(inv, rollback)  # a process, running while the links are made
+                created = links.create(rollback, vpc_table, mtu)
+                addressing = Addressing.from_result(ipam.result())
+                result = chain(prev, created.configure(addressing))
+                answer_sid(inv, publication, created, addressing, rollback)
+                publication.publish(addressing)
     return result
+
+
+def answer_sid(inv: Invocation, publication: Publication,
+               created: attachment.CreatedVeth | attachment.CreatedTap, addressing: Addressing,
+               rollback: Rollback) -> None:
+    """Before the attachment is announced, the node answers the VPC's SID, where it has one
+    (VRF isolation, a router with a locator and node ID)."""
+    settled = publication.settled()
+    if settled is None or settled.sid is None or inv.conf.isolation != "vrf":
+        return
+    assert settled.locator is not None and settled.node_id is not None  # they made the SID
+    attachment.answer_sid(inv, created, VpcSid(settled.sid, settled.locator, settled.node_id,
+                                               settled.vrf_id), addressing, rollback)
 
 
 def start_ipam(inv: Invocation, rollback: Rollback) -> delegate.PendingAdd:

@@ -39,9 +39,10 @@ def check(request: Request, collaborators: Collaborators) -> None:
         diffs.extend(attachment.differences(inv, prev, addressing))
     diffs.extend(published_differences(inv, collaborators.cluster, addressing))
     if inv.conf.attachment != "existing" and inv.conf.isolation == "vrf":
-        sid = published_sid(inv, collaborators.cluster)
-        if sid is not None:
-            diffs.extend(attachment.sid_differences(inv, sid))
+        settled = published_sid(inv, collaborators.cluster)
+        if settled is not None and settled.sid and settled.locator and settled.node_id:
+            diffs.extend(attachment.sid_differences(inv, attachment.VpcSid(
+                settled.sid, settled.locator, settled.node_id, settled.vrf_id), addressing))
     if diffs:
         raise CniError(CHECK_MISMATCH, f"CHECK found {len(diffs)} difference(s): {diffs[0]}",
                        "; ".join(diffs))

@@ -60,6 +60,7 @@ def _undo_add(inv: Invocation, collaborators: Collaborators) -> None:
     if inv.conf.attachment != "existing":
         def remove_links() -> None:
             with attachment.lock(inv):
+                attachment.unregister_datapath(inv)  # galactic's rows first, then the links
                 attachment.detach(inv, collaborators.delete_retired_later)
             attachment.release_unused_vpc(inv)  # the VPC's table/VRF if this was its last link
         _best_effort(failures, "remove links", remove_links)

@@ -81,10 +81,11 @@ def _collect(inv: Invocation, collaborators: Collaborators, valid: set[tuple[str
         # Read once the stale link is gone: the VPC's attachments here still use its instance.
         attached = attachment.vpc_owners(ipr, inv.conf.vpc)
     steps: list[Callable[[], None]] = [
+        lambda: _collect_registrations(inv, valid),
         lambda: _release_vpc(inv),
         lambda: collect_stale_slices(inv, collaborators.cluster, valid),
         lambda: collect_stale_advertisements(inv, collaborators.cluster, valid),
-        lambda: collect_unused_instance(inv, collaborators.cluster, valid, attached),
+        lambda: _collect_instance(inv, collaborators, valid, attached),
         lambda: give_to_node(inv, collaborators.cluster)]
     for step in steps:
         try:
@@ -103,6 +104,21 @@ def _collect_links(ipr: Rtnl, inv: Invocation, valid: set[tuple[str, str]]) -> N
     # A stopped agent's (a running one deletes its own within milliseconds).
     for retired in links.delete_all_retired(ipr):
         log.info("GC: deleted retired link %s (%s)", retired.name, retired.alias)
+
+
+def _collect_registrations(inv: Invocation, valid: set[tuple[str, str]]) -> None:
+    for collected in attachment.collect_registrations(inv, valid):
+        log.info("GC: removed the rows of %s from galactic's datapath", collected)
+
+
+def _collect_instance(inv: Invocation, collaborators: Collaborators,
+                      valid: set[tuple[str, str]], attached: set[tuple[str, str]]) -> None:
+    """The VPC's BGPVRFInstance if unused; once it is gone, the VPC's table id is free again."""
+    gone = collect_unused_instance(inv, collaborators.cluster, valid, attached)
+    if gone and inv.conf.isolation == "vrf" and inv.conf.attachment != "existing" \
+            and attachment.forget_kept_table(inv):
+        log.info("GC: VPC %s keeps no table id any more (its BGPVRFInstance is gone)",
+                 inv.conf.vpc)
 
 
 def _release_vpc(inv: Invocation) -> None:

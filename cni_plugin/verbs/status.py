@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from cni_plugin.attachment import host_netlink
 from cni_plugin.core.request import Invocation, Request
+from cni_plugin.galactic import pins
 from cni_plugin.ipam import delegate
 from cni_plugin.kernel import isolation, srv6
 from cni_plugin.publish import publishing_status, router_has_sids
 from cni_plugin.tenancy import tenancy_status
 from cni_plugin.verbs.collaborators import Collaborators
 from netconf.errors import INCOMPATIBLE_VERSION, STATUS_NOT_AVAILABLE, CniError
+from netconf.host import resolve_galactic_settings
 from netconf.versions import GC_STATUS_MIN_VERSION, at_least
 
 
@@ -23,6 +25,8 @@ def status(request: Request, collaborators: Collaborators) -> None:
             if not isolation.vrf_supported(rtnl):
                 raise CniError(STATUS_NOT_AVAILABLE, "this kernel has no VRF support",
                                "configure \"isolation\": \"table\" or load the vrf module")
+    if inv.conf.attachment != "existing" and inv.conf.isolation == "vrf":
+        _galactic_status(inv)
     publishing_status(inv, collaborators.cluster)
     tenancy_status(inv, collaborators.cluster)
     if inv.conf.attachment != "existing" and inv.conf.isolation == "vrf" and \
@@ -38,4 +42,16 @@ def status(request: Request, collaborators: Collaborators) -> None:
             ipam.run("STATUS", inv.stdin, inv.deadline)
     except CniError as exc:
         raise CniError(STATUS_NOT_AVAILABLE, f"IPAM delegate not ready: {exc.msg}",
+                       exc.details) from None
+
+
+def _galactic_status(inv: Invocation) -> None:
+    """Where galactic's datapath is pinned, ADD writes into it: code 50 when its layout is not
+    the one vpc-attach writes (ADD would fail with 107)."""
+    pin_dir = resolve_galactic_settings(inv.node_env).pin_dir
+    try:
+        with pins.opened(pin_dir):
+            pass
+    except CniError as exc:
+        raise CniError(STATUS_NOT_AVAILABLE, f"galactic's datapath in {pin_dir}: {exc.msg}",
                        exc.details) from None

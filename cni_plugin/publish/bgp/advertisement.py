@@ -51,13 +51,12 @@ def container_annotations(ctx: PublishContext, addressing: Addressing) -> dict[s
     cid = ctx.cid
     # An earlier plugin's address carries its pool's prefix, shared with other nodes: advertise
     # the host alone (SPEC §6).
-    host_only = ctx.inv.conf.attachment == "existing"
     values: dict[str, str] = {}
-    for addr in addressing.workload:
-        if addr.version == 6 and SUBNET_V6_KEY + cid not in values:
-            values[SUBNET_V6_KEY + cid] = f"{addr.ip}/128" if host_only else str(addr.network)
-        elif addr.version == 4 and SUBNET_V4_KEY + cid not in values:
-            values[SUBNET_V4_KEY + cid] = str(addr.ip)
+    for prefix in addressing.advertised(host_only=ctx.inv.conf.attachment == "existing"):
+        if prefix.version == 6:
+            values[SUBNET_V6_KEY + cid] = str(prefix)
+        else:  # recorded as the bare address, as galactic does
+            values[SUBNET_V4_KEY + cid] = str(prefix.network_address)
     if not values:
         return {}
     values[NETNS_KEY + cid] = ctx.inv.env.netns

@@ -1,0 +1,83 @@
+"""`vpc-attach doctor`: which datapath answers this node's SIDs, and whether the attachments
+registered in galactic's datapath still are (SPEC §15)."""
+
+from __future__ import annotations
+
+from cni_plugin.doctor.checks import FAIL, NETLINK_SECONDS, OK, WARN, Finding, Node
+from cni_plugin.galactic import layout, pins, registration
+from cni_plugin.galactic.pins import Datapath
+from cni_plugin.kernel import links, netns, tc
+from cni_plugin.kernel.rtnl import Rtnl
+from netconf.errors import CniError
+from netconf.host import resolve_galactic_settings
+
+REREGISTER = ("delete and re-create the Pod: its ADD registers it "
+              "(docs/operations.md#galactics-datapath)")
+
+
+def galactic_datapath(node: Node) -> list[Finding]:
+    """galactic's pins (absent: kernel End.DT46 answers; present: their layouts), then each
+    attachment's registration."""
+    try:
+        settings = resolve_galactic_settings(node.environ)
+        with pins.opened(settings.pin_dir) as datapath:
+            if datapath is None:
+                return [Finding("datapath.galactic", OK,
+                                f"galactic's datapath is not pinned in {settings.pin_dir}: this "
+                                "node answers its SIDs with kernel End.DT46 (kernel.srv6)")]
+            with datapath.program():
+                pass
+            found = [Finding("datapath.galactic", OK,
+                             f"galactic's eBPF uSID datapath is pinned in {settings.pin_dir}: "
+                             "its maps have the layouts vpc-attach writes, usid_egress is pinned")]
+            with netns.open_netlink(None, NETLINK_SECONDS) as rtnl:
+                return found + _registrations(node, datapath, rtnl)
+    except CniError as exc:
+        return [Finding("datapath.galactic", FAIL, exc.msg, exc.details)]
+
+
+def _registrations(node: Node, datapath: Datapath, rtnl: Rtnl) -> list[Finding]:
+    lock_dir = node.settings.lock_dir
+    by_index = {link.index: link for link in rtnl.links()}
+    with datapath.program() as program:
+        program_id = program.info.prog_id
+    registered: list[str] = []
+    broken: list[str] = []
+    for path in registration.record_paths(lock_dir):
+        rows = registration.read_record(path) or []
+        ifindex_rows = [(k, v) for m, k, v in rows if m is layout.IFINDEX_VRF_TABLE]
+        if not ifindex_rows:
+            continue
+        key, value = ifindex_rows[0]
+        ifindex = layout.decode_ifindex_key(key)
+        link = by_index.get(ifindex)
+        name = link.name if link is not None else f"ifindex {ifindex}"
+        problems = [m.name for m, k, v in rows if datapath[m].lookup(k) != v]
+        block, argument = layout.decode_ifindex_value(value)
+        if datapath[layout.VRF_TABLE].lookup(layout.vrf_key(block, argument)) is None:
+            problems.append(layout.VRF_TABLE.name)
+        if link is None or not any(f.name == layout.EGRESS_FILTER_NAME
+                                   and f.prog_id == program_id
+                                   for f in tc.bpf_filters(rtnl, ifindex)):
+            problems.append("usid_egress")
+        (broken if problems else registered).append(
+            f"{name} ({', '.join(problems)})" if problems else name)
+    unregistered = sorted(
+        link.name for link in links.all_links(rtnl)
+        if link.owner is not None and link.master is not None
+        and link.name not in registered and not any(b.startswith(link.name) for b in broken)
+        and by_index.get(link.master) is not None and by_index[link.master].kind == "vrf")
+    findings = []
+    if broken:
+        findings.append(Finding("datapath.registered", FAIL, "attachments whose registration "
+                                f"is incomplete: {', '.join(broken)}", REREGISTER))
+    if unregistered:
+        findings.append(Finding("datapath.registered", WARN,
+                                "attachments in a VRF not registered in galactic's datapath "
+                                f"(added before it was pinned, or their node's router has no "
+                                f"SIDs): {', '.join(unregistered)}", REREGISTER))
+    if not findings:
+        findings.append(Finding("datapath.registered", OK,
+                                f"{len(registered)} attachment(s) registered: "
+                                f"{', '.join(registered) or 'none yet'}"))
+    return findings

@@ -1,0 +1,61 @@
+"""The Linux table id each VPC keeps on this node while its BGPVRFInstance exists (SPEC §15).
+
+galactic-router resolves a VPC's table through its VRF once, when it first applies the VPC's
+BGPVRFInstance, and keys every route it learns for the VPC by that id until the instance goes
+(it never reads the VRF again). So a VRF that DEL removed and a later ADD recreates must get
+the same id back, and no other VPC may get that id meanwhile. ADD keeps the id of a VPC that
+publishes an instance on this node; GC forgets it once the instance is gone and the VPC has
+no VRF. One small file per VPC under the host's lockDir; callers hold the host lock.
+"""
+
+from __future__ import annotations
+
+import os
+
+from netconf.errors import IO_FAILURE, CniError
+
+DIRECTORY = "tables"
+
+
+def _path(lock_dir: str, vrf: str) -> str:
+    return os.path.join(lock_dir, DIRECTORY, vrf)
+
+
+def kept(lock_dir: str) -> dict[str, int]:
+    """{VRF name: table id} of every VPC keeping a table id on this node."""
+    directory = os.path.join(lock_dir, DIRECTORY)
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return {}
+    found: dict[str, int] = {}
+    for name in names:
+        try:
+            with open(os.path.join(directory, name), encoding="ascii") as handle:
+                found[name] = int(handle.read().strip())
+        except (OSError, ValueError):
+            continue  # a half-written file of a killed ADD: rewritten by the next
+    return found
+
+
+def keep(lock_dir: str, vrf: str, table: int) -> None:
+    """Record that the VPC of VRF `vrf` keeps `table` (atomically; code 5 when it cannot)."""
+    path = _path(lock_dir, vrf)
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        temporary = f"{path}.{os.getpid()}"
+        with open(temporary, "w", encoding="ascii") as handle:
+            handle.write(f"{table}\n")
+        os.replace(temporary, path)
+    except OSError as exc:
+        raise CniError(IO_FAILURE, f"cannot record the table id of {vrf} in {path!r}",
+                       exc.strerror or str(exc)) from None
+
+
+def forget(lock_dir: str, vrf: str) -> bool:
+    """The VPC of VRF `vrf` keeps no table id any more; whether it kept one."""
+    try:
+        os.unlink(_path(lock_dir, vrf))
+    except FileNotFoundError:
+        return False
+    return True
