@@ -252,6 +252,11 @@ def collect_registrations(inv: Invocation, valid: set[tuple[str, str]]) -> list[
                 continue
             registration.unregister(settings.pin_dir, inv.host.lock_dir, container_id, ifname)
             collected.append(f"{container_id}/{ifname}")
+        with host_netlink(inv.deadline) as rtnl:
+            live = {link.index for link in rtnl.links()}
+            orphans = registration.collect_orphans(settings.pin_dir, live)
+        if orphans:
+            collected.append(f"{orphans} row(s) of links that are gone")
     return collected
 
 

@@ -254,3 +254,15 @@ def test_a_vpc_with_a_tap_gets_the_plain_redirect(node: Node) -> None:
     node.register(tap, Rollback(Deadline(10)))
     [value] = node.rows()[VRF_TABLE.name].values()
     assert VrfRow.decode(value).egress_kind == layout.EGRESS_KIND_TAP
+
+
+def test_gc_removes_rows_of_links_that_are_gone(node: Node) -> None:
+    reg = node.registration("G000000jU001H", "c1", ["fd00:7::/96"])
+    node.register(reg, Rollback(Deadline(10)))
+    node.register(node.registration("G000000jU002H", "c2", ["fd00:7::1:0:0/96"]),
+                  Rollback(Deadline(10)))
+    run_ip("-n", os.path.basename(node.netns), "link", "del", "G000000jU001H")
+    live = {link.index for link in node.rtnl.links()}
+    assert registration.collect_orphans(str(node.pin_dir), live) == 1
+    assert reg.host_ifindex.to_bytes(4, "little") not in node.rows()[IFINDEX_VRF_TABLE.name]
+    assert len(node.rows()[IFINDEX_VRF_TABLE.name]) == 1

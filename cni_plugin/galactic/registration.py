@@ -317,6 +317,21 @@ def remove_rows(datapath: Datapath, rows: list[tuple[MapLayout, bytes, bytes]]) 
                 pinned.delete(key)
 
 
+def collect_orphans(pin_dir: str, live_ifindexes: set[int]) -> int:
+    """GC: ifindex_vrf_table rows of links that no longer exist (whoever registered them): a
+    new link given that index would have its packets taken for another VPC's; how many."""
+    removed = 0
+    with _tolerating_mismatch(), opened(pin_dir) as datapath:
+        if datapath is None:
+            return 0
+        rows = datapath[IFINDEX_VRF_TABLE]
+        with kernel_errors("remove stale rows of galactic's map", IFINDEX_VRF_TABLE.name):
+            for key in list(rows.keys()):
+                if layout.decode_ifindex_key(key) not in live_ifindexes and rows.delete(key):
+                    removed += 1
+    return removed
+
+
 def release_vpc(pin_dir: str, table_id: int) -> int:
     """The VPC's VRF went (its table released): its vrf_table row and any pass-through row of
     its table go too; the number of rows removed. Routes galactic-router wrote stay: the
