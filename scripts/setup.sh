@@ -61,6 +61,7 @@ fi
 .venv/bin/python -m e2e.harness.cluster build >&2
 # The CRI API stubs and the local pause image for the containerd e2e.
 .venv/bin/python -m e2e.harness.cri build >&2
-# galactic-router and the sidecar-verdict program from ../shared/peers' source archives, and
+# galactic-router, galactic-cni (its eBPF uSID datapath) and our programs on galactic's code
+# (sidecar verdict, eBPF vrf_table sweep) from ../shared/peers' source archives, and
 # gobgpd/gobgp for the route collector (e2e/test_galactic_router.py), same cache.
 .venv/bin/python -m e2e.harness.galactic build >&2

@@ -1,8 +1,12 @@
-"""galactic-router next to vpc-attach: what it reads of our objects, and what it announces.
+"""galactic next to vpc-attach: what its router reads of our objects and announces, and its
+eBPF uSID datapath on simulated nodes.
 
-``build``: galactic-router and a slice-verdict program (galactic's own ingress-sidecar code) from
-the source archives in ``../shared/peers/``, gobgpd/gobgp from the Go module, cached outside the
-repository. ``fabric``: one router per simulated node and a gobgpd collector peered with all of
-them. ``rib``: the collector's EVPN routes as records. ``verdict``: what the sidecar code makes of
-EndpointSlices. CLI: ``python -m e2e.harness.galactic build``.
+``build``: galactic-router, galactic-cni and programs of ours on galactic's own code (the
+slice verdict, the eBPF vrf_table sweep) from the source archives in ``../shared/peers/``,
+gobgpd/gobgp from the Go module, cached outside the repository. ``fabric``: one router per
+simulated node and a gobgpd collector peered with all of them. ``rib``: the collector's EVPN
+routes as records. ``verdict``: what the sidecar code makes of EndpointSlices. ``datapath``:
+nodes with their own bpffs running galactic-cni and galactic-router over an IPv6 underlay;
+``maps``: their pinned maps and tc filters as records; ``sweep``: galactic's vrf_table GC run
+once. CLI: ``python -m e2e.harness.galactic build``.
 """

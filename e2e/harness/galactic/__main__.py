@@ -1,5 +1,5 @@
-"""``python -m e2e.harness.galactic build``: build (if needed) and cache galactic-router, the
-slice-verdict program and gobgpd/gobgp (see ``build``)."""
+"""``python -m e2e.harness.galactic build``: build (if needed) and cache galactic-router,
+galactic-cni, the slice-verdict and eBPF-sweep programs and gobgpd/gobgp (see ``build``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; return the process exit status."""
     parser = argparse.ArgumentParser(prog="python -m e2e.harness.galactic", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("build", help="build galactic-router, the verdict program, gobgpd, gobgp")
+    commands.add_parser("build",
+                        help="build galactic-router, galactic-cni, our programs, gobgpd, gobgp")
     parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")

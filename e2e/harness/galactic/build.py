@@ -1,11 +1,12 @@
-"""Build and cache galactic-router, the slice-verdict program and gobgpd/gobgp.
+"""Build and cache galactic-router, galactic-cni, our two programs on galactic's internal
+packages (the slice verdict, the eBPF vrf_table sweep) and gobgpd/gobgp.
 
 galactic comes from the unmodified source archives in ``../shared/peers/`` (``$VPC_ATTACH_PEERS``
 overrides the directory), prepared as that directory's README says: the three archives unpacked
 side by side, two ``replace`` lines appended to ``galactic/go.mod``, the eBPF objects generated
 with clang-14. The prepared tree is cached as ``galactic-src-<commit>-<key>/`` (the extra CRDs
 are read from it) and the binaries as ``galactic-<commit>-<key>/``, ``<key>`` hashing the
-archives, the verdict program and this recipe. gobgpd/gobgp come from the wrapper module
+archives, our programs and this recipe. gobgpd/gobgp come from the wrapper module
 ``gomod/gobgp`` into ``gobgp-<version>/``. Both go through the control plane's cache helper
 (``e2e.harness.cluster.build.ensure_built``): built in a staging directory, renamed into place.
 """
@@ -34,8 +35,18 @@ log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[2]
-VERDICT_SOURCE = HERE / "verdict" / "main.go"
-VERDICT_PACKAGE = "cmd/vpc-attach-slice-verdict"  # inside galactic's module: internal/ imports
+# Our programs, copied into galactic's module (they import its internal/ packages):
+# {package path inside the module: source file}.
+OUR_PROGRAMS = {
+    "cmd/vpc-attach-slice-verdict": HERE / "verdict" / "main.go",
+    "cmd/vpc-attach-ebpf-sweep": HERE / "sweep" / "main.go",
+}
+# binary name -> package, built in the prepared tree (go build names a binary after its package).
+GALACTIC_PACKAGES = {
+    "galactic-router": "./cmd/galactic-router",
+    "galactic-cni": "./cmd/galactic-cni",
+    **{Path(package).name: f"./{package}" for package in OUR_PROGRAMS},
+}
 # Archive name prefix -> the directory it unpacks to (galactic's replace lines point there).
 ARCHIVES = {"galactic-": "galactic", "datum-network-": "network", "vishvananda-netlink-": "netlink"}
 REPLACES = (
@@ -77,7 +88,9 @@ class GalacticBuild:
     """Where the built binaries and galactic's CRDs are."""
 
     router: Path
+    cni: Path  # galactic-cni (its ``run`` loads and pins the eBPF uSID datapath)
     verdict: Path
+    sweep: Path  # runs gc.SweepEBPFVRFTable once (sweep/main.go)
     gobgpd: Path
     gobgp: Path
     crd_dir: Path  # the network archive's config/crd/
@@ -96,10 +109,10 @@ def peers_dir() -> Path:
 
 
 def cached_source_version() -> str | None:
-    """The version of the newest complete build in the cache (router built, source prepared),
-    for a machine that built it before but has not the archives at hand now."""
+    """The version of the newest complete build in the cache (every binary built, source
+    prepared), for a machine that built it before but has not the archives at hand now."""
     builds = [d for d in cache_root().glob("galactic-*") if not d.name.startswith("galactic-src-")
-              and os.access(d / "galactic-router", os.X_OK)
+              and all(os.access(d / binary, os.X_OK) for binary in GALACTIC_PACKAGES)
               and (cache_root() / f"galactic-src-{d.name.removeprefix('galactic-')}"
                    / ".prepared").exists()]
     newest = max(builds, key=lambda d: d.stat().st_mtime, default=None)
@@ -121,12 +134,15 @@ def archives(directory: Path) -> dict[str, Path]:
 
 
 def source_version(found: dict[str, Path]) -> str:
-    """``<galactic commit>-<8 hex of the archives, the verdict program and the recipe>``."""
+    """``<galactic commit>-<8 hex of the archives, our programs and the recipe>``."""
     digest = hashlib.sha256()
     for unpacked in sorted(found):
         digest.update(hashlib.sha256(found[unpacked].read_bytes()).digest())
-    digest.update(VERDICT_SOURCE.read_bytes())
+    for package, source in sorted(OUR_PROGRAMS.items()):
+        digest.update(package.encode())
+        digest.update(source.read_bytes())
     digest.update(RECIPE.encode())
+    digest.update(" ".join(sorted(GALACTIC_PACKAGES.values())).encode())
     commit = found["galactic"].name.removeprefix("galactic-").removesuffix(".tar.gz")
     return f"{commit}-{digest.hexdigest()[:8]}"
 
@@ -179,13 +195,13 @@ def _prepare(found: dict[str, Path], tree: Path) -> None:
     galactic = tree / "galactic"
     with (galactic / "go.mod").open("a") as go_mod:
         go_mod.write("\n" + "\n\n".join(REPLACES) + "\n")
-    verdict_dir = galactic / VERDICT_PACKAGE
-    verdict_dir.mkdir(parents=True)
-    shutil.copyfile(VERDICT_SOURCE, verdict_dir / "main.go")
+    for package, source in OUR_PROGRAMS.items():
+        (galactic / package).mkdir(parents=True)
+        shutil.copyfile(source, galactic / package / "main.go")
     for package in EBPF_PACKAGES:
         _run_go(["generate", "./..."], galactic / "internal" / "plumbing" / "ebpf" / package)
-    # Settles go.sum for the two commands, so the build itself runs with -mod=readonly.
-    _run_go(["list", "-deps", "./cmd/galactic-router", f"./{VERDICT_PACKAGE}"], galactic)
+    # Settles go.sum for the commands, so the build itself runs with -mod=readonly.
+    _run_go(["list", "-deps", *GALACTIC_PACKAGES.values()], galactic)
     log.info("prepared galactic's source in %.0f s", time.monotonic() - started)
 
 
@@ -203,19 +219,18 @@ def _run_go(args: list[str], cwd: Path) -> None:
 
 
 def galactic_component(source: Path, version: str) -> SourceComponent:
-    """galactic-router and the verdict program, built in the prepared tree."""
+    """galactic-router, galactic-cni and our programs, built in the prepared tree."""
     return SourceComponent(
         name="galactic",
         module_dir=source / "galactic",
         upstream_module="go.datum.net/galactic",
-        packages={"galactic-router": "./cmd/galactic-router",
-                  "vpc-attach-slice-verdict": f"./{VERDICT_PACKAGE}"},
+        packages=dict(GALACTIC_PACKAGES),
         pinned_version=version,
     )
 
 
 def ensure_galactic_built() -> GalacticBuild:
-    """Build (if needed) galactic-router, the verdict program, gobgpd and gobgp."""
+    """Build (if needed) galactic-router, galactic-cni, our programs, gobgpd and gobgp."""
     try:
         found = archives(peers_dir())
     except BuildError as missing:
@@ -232,7 +247,9 @@ def ensure_galactic_built() -> GalacticBuild:
     gobgp = ensure_built(GOBGP)
     return GalacticBuild(
         router=galactic / "galactic-router",
+        cni=galactic / "galactic-cni",
         verdict=galactic / "vpc-attach-slice-verdict",
+        sweep=galactic / "vpc-attach-ebpf-sweep",
         gobgpd=gobgp / "gobgpd",
         gobgp=gobgp / "gobgp",
         crd_dir=source / "network" / "config" / "crd",

@@ -124,7 +124,8 @@ class Child:
                 self.proc.wait()
 
 
-def _start(name: str, argv: list[str], log: Path, env: dict[str, str] | None = None) -> Child:
+def start_child(name: str, argv: list[str], log: Path, env: dict[str, str] | None = None) -> Child:
+    """Start ``argv`` with its output appended to ``log``, killed if this process dies."""
     with log.open("ab") as out:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, env=env,
@@ -149,7 +150,7 @@ class Fabric:
         run_ip("-n", self.netns, "link", "set", "lo", "up")
         config = self.directory / "collector.toml"
         config.write_text(collector_config(self.nodes))
-        self.collector = _start("gobgpd", [*in_node(self.netns), str(self.build.gobgpd),
+        self.collector = start_child("gobgpd", [*in_node(self.netns), str(self.build.gobgpd),
                                            "-f", str(config), "-t", "toml",
                                            "--api-hosts", COLLECTOR_API],
                                 self.directory / "gobgpd.log")
@@ -170,15 +171,10 @@ class Fabric:
     def start_router(self, index: int, node_netns: str, node_name: str,
                      kubeconfig: Path) -> Child:
         """galactic-router for ``node_name`` in its namespace, speaking BGP from its link."""
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-               "GALACTIC_ROUTER_NODE_NAME": node_name,
-               "KUBECONFIG": str(kubeconfig),
-               "GALACTIC_ROUTER_BGP_LOCAL_ADDRESS": router_address(index),
-               # Its own namespace: the default ports cannot clash; GC only at start.
-               "GALACTIC_ROUTER_GC_INTERVAL": "24h"}
-        router = _start(f"galactic-router {node_name}",
-                        [*in_node(node_netns), str(self.build.router)],
-                        self.directory / f"router-{index}.log", env)
+        router = start_child(f"galactic-router {node_name}",
+                             [*in_node(node_netns), str(self.build.router)],
+                             self.directory / f"router-{index}.log",
+                             router_env(node_name, kubeconfig, router_address(index)))
         self.routers[index] = router
         return router
 
@@ -226,15 +222,30 @@ def running_fabric(build: GalacticBuild, directory: Path, nodes: int) -> Iterato
         fabric.close()
 
 
+def router_env(node_name: str, kubeconfig: Path, local_address: str) -> dict[str, str]:
+    """galactic-router's environment: its node, the API server, its BGP (and next-hop) address."""
+    return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "GALACTIC_ROUTER_NODE_NAME": node_name,
+            "KUBECONFIG": str(kubeconfig),
+            "GALACTIC_ROUTER_BGP_LOCAL_ADDRESS": local_address,
+            # Its own namespace: the default ports cannot clash; GC only at start.
+            "GALACTIC_ROUTER_GC_INTERVAL": "24h"}
+
+
 def create_peer(kube: Kube, namespace: str, router: str, index: int) -> str:
     """A BGPPeer pointing ``router`` at the collector (iBGP, EVPN); returns its path."""
-    name = f"collector-{router}"
+    return create_bgp_peer(kube, namespace, f"collector-{router}", router,
+                           collector_address(index))
+
+
+def create_bgp_peer(kube: Kube, namespace: str, name: str, router: str, address: str) -> str:
+    """A BGPPeer ``name``: ``router`` opens an iBGP EVPN session to ``address`` port 179 (without
+    ``remotePort`` galactic dials 1790); returns its path."""
     collection = BGP_PEERS.format(namespace=namespace)
     kube.create(collection, {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "BGPPeer", "metadata": {"name": name},
-        "spec": {"routerRef": {"name": router}, "peerASN": ASN,
-                 "address": collector_address(index), "remotePort": BGP_PORT,
-                 "addressFamilies": [EVPN]}})
+        "spec": {"routerRef": {"name": router}, "peerASN": ASN, "address": address,
+                 "remotePort": BGP_PORT, "addressFamilies": [EVPN]}})
     return f"{collection}/{name}"
 
 
