@@ -32,10 +32,12 @@ def pytest_report_header() -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Through the agent, run only the tests that invoke the plugin (the rest ran already)."""
+    """Through the agent, run only the tests that invoke the plugin (the rest ran already):
+    those marked `both_paths`, and those using the `plugin` runner."""
     if not plugin.VIA_AGENT:
         return
-    keep = [i for i in items if "plugin" in getattr(i, "fixturenames", ())]
+    keep = [i for i in items if i.get_closest_marker("both_paths")
+            or "plugin" in getattr(i, "fixturenames", ())]
     dropped = [i for i in items if i not in keep]
     if dropped:
         config.hook.pytest_deselected(items=dropped)

@@ -266,3 +266,15 @@ def test_gc_removes_rows_of_links_that_are_gone(node: Node) -> None:
     assert registration.collect_orphans(str(node.pin_dir), live) == 1
     assert reg.host_ifindex.to_bytes(4, "little") not in node.rows()[IFINDEX_VRF_TABLE.name]
     assert len(node.rows()[IFINDEX_VRF_TABLE.name]) == 1
+
+
+def test_a_rolled_back_second_attachment_leaves_the_first_ones_rows_as_they_were(
+        node: Node) -> None:
+    node.register(node.registration("G000000jU001H", "c1", ["fd00:7::/96"]),
+                  Rollback(Deadline(10)))
+    before = node.rows()
+    rollback = Rollback(Deadline(10))
+    node.register(node.registration("G000000jU002H", "c2", ["fd00:7::1:0:0/96"]), rollback)
+    assert node.rows() != before  # the VPC's and the node's rows were written again
+    assert rollback.run() == []
+    assert node.rows() == before

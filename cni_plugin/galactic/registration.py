@@ -152,9 +152,10 @@ def undo_rows(datapath: Datapath, written: list[Written],
               kept: frozenset[tuple[str, bytes]] = frozenset()) -> None:
     """Put back, newest first, each row that still holds what was written (created rows are
     deleted); rows someone wrote since, and rows `kept` ((map, key) another registration
-    relies on: a row of constant value cannot tell its writers apart), stay as they are."""
+    relies on, which this ADD created: a row of constant value cannot tell its writers
+    apart), stay as they are."""
     for row in reversed(written):
-        if (row.layout.name, row.key) in kept:
+        if row.before is None and (row.layout.name, row.key) in kept:
             continue
         pinned = datapath[row.layout]
         with kernel_errors("restore a row of galactic's map", row.layout.name):

@@ -1,0 +1,377 @@
+"""One VPC across two nodes through galactic's own datapath (issue 30, SPEC §15).
+
+Each node runs galactic-cni (its eBPF uSID datapath pinned in the node's own bpffs,
+`usid_ingress` on the underlay), galactic-router (BGP over the underlay with the other node's)
+and vpc-attach as installed (in-process, or through the node's agent in the agent pass). Nothing
+in this module writes a route, a neighbour or a map row on a node: vpc-attach registers the
+attachments (rows, `usid_egress` on their host links), galactic-router writes what it learns
+into `egress_route_table`, galactic's programs carry the packets. The underlay's own addresses
+and routes are the harness's (`e2e.harness.galactic.datapath`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cni_plugin.core import naming
+from cni_plugin.galactic import layout
+from e2e.harness import plugin as plugin_module
+from e2e.harness.agentproc import AgentProcess
+from e2e.harness.galactic.build import GalacticBuild, ensure_galactic_built
+from e2e.harness.galactic.datapath import Datapath, DatapathNode, galactic_datapath
+from e2e.harness.galactic.fabric import apply_galactic_crds
+from e2e.harness.galactic.maps import EgressRoute
+from e2e.harness.galactic.sweep import run_sweep
+from e2e.harness.kernel import temporary_netns
+from e2e.harness.kube import Kube
+from e2e.harness.packets import listener, ping, send
+from e2e.harness.plugin import VIA_AGENT, Plugin, base_conf, host_local, random_vpc, with_prev
+from e2e.harness.publishing import BGP_NS, create_pod, delete_pod, deny_writes, vrf_instance
+from e2e.harness.tenancy import bound
+
+pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.fullkernel,
+              pytest.mark.both_paths]
+PATH = "agent" if VIA_AGENT else "in-process"
+ROUTE_TIMEOUT_S = 120.0
+PORT = 7070
+UNDERLAY_MTU = 1500  # the harness's underlay veth
+POD_MTU = UNDERLAY_MTU - 40  # room for usid_egress's outer IPv6 header
+# Two VPCs with the same subnets on the same nodes: per node, one v6 and one v4 pool.
+SUBNETS = {1: ("fd00:d1:1::/64", "10.211.1.0/24"), 2: ("fd00:d1:2::/64", "10.211.2.0/24")}
+
+
+@dataclass
+class Node:
+    """A galactic node (`DatapathNode`) running vpc-attach: its runner, IPAM and lock dirs."""
+
+    galactic: DatapathNode
+    plugin: Plugin
+    directory: Path
+
+    @property
+    def name(self) -> str:
+        return self.galactic.name
+
+    def ipam(self, vpc: str) -> dict[str, Any]:
+        return host_local(self.directory / "ipam", *SUBNETS[self.galactic.index])
+
+    def table_of(self, vpc: str) -> int | None:
+        """The Linux table of the VPC's VRF on this node (None: no VRF)."""
+        shown = subprocess.run(["ip", "-n", self.galactic.netns, "-d", "-j", "link", "show",
+                                naming.vrf_name(vpc)], capture_output=True, text=True,
+                               timeout=30, check=False)
+        if shown.returncode != 0:
+            return None
+        return int(json.loads(shown.stdout)[0]["linkinfo"]["info_data"]["table"])
+
+    def rows(self) -> dict[str, dict[str, str]]:
+        """Every galactic map vpc-attach writes, as bpftool reads it: {map: {key: value}}."""
+        return {m.name: {e.key.hex(): e.value.hex() for e in self.galactic.dump_map(m.name)}
+                for m in layout.MAPS}
+
+
+@dataclass
+class Pod:
+    """An attached Pod: its netns (name, and path for CNI_NETNS), addresses and what ADD
+    answered."""
+
+    netns: str
+    path: str
+    v4: str
+    v6: str
+    vpc: str
+    att: str
+    name: str
+    node: Node
+    conf: dict[str, Any]
+    result: dict[str, Any]
+    container: str
+    cni_args: str
+    deleted: bool = field(default=False)
+
+    def delete(self) -> None:
+        if not self.deleted:
+            self.node.plugin.ok("DEL", with_prev(self.conf, self.result),
+                                container_id=self.container, netns=self.path,
+                                CNI_ARGS=self.cni_args)
+            self.deleted = True
+
+
+@pytest.fixture(scope="module")
+def galactic(kube: Kube) -> GalacticBuild:
+    """galactic's binaries (built by setup.sh: a cache hit) and the CRDs its router watches."""
+    build = ensure_galactic_built()
+    apply_galactic_crds(kube, build.crd_dir)
+    return build
+
+
+@pytest.fixture(scope="module")
+def datapath(kube: Kube, cluster: Any, galactic: GalacticBuild,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Datapath]:
+    """Two nodes with galactic-cni (told its underlay, as on vpc-attach's nodes: docs) and
+    galactic-router, sessions up."""
+    with galactic_datapath(kube, cluster, galactic, tmp_path_factory.mktemp("galactic-dp"),
+                           underlay_by_env=True) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def nodes(datapath: Datapath, cluster: Any, cni_bin: Path) -> Iterator[list[Node]]:
+    """vpc-attach on each node (its node agent too, in the agent pass)."""
+    with contextlib.ExitStack() as stack:
+        made = []
+        for galactic_node in datapath.nodes:
+            directory = galactic_node.directory / "vpc-attach"
+            (directory / "locks").mkdir(parents=True)
+            environ = {"VPC_ATTACH_NODE_NAME": galactic_node.name,
+                       "VPC_ATTACH_KUBECONFIG": str(cluster.plugin_kubeconfig),
+                       "VPC_ATTACH_LOCK_DIR": str(directory / "locks"),
+                       "VPC_ATTACH_LOG_FILE": str(directory / "vpc-attach.log"),
+                       "VPC_ATTACH_HOST_CONFIG": str(directory / "absent-host.json")}
+            runner = Plugin(cni_bin, directory / "locks", dict(environ),
+                            prefix=galactic_node.prefix)
+            if VIA_AGENT:
+                (directory / "agent").mkdir()
+                agent = stack.enter_context(AgentProcess(directory / "agent",
+                                                         prefix=galactic_node.prefix,
+                                                         env=environ))
+                runner.environ["VPC_ATTACH_AGENT_SOCKET"] = str(agent.socket)
+                plugin_module.OWN_AGENT_RUNS["count"] += 1
+            made.append(Node(galactic_node, runner, directory))
+        yield made
+
+
+@contextlib.contextmanager
+def attached(kube: Kube, node: Node, vpc: str, att: str, **conf: Any) -> Iterator[Pod]:
+    """A Pod on `node` in (vpc, att), published (BGP and slices); DEL afterwards."""
+    name = f"dp-{att}-{os.urandom(2).hex()}"
+    uid = create_pod(kube, name, node.name)
+    args = f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={name};K8S_POD_UID={uid}"
+    stanza = base_conf(vpc, att, isolation="vrf", ipam=node.ipam(vpc),
+                       publish={"bgp": True, "endpointSlice": True}, **conf)
+    with temporary_netns("vpa-dppod") as netns:
+        result = node.plugin.ok("ADD", stanza, container_id=f"ctr-{name}", netns=netns,
+                                CNI_ARGS=args)
+        four, six = (ip["address"].split("/")[0] for ip in
+                     sorted(result["ips"], key=lambda ip: ":" in ip["address"]))
+        pod = Pod(os.path.basename(netns), netns, four, six, vpc, att, name, node, stanza, result,
+                  f"ctr-{name}", args)
+        try:
+            yield pod
+        finally:
+            pod.delete()
+            delete_pod(kube, name)
+
+
+def host_prefixes(pod: Pod) -> set[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """What the Pod is advertised as (host-local returns the /64's address: its network)."""
+    return {ipaddress.ip_network(f"{pod.v6}/64", strict=False),
+            ipaddress.ip_network(f"{pod.v4}/32")}
+
+
+def routes_to(reader: Node, pod: Pod) -> list[EgressRoute]:
+    """`reader`'s egress_route_table rows for the Pod's prefixes, in its VPC's table."""
+    table = reader.table_of(pod.vpc)
+    return [route for route in reader.galactic.egress_routes()
+            if route.table_id == table and route.prefix in host_prefixes(pod)]
+
+
+def wait_routes(datapath: Datapath, reader: Node, pod: Pod, present: bool = True) -> None:
+    """Until galactic-router on `reader` has written (or removed) the Pod's prefixes."""
+    datapath.wait(f"galactic-router on {reader.name} to {'write' if present else 'remove'} "
+                  f"the routes to {pod.name}",
+                  lambda: (len(routes_to(reader, pod)) == 2) == present, ROUTE_TIMEOUT_S,
+                  detail=lambda: f"egress_route_table: {reader.galactic.egress_routes()}")
+
+
+def answered_by(src: Pod, dst: str, servers: list[Pod], work: Path) -> list[str]:
+    """Which of `servers` (TCP listeners on PORT) received a connection from `src` to `dst`."""
+    with contextlib.ExitStack() as stack:
+        heard = {pod.name: stack.enter_context(listener(pod.netns, "tcp", PORT, work))
+                 for pod in servers}
+        send(src.netns, "tcp", dst, PORT, f"from-{src.name}", timeout=5.0)
+        return sorted(name for name, ear in heard.items() if f"from-{src.name}" in ear.payloads())
+
+
+def ping_mtu(src: Pod, dst: str, size: int) -> subprocess.CompletedProcess[str]:
+    """One ping of `size` bytes in all (IP header included), never fragmented."""
+    overhead = 48 if ":" in dst else 28
+    return subprocess.run(["ip", "netns", "exec", src.netns, "ping", "-n", "-c", "1", "-W", "3",
+                           "-M", "do", "-s", str(size - overhead), dst],
+                          capture_output=True, text=True, timeout=30, check=False)
+
+
+
+
+def decoded_rows(node: Node) -> list[str]:
+    """The node's galactic rows vpc-attach wrote or relies on, one line each (for the report)."""
+    lines = []
+    for map_name, rows in node.rows().items():
+        for key, value in sorted(rows.items()):
+            described = _describe(map_name, bytes.fromhex(key), bytes.fromhex(value))
+            lines.append(f"| {map_name} | {described} |")
+    return lines
+
+
+def _describe(map_name: str, key: bytes, value: bytes) -> str:
+    if map_name == layout.EGRESS_ROUTE_TABLE.name:
+        table, prefix = layout.decode_route_key(key)
+        route = layout.EgressRoute.decode(value)
+        target = "pass-through (local)" if route.link_ifindex == 0 else \
+            f"encap to {route.sid} via ifindex {route.link_ifindex} {route.smac}->{route.dmac}"
+        return f"table {table} {prefix} | {target}"
+    if map_name == layout.VRF_TABLE.name:
+        block, argument = layout.decode_vrf_key(key)
+        row = layout.VrfRow.decode(value)
+        return (f"block {block:#x} argument {argument} | table {row.table_id} kind "
+                f"{row.egress_kind} packets {row.packets} generation {row.generation}")
+    if map_name == layout.IFINDEX_VRF_TABLE.name:
+        block, argument = layout.decode_ifindex_value(value)
+        return f"ifindex {layout.decode_ifindex_key(key)} | block {block:#x} argument {argument}"
+    return f"{key.hex()} | {value.hex()}"
+
+
+def test_one_vpc_across_two_nodes_and_a_vpc_with_the_same_subnets_reaches_neither(
+        kube: Kube, cluster: Any, galactic: GalacticBuild, datapath: Datapath,
+        nodes: list[Node], tmp_path: Path) -> None:
+    node1, node2 = nodes
+    vpc, other = random_vpc(), random_vpc()
+    with bound(kube, vpc), bound(kube, other), \
+            attached(kube, node1, vpc, "1") as pod_a, attached(kube, node1, vpc, "3") as pod_a2, \
+            attached(kube, node2, vpc, "2") as pod_b, \
+            attached(kube, node1, other, "1") as pod_x, attached(kube, node2, other, "2") as pod_y:
+        assert (pod_x.v4, pod_y.v6) == (pod_a.v4, pod_b.v6), "the other VPC has the same addresses"
+        for reader, pod in ((node1, pod_b), (node1, pod_y), (node2, pod_a), (node2, pod_a2),
+                            (node2, pod_x)):
+            wait_routes(datapath, reader, pod)
+        print(f"\n[{PATH}] galactic's maps on {node1.name} (pods {pod_a.name}, {pod_a2.name} of "
+              f"VPC {vpc}, {pod_x.name} of VPC {other}):\n| map | key | value |\n|---|---|---|")
+        print("\n".join(decoded_rows(node1)))
+        assert {i["mtu"] for i in pod_a.result["interfaces"]} == {POD_MTU}
+        cases = []
+        for src, dst, servers, expected in (
+                (pod_a, pod_b, [pod_b, pod_y], pod_b), (pod_b, pod_a, [pod_a, pod_x], pod_a),
+                (pod_a2, pod_b, [pod_b, pod_y], pod_b), (pod_b, pod_a2, [pod_a2], pod_a2),
+                (pod_x, pod_y, [pod_b, pod_y], pod_y), (pod_y, pod_x, [pod_a, pod_x], pod_x)):
+            for family, address in (("v4", dst.v4), ("v6", dst.v6)):
+                heard = answered_by(src, address, servers, tmp_path)
+                cases.append((f"{src.name}->{dst.name}", family, ping(src.netns, address),
+                              ping_mtu(src, address, 1400).returncode == 0, heard,
+                              [expected.name]))
+        print("\n| path | family | ping | 1400-byte DF ping | TCP reached |\n|---|---|---|---|---|")
+        for path, family, pinged, big, heard, _ in cases:
+            print(f"| {path} | {family} | {pinged} | {big} | {heard} |")
+        assert all(pinged and big and heard == want for _, _, pinged, big, heard, want in cases)
+        too_big = ping_mtu(pod_a, pod_b.v4, POD_MTU + 1)
+        assert too_big.returncode != 0 and f"mtu={POD_MTU}" in too_big.stdout + too_big.stderr
+        check = pod_a.node.plugin.call("CHECK", with_prev(pod_a.conf, pod_a.result),
+                                       container_id=pod_a.container, netns=pod_a.path,
+                                       CNI_ARGS=pod_a.cni_args)
+        assert check.status == 0, check.stdout
+        findings = doctor(node1)
+        assert findings["datapath.galactic"][0]["status"] == "ok", findings
+        registered = findings["datapath.registered"]
+        assert [f["status"] for f in registered] == ["ok"], registered
+        for pod in (pod_a, pod_a2, pod_x):
+            assert naming.host_link_name(pod.vpc, pod.att) in registered[0]["detail"]
+        # galactic-cni's own sweep of vrf_table (every 5 minutes, where it reads its conflist)
+        # keeps the rows of VPCs whose BGPVRFInstance lives.
+        rows = node1.rows()
+        swept = run_sweep(galactic.sweep, node1.galactic.prefix, cluster.admin_kubeconfig,
+                          node1.name, BGP_NS)
+        print(f"galactic's sweep on {node1.name}: removed {swept.ebpf_vrf_entries_removed}, "
+              f"errors {swept.errors}")
+        assert (swept.ebpf_vrf_entries_removed, swept.errors) == (0, 0), swept.log
+        assert node1.rows()[layout.VRF_TABLE.name] == rows[layout.VRF_TABLE.name]
+
+
+def doctor(node: Node) -> dict[str, list[dict[str, str]]]:
+    """`vpc-attach doctor --json` on the node, its findings by check."""
+    done = node.galactic.run([str(node.plugin.cni_bin / "vpc-attach"), "doctor", "--json"],
+                             env={**os.environ, **node.plugin.environ})
+    assert done.stdout.strip(), done.stderr
+    by_check: dict[str, list[dict[str, str]]] = {}
+    for finding in json.loads(done.stdout)["checks"]:
+        by_check.setdefault(finding["check"], []).append(finding)
+    return by_check
+
+
+def test_del_withdraws_a_prefix_add_brings_it_back_and_an_emptied_vpc_keeps_its_table(
+        kube: Kube, datapath: Datapath, nodes: list[Node]) -> None:
+    node1, node2 = nodes
+    vpc = random_vpc()
+    with bound(kube, vpc), attached(kube, node1, vpc, "1") as pod_a:
+        with attached(kube, node2, vpc, "2") as pod_b:  # node 2's first ADD of the VPC
+            wait_routes(datapath, node1, pod_b)
+            wait_routes(datapath, node2, pod_a)
+            table = node2.table_of(vpc)
+            assert ping(pod_a.netns, pod_b.v6) and ping(pod_b.netns, pod_a.v4)
+            pod_b.delete()  # the VPC's last attachment on node 2: its VRF goes
+            wait_routes(datapath, node1, pod_b, present=False)
+            assert not ping(pod_a.netns, pod_b.v6)
+            assert node2.table_of(vpc) is None
+            assert vrf_instance(kube, naming.vrf_instance_name(vpc, node2.name)) is not None
+        with attached(kube, node2, vpc, "2") as pod_b2:  # the VPC back on node 2
+            wait_routes(datapath, node1, pod_b2)
+            assert node2.table_of(vpc) == table, "the VRF got its table back"
+            # galactic-router never read the VRF again: its rows for A are still in `table`.
+            assert {r.table_id for r in node2.galactic.egress_routes()
+                    if r.prefix in host_prefixes(pod_a)} == {table}
+            assert ping(pod_a.netns, pod_b2.v6) and ping(pod_b2.netns, pod_a.v4)
+    for node in nodes:
+        log = (node.galactic.directory / "galactic-router.log").read_text()
+        assert "SEG6 encap routes will not be installed" not in log, \
+            "galactic-router read a BGPVRFInstance before its VRF existed"
+
+
+def test_an_add_rolled_back_after_registering_leaves_every_map_byte_for_byte(
+        kube: Kube, nodes: list[Node]) -> None:
+    node1 = nodes[0]
+    vpc = random_vpc()
+    with bound(kube, vpc), attached(kube, node1, vpc, "1"):
+        before = node1.rows()
+        name = f"dp-rb-{os.urandom(2).hex()}"
+        uid = create_pod(kube, name, node1.name)
+        allow = deny_writes(kube, f"deny-{name}", "endpointslices", "discovery.k8s.io",
+                            ["CREATE"], name)
+        try:
+            with temporary_netns("vpa-dprb") as netns:
+                answer = node1.plugin.call(
+                    "ADD", base_conf(vpc, "5", isolation="vrf", ipam=node1.ipam(vpc),
+                                     publish={"bgp": True, "endpointSlice": True}),
+                    container_id=f"ctr-{name}", netns=netns,
+                    CNI_ARGS=f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={name};"
+                             f"K8S_POD_UID={uid}")
+        finally:
+            allow()
+            delete_pod(kube, name)
+        assert answer.status != 0 and answer.code == 104, answer.stdout
+        log = (node1.directory / "vpc-attach.log").read_text()
+        assert "rollback: removed rows written into galactic's datapath" in log
+        assert node1.rows() == before
+
+
+def test_gc_removes_the_rows_of_attachments_the_runtime_no_longer_runs(
+        kube: Kube, nodes: list[Node]) -> None:
+    node1 = nodes[0]
+    vpc = random_vpc()
+    with bound(kube, vpc), attached(kube, node1, vpc, "1") as kept, \
+            attached(kube, node1, vpc, "3") as gone:
+        links = {pod.att: node1.galactic.link(naming.host_link_name(vpc, pod.att))["ifindex"]
+                 for pod in (kept, gone)}
+        gc = {**kept.conf, "cni.dev/valid-attachments": [
+            {"containerID": kept.container, "ifname": "eth0"}]}
+        node1.plugin.ok("GC", gc)
+        ifindexes = {layout.decode_ifindex_key(bytes.fromhex(key))
+                     for key in node1.rows()[layout.IFINDEX_VRF_TABLE.name]}
+        assert links[kept.att] in ifindexes and links[gone.att] not in ifindexes
