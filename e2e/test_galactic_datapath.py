@@ -28,7 +28,15 @@ from cni_plugin.galactic import layout
 from e2e.harness import plugin as plugin_module
 from e2e.harness.agentproc import AgentProcess
 from e2e.harness.galactic.build import GalacticBuild, ensure_galactic_built
-from e2e.harness.galactic.datapath import Datapath, DatapathNode, galactic_datapath
+from e2e.harness.galactic.datapath import (
+    INGRESS_FILTER,
+    PINS,
+    SESSION_ESTABLISHED,
+    Datapath,
+    DatapathNode,
+    galactic_datapath,
+    session_state,
+)
 from e2e.harness.galactic.fabric import apply_galactic_crds
 from e2e.harness.galactic.maps import EgressRoute
 from e2e.harness.galactic.sweep import run_sweep
@@ -239,6 +247,18 @@ def _describe(map_name: str, key: bytes, value: bytes) -> str:
         block, argument = layout.decode_ifindex_value(value)
         return f"ifindex {layout.decode_ifindex_key(key)} | block {block:#x} argument {argument}"
     return f"{key.hex()} | {value.hex()}"
+
+
+def test_each_node_runs_galactics_datapath_of_its_own_and_routers_in_session(
+        kube: Kube, datapath: Datapath) -> None:
+    for node in datapath.nodes:
+        assert set(PINS) <= node.pins(), node.pins()
+        assert [(f.kind, f.name, f.program, f.direct_action) for f in node.ingress_filters()] \
+            == [("bpf", INGRESS_FILTER, "usid_ingress", True)]
+    first, second = datapath.nodes
+    assert first.map_id("egress_route_table") != second.map_id("egress_route_table")
+    assert not Path("/sys/fs/bpf/galactic").exists(), "nothing pinned in the VM's own bpffs"
+    assert {session_state(kube, peer) for peer in datapath.peers} == {SESSION_ESTABLISHED}
 
 
 def test_one_vpc_across_two_nodes_and_a_vpc_with_the_same_subnets_reaches_neither(

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
+from cni_plugin.core import records
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.rollback import Rollback
 from cni_plugin.galactic import layout, underlay
@@ -47,7 +48,7 @@ from cni_plugin.kernel import tc
 from cni_plugin.kernel.bpf import BPF_EXIST, BPF_MAP_TYPE_LPM_TRIE, BPF_NOEXIST, BpfError
 from cni_plugin.kernel.links import kernel_errors
 from cni_plugin.kernel.rtnl import Rtnl
-from netconf.errors import DATAPATH_MISMATCH, INVALID_CONFIG, IO_FAILURE, CniError
+from netconf.errors import DATAPATH_MISMATCH, INVALID_CONFIG, CniError
 
 log = logging.getLogger(__name__)
 RECORDS_DIR = "galactic"  # under the host's lockDir: one record per registered attachment
@@ -387,19 +388,11 @@ def record_path(lock_dir: str, container_id: str, ifname: str) -> str:
 
 def write_record(lock_dir: str, reg: Registration) -> None:
     """Record the attachment's rows before writing them (atomically)."""
-    path = record_path(lock_dir, reg.container_id, reg.ifname)
     body = {"network": reg.network, "hostLink": reg.host_link,
             "rows": [[m.name, k.hex(), v.hex()] for m, k, v in reg.attachment_rows()],
             "uses": [[m.name, k.hex()] for m, k in reg.shared_rows()]}
-    try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        temporary = f"{path}.{os.getpid()}"
-        with open(temporary, "w", encoding="utf-8") as handle:
-            json.dump(body, handle)
-        os.replace(temporary, path)
-    except OSError as exc:
-        raise CniError(IO_FAILURE, f"cannot record the galactic registration in {path!r}",
-                       exc.strerror or str(exc)) from None
+    records.write_record(record_path(lock_dir, reg.container_id, reg.ifname), json.dumps(body),
+                         "the galactic registration")
 
 
 _BY_NAME = {m.name: m for m in layout.MAPS}

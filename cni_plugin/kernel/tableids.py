@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from netconf.errors import IO_FAILURE, CniError
+from cni_plugin.core.records import write_record
 
 DIRECTORY = "tables"
 
@@ -30,6 +30,8 @@ def kept(lock_dir: str) -> dict[str, int]:
         return {}
     found: dict[str, int] = {}
     for name in names:
+        if "." in name:  # a write under way
+            continue
         try:
             with open(os.path.join(directory, name), encoding="ascii") as handle:
                 found[name] = int(handle.read().strip())
@@ -40,16 +42,7 @@ def kept(lock_dir: str) -> dict[str, int]:
 
 def keep(lock_dir: str, vrf: str, table: int) -> None:
     """Record that the VPC of VRF `vrf` keeps `table` (atomically; code 5 when it cannot)."""
-    path = _path(lock_dir, vrf)
-    try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        temporary = f"{path}.{os.getpid()}"
-        with open(temporary, "w", encoding="ascii") as handle:
-            handle.write(f"{table}\n")
-        os.replace(temporary, path)
-    except OSError as exc:
-        raise CniError(IO_FAILURE, f"cannot record the table id of {vrf} in {path!r}",
-                       exc.strerror or str(exc)) from None
+    write_record(_path(lock_dir, vrf), f"{table}\n", f"the table id of {vrf}")
 
 
 def forget(lock_dir: str, vrf: str) -> bool:

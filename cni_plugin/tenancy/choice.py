@@ -10,8 +10,9 @@ import os
 from typing import Any
 
 from cni_plugin.core import naming
+from cni_plugin.core.records import write_record as write_record_file
 from cni_plugin.core.request import Invocation
-from netconf.errors import INVALID_CONFIG, IO_FAILURE, CniError
+from netconf.errors import INVALID_CONFIG, CniError
 from netconf.result import Result
 
 ANNOTATION = "vpc-attach.datum.net/attachment"
@@ -44,18 +45,9 @@ def record_path(inv: Invocation) -> str:
 
 def write_record(inv: Invocation) -> None:
     """Record the chosen attachment before anything is made with it (atomically)."""
-    path = record_path(inv)
     body = {"network": inv.conf.name, "vpc": inv.conf.vpc,
             "vpcattachment": inv.conf.vpcattachment}
-    try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        temporary = f"{path}.{inv.attempt}"
-        with open(temporary, "w", encoding="utf-8") as handle:
-            json.dump(body, handle)
-        os.replace(temporary, path)
-    except OSError as exc:
-        raise CniError(IO_FAILURE, f"cannot record the attachment in {path!r}",
-                       exc.strerror or str(exc)) from None
+    write_record_file(record_path(inv), json.dumps(body), "the attachment")
 
 
 def remove_record(inv: Invocation) -> None:

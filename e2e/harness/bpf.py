@@ -21,14 +21,22 @@ TOOL_TIMEOUT = 20.0
 
 @contextlib.contextmanager
 def mounted_bpffs(mount: Path) -> Iterator[Path]:
-    """A private bpffs instance on the directory `mount` (made if missing), unmounted with
-    everything pinned in it after."""
+    """A bpffs instance of its own on the directory `mount` (made if missing), in this
+    process's mount namespace; afterwards whatever is pinned in it is removed, it is unmounted
+    and the directory removed."""
     mount.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "bpf", "bpf", str(mount)], check=True, timeout=TOOL_TIMEOUT)
+    subprocess.run(["mount", "-t", "bpf", "vpa-bpffs", str(mount)], check=True,
+                   timeout=TOOL_TIMEOUT)
     try:
         yield mount
     finally:
+        for entry in mount.iterdir():  # pins go with the unmount too; this says so plainly
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
         subprocess.run(["umount", str(mount)], check=True, timeout=TOOL_TIMEOUT)
+        mount.rmdir()
 
 
 def bpftool(*args: str) -> Any:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from cni_plugin.publish.resources import ROUTERS
+from e2e.harness.bpf import mounted_bpffs
 from e2e.harness.cluster import Cluster
 from e2e.harness.galactic.build import GalacticBuild
 from e2e.harness.galactic.fabric import Child, create_bgp_peer, router_env, start_child
@@ -81,28 +82,6 @@ def locator(index: int) -> str:
 def router_id(index: int) -> str:
     """Node ``index``'s BGPRouter routerID (iBGP peers need distinct ones)."""
     return f"198.51.100.{index}"
-
-
-@contextlib.contextmanager
-def mounted_bpffs(directory: Path) -> Iterator[Path]:
-    """A bpffs instance of its own at ``directory`` (created), in this process's mount
-    namespace; afterwards whatever is pinned in it is removed and it is unmounted."""
-    directory.mkdir(parents=True, exist_ok=True)
-    _run(["mount", "-t", "bpf", "vpa-node-bpffs", str(directory)])
-    try:
-        yield directory
-    finally:
-        _remove_pins(directory)
-        _run(["umount", str(directory)])
-        directory.rmdir()
-
-
-def _remove_pins(directory: Path) -> None:
-    for entry in directory.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
 
 
 def _run(argv: list[str], timeout: float = RUN_TIMEOUT_S) -> str:
