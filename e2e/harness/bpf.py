@@ -30,11 +30,15 @@ def mounted_bpffs(mount: Path) -> Iterator[Path]:
     try:
         yield mount
     finally:
-        for entry in mount.iterdir():  # pins go with the unmount too; this says so plainly
+        # Pins go with the last mount of the instance; a process of a node may still hold one
+        # in its mount namespace, so they are removed here. (The kernel's own preloaded
+        # entries, e.g. progs.debug, cannot be and need not be.)
+        for entry in mount.iterdir():
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry)
             else:
-                entry.unlink()
+                with contextlib.suppress(PermissionError):
+                    entry.unlink()
         subprocess.run(["umount", str(mount)], check=True, timeout=TOOL_TIMEOUT)
         mount.rmdir()
 
