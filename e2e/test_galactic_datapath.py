@@ -395,3 +395,28 @@ def test_gc_removes_the_rows_of_attachments_the_runtime_no_longer_runs(
         ifindexes = {layout.decode_ifindex_key(bytes.fromhex(key))
                      for key in node1.rows()[layout.IFINDEX_VRF_TABLE.name]}
         assert links[kept.att] in ifindexes and links[gone.att] not in ifindexes
+
+
+def test_what_galactics_own_gc_passes_do_beside_vpc_attach(
+        kube: Kube, cluster: Any, galactic: GalacticBuild, nodes: list[Node]) -> None:
+    """docs/operations.md#galactics-datapath: galactic-cni sweeps nothing without galactic's
+    own conflist, and galactic-router's GC removes the VRF of a VPC its node advertises
+    nothing in (here: an L2-only tap's, which has no addresses to advertise)."""
+    node1 = nodes[0]
+    cni_log = (node1.galactic.directory / "galactic-cni.log").read_text()
+    assert "eBPF vrf_table GC sweep disabled" in cni_log
+    vpc = random_vpc()
+    conf = base_conf(vpc, "1", attachment="tap", isolation="vrf",
+                     publish={"bgp": True, "endpointSlice": False})
+    args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=vm-l2"
+    with bound(kube, vpc), temporary_netns("vpa-dpvm") as netns:
+        result = node1.plugin.ok("ADD", conf, container_id="vm-l2", netns=netns, CNI_ARGS=args)
+        try:
+            assert node1.table_of(vpc) is not None
+            swept = run_sweep(galactic.sweep, node1.galactic.prefix, cluster.admin_kubeconfig,
+                              node1.name, BGP_NS, router_gc=True)
+            print(f"galactic-router's GC pass on {node1.name}: {swept}")
+            assert swept.orphaned_vrfs_removed >= 1 and node1.table_of(vpc) is None
+        finally:
+            node1.plugin.ok("DEL", with_prev(conf, result), container_id="vm-l2", netns=netns,
+                            CNI_ARGS=args)

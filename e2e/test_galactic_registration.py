@@ -32,7 +32,7 @@ from cni_plugin.galactic.layout import (
     VrfRow,
 )
 from cni_plugin.galactic.registration import Registration
-from cni_plugin.kernel import bpf
+from cni_plugin.kernel import bpf, tc
 from cni_plugin.kernel.netns import entered, open_netlink
 from cni_plugin.kernel.rtnl import Rtnl
 from e2e.harness.bpf import (
@@ -278,3 +278,22 @@ def test_a_rolled_back_second_attachment_leaves_the_first_ones_rows_as_they_were
     assert node.rows() != before  # the VPC's and the node's rows were written again
     assert rollback.run() == []
     assert node.rows() == before
+
+
+def test_check_names_each_row_and_filter_that_is_gone(node: Node) -> None:
+    reg = node.registration("G000000jU001H", "c1", ["fd00:7::/96"])
+    node.register(reg, Rollback(Deadline(10)))
+    with pins.opened(str(node.pin_dir)) as datapath:
+        assert datapath is not None
+        assert registration.differences(datapath, node.rtnl, reg) == []
+        datapath[IFINDEX_VRF_TABLE].delete(layout.ifindex_key(reg.host_ifindex))
+        with bpf.open_map(str(node.pin_dir / VRF_TABLE.name)) as vrfs:
+            key = layout.vrf_key(reg.block, reg.argument)
+            moved = VrfRow.decode(vrfs.lookup(key) or b"")
+            vrfs.update(key, replace(moved, table_id=TABLE + 1).encode())
+        tc.delete_filter(node.rtnl, reg.host_ifindex, layout.EGRESS_FILTER_PRIORITY)
+        diffs = registration.differences(datapath, node.rtnl, reg)
+    assert any("ifindex_vrf_table lacks the row of G000000jU001H" in d for d in diffs), diffs
+    assert f"galactic's vrf_table sends VRF ID 3 to table {TABLE + 1}, the VPC's VRF has " \
+        f"{TABLE}" in diffs
+    assert "galactic's usid_egress is not attached to G000000jU001H" in diffs

@@ -39,8 +39,6 @@ def galactic_datapath(node: Node) -> list[Finding]:
 def _registrations(node: Node, datapath: Datapath, rtnl: Rtnl) -> list[Finding]:
     lock_dir = node.settings.lock_dir
     by_index = {link.index: link for link in rtnl.links()}
-    with datapath.program() as program:
-        program_id = program.info.prog_id
     registered: list[str] = []
     broken: list[str] = []
     for path in registration.record_paths(lock_dir):
@@ -56,8 +54,9 @@ def _registrations(node: Node, datapath: Datapath, rtnl: Rtnl) -> list[Finding]:
         block, argument = layout.decode_ifindex_value(value)
         if datapath[layout.VRF_TABLE].lookup(layout.vrf_key(block, argument)) is None:
             problems.append(layout.VRF_TABLE.name)
+        # By name: a restarted galactic-cni pins a new program, the filter keeps running the
+        # one it had (on the same pinned maps).
         if link is None or not any(f.name == layout.EGRESS_FILTER_NAME
-                                   and f.prog_id == program_id
                                    for f in tc.bpf_filters(rtnl, ifindex)):
             problems.append("usid_egress")
         (broken if problems else registered).append(

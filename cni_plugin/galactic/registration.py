@@ -465,9 +465,10 @@ def differences(datapath: Datapath, rtnl: Rtnl, reg: Registration) -> list[str]:
     elif VrfRow.decode(vrf_row).table_id != reg.table_id:
         diffs.append(f"galactic's vrf_table sends VRF ID {reg.argument} to table "
                      f"{VrfRow.decode(vrf_row).table_id}, the VPC's VRF has {reg.table_id}")
-    with datapath.program() as program, kernel_errors("list the TC filters of", reg.host_link):
+    with kernel_errors("list the TC filters of", reg.host_link):
         filters = tc.bpf_filters(rtnl, reg.host_ifindex)
-        if not any(f.name == layout.EGRESS_FILTER_NAME and f.prog_id == program.info.prog_id
+        # By name: after galactic-cni restarts, the filter runs the program it had.
+        if not any(f.name == layout.EGRESS_FILTER_NAME
                    and f.priority == layout.EGRESS_FILTER_PRIORITY for f in filters):
             diffs.append(f"galactic's usid_egress is not attached to {reg.host_link}")
     return diffs

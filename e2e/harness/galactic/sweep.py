@@ -39,12 +39,14 @@ def parse_sweep_result(stdout: str, stderr: str) -> SweepResult:
 
 
 def run_sweep(program: Path, prefix: list[str], kubeconfig: Path, node_name: str,
-              namespace: str, pin_dir: str | None = None) -> SweepResult:
+              namespace: str, pin_dir: str | None = None, router_gc: bool = False
+              ) -> SweepResult:
     """Run the sweep once as a process of a node (``prefix``: e.g. ``DatapathNode.prefix``, so
     galactic's default pin directory /sys/fs/bpf/galactic is that node's); raise with its
-    output if it fails (a missing pin directory included)."""
+    output if it fails (a missing pin directory included). ``router_gc``: galactic-router's
+    GC pass (``gc.RunGC``: orphaned BGP objects and VRF devices of the node) instead."""
     argv = [*prefix, str(program), "--kubeconfig", str(kubeconfig), "--node-name", node_name,
-            "--namespace", namespace]
+            "--namespace", namespace, *(["--router-gc"] if router_gc else [])]
     if pin_dir is not None:
         argv += ["--pin-dir", pin_dir]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S,

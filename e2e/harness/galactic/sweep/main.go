@@ -1,6 +1,8 @@
 // Command vpc-attach-ebpf-sweep runs galactic's eBPF vrf_table sweep once:
 // gc.SweepEBPFVRFTable, the function `galactic-cni run` calls on its 5-minute ticker, with a
-// controller-runtime client built from a kubeconfig instead of the in-cluster config.
+// controller-runtime client built from a kubeconfig instead of the in-cluster config. With
+// --router-gc it runs galactic-router's garbage collection pass instead: gc.RunGC, what the
+// router's GC ticker (GALACTIC_ROUTER_GC_INTERVAL) calls.
 //
 // It is copied into galactic's source tree by e2e/harness/galactic/build.py (Go lets only
 // code inside that module import its internal packages). Flags (or env): --kubeconfig
@@ -65,13 +67,14 @@ func main() {
 		"namespace of the BGPRouters and BGPVRFInstances")
 	nodeName := flag.String("node-name", os.Getenv("GALACTIC_SWEEP_NODE_NAME"), "this node's name")
 	pinDir := flag.String("pin-dir", attach.PinDir, "galactic's bpffs pin directory")
+	routerGC := flag.Bool("router-gc", false, "run galactic-router's GC pass (gc.RunGC) instead")
 	flag.Parse()
 	if *kubeconfig == "" || *nodeName == "" {
 		fail("--kubeconfig and --node-name are required")
 	}
 	// SweepEBPFVRFTable treats a missing pin directory as nothing to do; here that would hide
 	// a harness that pointed it at the wrong place, so it is an error.
-	if _, err := os.Stat(*pinDir); err != nil {
+	if _, err := os.Stat(*pinDir); err != nil && !*routerGC {
 		fail("pin directory: %v", err)
 	}
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})))
@@ -81,7 +84,12 @@ func main() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), sweepTimeout)
 	defer cancel()
-	result := gc.SweepEBPFVRFTable(ctx, k8s, *namespace, *nodeName, *pinDir)
+	var result gc.CleanupResult
+	if *routerGC {
+		result = gc.RunGC(ctx, k8s, *namespace, *nodeName)
+	} else {
+		result = gc.SweepEBPFVRFTable(ctx, k8s, *namespace, *nodeName, *pinDir)
+	}
 	if err := json.NewEncoder(os.Stdout).Encode(result); err != nil {
 		fail("write result: %v", err)
 	}
