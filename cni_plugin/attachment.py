@@ -152,8 +152,9 @@ def release_unused_vpc(inv: Invocation) -> int | None:
         stack.enter_context(file_lock(inv.lock_path("host"), inv.deadline.remaining()))
         with host_netlink(inv.deadline) as rtnl:
             table = isolation.release(rtnl, inv.conf.vpc)
-        if table is not None and inv.conf.isolation == "vrf":  # its SID's row goes with it
-            registration.release_vpc(resolve_galactic_settings(inv.node_env).pin_dir, table)
+        if table is not None and inv.conf.isolation == "vrf":  # its SID's rows go with it
+            settings = resolve_galactic_settings(inv.node_env)
+            registration.release_vpc(settings.pin_dir, table, settings.nat66_shard_sids)
         return table
     return None
 
@@ -210,7 +211,8 @@ def answer_sid(inv: Invocation, created: CreatedVeth | CreatedTap, vpc_sid: VpcS
                     egress_kind=_egress_kind(rtnl, inv), locator=vpc_sid.locator,
                     node_id=vpc_sid.node_id, argument=vpc_sid.vrf_id,
                     table_id=created.vpc_table.table,
-                    prefixes=addressing.advertised(host_only=False)),
+                    prefixes=addressing.advertised(host_only=False),
+                    nat66_shard_sids=settings.nat66_shard_sids),
                 rollback, inv.host.lock_dir, settings.underlay_interfaces,
                 lambda deadline: host_lock(inv, deadline))
 

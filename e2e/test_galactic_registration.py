@@ -297,3 +297,37 @@ def test_check_names_each_row_and_filter_that_is_gone(node: Node) -> None:
     assert f"galactic's vrf_table sends VRF ID 3 to table {TABLE + 1}, the VPC's VRF has " \
         f"{TABLE}" in diffs
     assert "galactic's usid_egress is not attached to G000000jU001H" in diffs
+
+
+def test_a_vrfs_default_goes_to_the_first_reachable_nat66_shard(node: Node) -> None:
+    unreachable, reachable = "fd00:dead::1", "2001:db8:ff::1"  # no route / via the default
+    run_ip("-n", os.path.basename(node.netns), "-6", "route", "add", "unreachable",
+           "fd00:dead::/32")
+    reg = replace(node.registration("G000000jU001H", "c1", ["fd00:7::/96"]),
+                  nat66_shard_sids=(unreachable, reachable))
+    rollback = Rollback(Deadline(10))
+    node.register(reg, rollback)
+    default = layout.route_key(TABLE, ipaddress.ip_network("::/0"))
+    route = layout.EgressRoute.decode(bytes.fromhex(
+        node.rows()[EGRESS_ROUTE_TABLE.name][default].hex()))
+    underlay = node.rtnl.get_link(name="ul0")
+    assert route == layout.EgressRoute(reachable, underlay.index, UNDERLAY_PEER_MAC,
+                                       underlay.mac)
+    assert rollback.run() == []
+    assert default not in node.rows()[EGRESS_ROUTE_TABLE.name]
+    node.register(reg, Rollback(Deadline(10)))
+    assert registration.release_vpc(str(node.pin_dir), TABLE, reg.nat66_shard_sids) == 3
+
+
+def test_no_reachable_nat66_shard_fails_the_registration_and_writes_nothing(
+        node: Node) -> None:
+    run_ip("-n", os.path.basename(node.netns), "-6", "route", "add", "unreachable",
+           "fd00:dead::/32")
+    before = node.rows()
+    rollback = Rollback(Deadline(10))
+    with pytest.raises(CniError, match="no NAT66 shard SID is reachable yet") as refused:
+        node.register(replace(node.registration("G000000jU001H", "c1", ["fd00:7::/96"]),
+                              nat66_shard_sids=("fd00:dead::1",)), rollback)
+    assert refused.value.code == 11
+    assert rollback.run() == []
+    assert node.rows() == before

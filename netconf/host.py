@@ -38,6 +38,7 @@ DEFAULT_IPAM_DATA_ROOT = "/var/lib/cni/vpc-attach-ipam"
 GALACTIC_PIN_DIR = ("galacticPinDir", "VPC_ATTACH_GALACTIC_PIN_DIR")
 UNDERLAY_INTERFACES = ("underlayInterfaces", "VPC_ATTACH_UNDERLAY_INTERFACES")
 UNDERLAY_MTU = ("underlayMTU", "VPC_ATTACH_UNDERLAY_MTU")
+NAT66_SHARD_SIDS = ("nat66ShardSIDs", "VPC_ATTACH_NAT66_SHARD_SIDS")
 DEFAULT_GALACTIC_PIN_DIR = "/sys/fs/bpf/galactic"
 # The smallest underlay that still carries an encapsulated IPv6 packet of the minimum MTU.
 MIN_UNDERLAY_MTU = 1280 + 40
@@ -60,7 +61,8 @@ _SOURCES: dict[str, tuple[str, str | None]] = {
 _NODE_ONLY: dict[str, str] = {STANZA_HOST_SETTINGS_KEY: STANZA_HOST_SETTINGS_ENV,
                               IPAM_DATA_ROOT_KEY: IPAM_DATA_ROOT_ENV,
                               "tenancy": "VPC_ATTACH_TENANCY",
-                              **dict((GALACTIC_PIN_DIR, UNDERLAY_INTERFACES, UNDERLAY_MTU))}
+                              **dict((GALACTIC_PIN_DIR, UNDERLAY_INTERFACES, UNDERLAY_MTU,
+                                      NAT66_SHARD_SIDS))}
 
 
 @dataclass(frozen=True)
@@ -330,6 +332,7 @@ class GalacticSettings:
     pin_dir: str = DEFAULT_GALACTIC_PIN_DIR
     underlay_interfaces: tuple[str, ...] = ()  # empty: the IPv6 default route's devices
     underlay_mtu: int | None = None  # None: the smallest MTU of the underlay interfaces
+    nat66_shard_sids: tuple[str, ...] = ()  # a VRF's default egress goes to the first reachable
 
 
 def resolve_galactic_settings(environ: Mapping[str, str],
@@ -356,7 +359,24 @@ def resolve_galactic_settings(environ: Mapping[str, str],
     mtu = value(UNDERLAY_MTU)
     return GalacticSettings(pin_dir, tuple(interfaces),
                             None if mtu in (None, "") else
-                            _count(mtu, UNDERLAY_MTU[0], MIN_UNDERLAY_MTU, 65535))
+                            _count(mtu, UNDERLAY_MTU[0], MIN_UNDERLAY_MTU, 65535),
+                            _shard_sids(value(NAT66_SHARD_SIDS) or []))
+
+
+def _shard_sids(raw: Any) -> tuple[str, ...]:
+    """NAT66 shard SIDs: IPv6 addresses (a list, or comma-separated; blanks skipped)."""
+    items = raw.split(",") if isinstance(raw, str) else raw
+    try:
+        if not isinstance(items, list):
+            raise ValueError("not a list")
+        sids = [ipaddress.IPv6Address(str(item).strip()) for item in items if str(item).strip()]
+        if any(sid.is_unspecified for sid in sids):
+            raise ValueError("the unspecified address is no SID")
+    except ValueError as exc:
+        raise CniError(INVALID_CONFIG, f"invalid {NAT66_SHARD_SIDS[0]} {raw!r}",
+                       f"{exc}; expected IPv6 SIDs (a list, or comma-separated in "
+                       f"{NAT66_SHARD_SIDS[1]})") from None
+    return tuple(str(sid) for sid in sids)
 
 
 def _link_name(name: Any) -> bool:

@@ -1,8 +1,9 @@
 """An attachment registered in galactic's datapath the way galactic-bgp registers one
 (`registerEBPFDatapath` at the compatible commit), and taken out again.
 
-Rows, in galactic's order: a pass-through `egress_route_table` row per advertised prefix (the
-VRF's own prefixes stay local), `locator_table` and `function_table` (the node's locator and
+Rows, in galactic's order: the VRF's default `egress_route_table` row toward a NAT66 shard
+(only where the node names shard SIDs), a pass-through row per advertised prefix (the VRF's own
+prefixes stay local), `locator_table` and `function_table` (the node's locator and
 End.DT46), `vrf_table` (the SID's Argument → the VPC's Linux table), `ifindex_vrf_table` (the
 host link → its VPC), then galactic's pinned `usid_egress` on the host link's TC ingress, then
 the node's SRv6 source address and uplink (best effort, as galactic does).
@@ -48,12 +49,13 @@ from cni_plugin.kernel import tc
 from cni_plugin.kernel.bpf import BPF_EXIST, BPF_MAP_TYPE_LPM_TRIE, BPF_NOEXIST, BpfError
 from cni_plugin.kernel.links import kernel_errors
 from cni_plugin.kernel.rtnl import Rtnl
-from netconf.errors import DATAPATH_MISMATCH, INVALID_CONFIG, CniError
+from netconf.errors import DATAPATH_MISMATCH, INVALID_CONFIG, TRY_AGAIN_LATER, CniError
 
 log = logging.getLogger(__name__)
 RECORDS_DIR = "galactic"  # under the host's lockDir: one record per registered attachment
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+DEFAULT_PREFIX = ipaddress.IPv6Network("::/0")  # egressroutemap.DefaultPrefix
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class Registration:
     argument: int  # the VPC's VRF ID on this node
     table_id: int  # the VPC's Linux table (its VRF's)
     prefixes: tuple[Network, ...]
+    nat66_shard_sids: tuple[str, ...] = ()  # the VRF's default egress: the first reachable
 
     @property
     def block(self) -> int:
@@ -92,7 +95,9 @@ class Registration:
                 (FUNCTION_TABLE, layout.function_key(self.block)),
                 (VRF_TABLE, layout.vrf_key(self.block, self.argument)),
                 (NODE_SRC_ADDR_TABLE, layout.ARRAY_ONLY_KEY),
-                (PUBLIC_UPLINK_TABLE, layout.ARRAY_ONLY_KEY)]
+                (PUBLIC_UPLINK_TABLE, layout.ARRAY_ONLY_KEY),
+                *([(EGRESS_ROUTE_TABLE, layout.route_key(self.table_id, DEFAULT_PREFIX))]
+                  if self.nat66_shard_sids else [])]
 
 
 @dataclass(frozen=True)
@@ -203,7 +208,8 @@ def register(datapath: Datapath, rtnl: Rtnl, registration: Registration, rollbac
 
     rollback.created("rows written into galactic's datapath", undo)
     block = reg.block
-    for map_layout, key, value in reg.attachment_rows()[:-1]:  # pass-through rows first
+    _write_nat66_default(writer, rtnl, reg)
+    for map_layout, key, value in reg.attachment_rows()[:-1]:  # then the pass-through rows
         writer.write(map_layout, key, value)
     writer.write(LOCATOR_TABLE, layout.locator_key(block, reg.node_id),
                  layout.locator_value(clock()))
@@ -215,6 +221,23 @@ def register(datapath: Datapath, rtnl: Rtnl, registration: Registration, rollbac
                      lambda d: _detach(reg.host_link, reg.host_ifindex, d))
     attach_usid_egress(datapath, rtnl, reg.host_link, reg.host_ifindex)
     _write_node_rows(writer, rtnl, underlay_interfaces)
+
+
+def _write_nat66_default(writer: RowWriter, rtnl: Rtnl, reg: Registration) -> None:
+    """The VRF's default egress toward the first NAT66 shard SID the underlay reaches now
+    (installNAT66EgressRoute); none configured: no default (traffic leaving the VPC meets the
+    VRF's unreachable default). Configured but none reachable fails the ADD, as galactic's."""
+    if not reg.nat66_shard_sids:
+        return
+    for sid in reg.nat66_shard_sids:
+        hop = underlay.next_hop(rtnl, sid)
+        if hop is not None:
+            writer.write(EGRESS_ROUTE_TABLE, layout.route_key(reg.table_id, DEFAULT_PREFIX),
+                         layout.EgressRoute(sid, hop.ifindex, hop.dmac, hop.smac).encode())
+            return
+    raise CniError(TRY_AGAIN_LATER, f"no NAT66 shard SID is reachable yet, out of "
+                   f"{len(reg.nat66_shard_sids)} configured (nat66ShardSIDs)",
+                   "each needs a route over the underlay and a resolved next hop")
 
 
 def _write_vrf_row(writer: RowWriter, reg: Registration, clock: Callable[[], int]) -> None:
@@ -334,10 +357,10 @@ def collect_orphans(pin_dir: str, live_ifindexes: set[int]) -> int:
     return removed
 
 
-def release_vpc(pin_dir: str, table_id: int) -> int:
-    """The VPC's VRF went (its table released): its vrf_table row and any pass-through row of
-    its table go too; the number of rows removed. Routes galactic-router wrote stay: the
-    table id stays the VPC's while its BGPVRFInstance exists."""
+def release_vpc(pin_dir: str, table_id: int, nat66_shard_sids: tuple[str, ...] = ()) -> int:
+    """The VPC's VRF went (its table released): its vrf_table row, any pass-through row of its
+    table and its default toward a NAT66 shard go too; the number of rows removed. Routes
+    galactic-router wrote stay: the table id stays the VPC's while its BGPVRFInstance exists."""
     removed = 0
     with _tolerating_mismatch(), opened(pin_dir) as datapath:
         if datapath is None:
@@ -350,8 +373,11 @@ def release_vpc(pin_dir: str, table_id: int) -> int:
                     removed += 1
         with kernel_errors("remove the VPC's rows of galactic's map", EGRESS_ROUTE_TABLE.name):
             for key, value in list(routes.items()):
-                if layout.decode_route_key(key)[0] == table_id and \
-                        value == layout.PASS_THROUGH and routes.delete(key):
+                table, prefix = layout.decode_route_key(key)
+                ours = value == layout.PASS_THROUGH or (
+                    prefix == DEFAULT_PREFIX
+                    and layout.EgressRoute.decode(value).sid in nat66_shard_sids)
+                if table == table_id and ours and routes.delete(key):
                     removed += 1
     return removed
 

@@ -77,6 +77,28 @@ def uplink(rtnl: Rtnl, link: LinkMsg) -> Uplink | None:
     return None
 
 
+def next_hop(rtnl: Rtnl, destination: str) -> Uplink | None:
+    """How a packet to destination leaves: the link of its route and the resolved MAC of the
+    route's gateway (or of the destination, on link); None when either is missing
+    (egressroutemap.resolveLinkAndL2)."""
+    address = ipaddress.IPv6Address(destination)
+    try:
+        route = rtnl.route_get(address)
+    except NetlinkError:
+        return None
+    if not route.oif:
+        return None
+    hop = ipaddress.IPv6Address(route.gateway) if route.gateway else address
+    with kernel_errors("list the neighbours of link", str(route.oif)):
+        neighbours = rtnl.neighbours(route.oif)
+        link = rtnl.get_link(index=route.oif)
+    for neighbour in neighbours:
+        if neighbour.dst and ipaddress.ip_address(neighbour.dst) == hop and neighbour.lladdr \
+                and len(neighbour.lladdr.split(":")) == 6:
+            return Uplink(route.oif, neighbour.lladdr, link.mac)
+    return None
+
+
 def workload_mtu(links: list[LinkMsg], underlay_mtu: int | None = None) -> int | None:
     """The largest MTU a workload link may have for its packets to cross the underlay
     encapsulated: the underlay's MTU (configured, else the smallest of its links) less the

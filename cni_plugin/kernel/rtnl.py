@@ -768,6 +768,16 @@ class Rtnl:
         return [r for r in found
                 if (table is None or r.table == table) and (oif is None or r.oif == oif)]
 
+    def route_get(self, dst: IPAddr) -> RouteMsg:
+        """The route the kernel would take to dst (`ip route get`; NetlinkError when none)."""
+        body = _RTMSG.pack(family_of(dst.version), dst.max_prefixlen, 0, 0, 0, 0, 0, 0, 0) + \
+            attr(RTA_DST, dst.packed)
+        replies = self.request(RTM_GETROUTE, body)
+        routes = [decode_route(msg.payload) for msg in replies if msg.type == RTM_NEWROUTE]
+        if not routes:
+            raise NetlinkError(errno.ENETUNREACH, f"no route to {dst}")
+        return routes[0]
+
     def replace_neigh(self, index: int, ip: IPAddr, mac: str,
                       state: int = NUD_PERMANENT) -> None:
         """Create or replace the neighbour entry ip -> mac on link index."""
