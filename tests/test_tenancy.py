@@ -147,7 +147,10 @@ def test_the_annotation_round_trips(vpc: str, att: str) -> None:
 
 @pytest.mark.parametrize("annotations", [{}, {choice.ANNOTATION: "12"},
                                          {choice.ANNOTATION: "1/2/3"},
-                                         {choice.ANNOTATION: "/2"}, {choice.ANNOTATION: "1/"}])
+                                         {choice.ANNOTATION: "/2"}, {choice.ANNOTATION: "1/"},
+                                         {choice.ANNOTATION: "TFemW/c-7"},
+                                         {choice.ANNOTATION: "TFe-W/7"},
+                                         {choice.ANNOTATION: "1/zzzz"}])
 def test_a_missing_or_malformed_annotation_is_code_7_naming_it(
         annotations: dict[str, str]) -> None:
     with pytest.raises(CniError) as refused:

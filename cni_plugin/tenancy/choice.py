@@ -12,6 +12,7 @@ from typing import Any
 from cni_plugin.core import naming
 from cni_plugin.core.records import write_record as write_record_file
 from cni_plugin.core.request import Invocation
+from netconf.base62 import ATTACHMENT_LIMIT, VPC_LIMIT, decode_base62
 from netconf.errors import INVALID_CONFIG, CniError
 from netconf.result import Result
 
@@ -34,6 +35,16 @@ def from_annotation(pod: dict[str, Any] | None, where: str) -> tuple[str, str]:
     if not sep or not vpc or not attachment or "/" in attachment:
         raise CniError(INVALID_CONFIG, f"vpcFromPod: malformed annotation {ANNOTATION}="
                        f"{value!r} on Pod {where}", 'expected "<vpc>/<vpcattachment>"')
+    for what, text, limit in (("VPC", vpc, VPC_LIMIT), ("attachment", attachment,
+                                                        ATTACHMENT_LIMIT)):
+        try:
+            valid = decode_base62(text) < limit
+        except ValueError:
+            valid = False
+        if not valid:
+            raise CniError(INVALID_CONFIG, f"vpcFromPod: annotation {ANNOTATION}={value!r} on "
+                           f"Pod {where} names no valid {what}",
+                           f"{what} {text!r} must be base62 (0-9a-zA-Z) below {limit}")
     return vpc, attachment
 
 
