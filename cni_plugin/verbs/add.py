@@ -1,5 +1,5 @@
-"""ADD: parse → admit (tenancy, SPEC §14) → the VPC's VRF → settle its BGPVRFInstance (thread)
-→ start IPAM (process) → create links → addresses from the IPAM result → answer the VPC's SID
+"""ADD: parse → admit (tenancy, SPEC §14) → start IPAM (process) → the VPC's VRF → settle its
+BGPVRFInstance (thread) → create links → addresses from the IPAM result → answer the VPC's SID
 (kernel, galactic's datapath) → publish (API) → result, like the reference ptp plugin's cmdAdd.
 """
 
@@ -38,13 +38,13 @@ def add(request: Request, collaborators: Collaborators) -> Result:
                 publication.publish(Addressing.from_result(result))
             return result
         with attachment.lock(inv), attachment.open_links(inv) as links:
+            ipam = start_ipam(inv, rollback)  # a process, running while the rest is made
             # The VRF exists before galactic-router can read the VPC's instance: it resolves
             # the VPC's table through it once (SPEC §15).
             vpc_table = links.ensure_vpc_table(keeps_table=publisher.publishes_instance)
             mtu = links.mtu(encapsulated=publisher.announces_sids and
                             attachment.galactic_datapath(inv))
             with publisher.settling_instance(rollback) as publication:
-                ipam = start_ipam(inv, rollback)  # a process, running while the links are made
                 created = links.create(rollback, vpc_table, mtu)
                 addressing = Addressing.from_result(ipam.result())
                 result = chain(prev, created.configure(addressing))
