@@ -5,10 +5,12 @@ galactic comes from the unmodified source archives in ``../shared/peers/`` (``$V
 overrides the directory), prepared as that directory's README says: the three archives unpacked
 side by side, two ``replace`` lines appended to ``galactic/go.mod``, the eBPF objects generated
 with clang-14. The prepared tree is cached as ``galactic-src-<commit>-<key>/`` (the extra CRDs
-are read from it) and the binaries as ``galactic-<commit>-<key>/``, ``<key>`` hashing the
-archives, our programs and this recipe. gobgpd/gobgp come from the wrapper module
-``gomod/gobgp`` into ``gobgp-<version>/``. Both go through the control plane's cache helper
-(``e2e.harness.cluster.build.ensure_built``): built in a staging directory, renamed into place.
+are read from it; ``<key>`` hashes the archives and this recipe) and the binaries as
+``galactic-<commit>-<key>-<programs>/`` (``<programs>`` hashes our programs, copied into the
+tree before each build: a changed one is rebuilt even where only the tree is cached).
+gobgpd/gobgp come from the wrapper module ``gomod/gobgp`` into ``gobgp-<version>/``. Both go
+through the control plane's cache helper (``e2e.harness.cluster.build.ensure_built``): built in
+a staging directory, renamed into place.
 """
 
 from __future__ import annotations
@@ -108,15 +110,12 @@ def peers_dir() -> Path:
     return REPO_ROOT.parent / "shared" / "peers"
 
 
-def cached_source_version() -> str | None:
-    """The version of the newest complete build in the cache (every binary built, source
-    prepared), for a machine that built it before but has not the archives at hand now."""
-    builds = [d for d in cache_root().glob("galactic-*") if not d.name.startswith("galactic-src-")
-              and all(os.access(d / binary, os.X_OK) for binary in GALACTIC_PACKAGES)
-              and (cache_root() / f"galactic-src-{d.name.removeprefix('galactic-')}"
-                   / ".prepared").exists()]
-    newest = max(builds, key=lambda d: d.stat().st_mtime, default=None)
-    return newest.name.removeprefix("galactic-") if newest else None
+def cached_source_key() -> str | None:
+    """The key of the newest prepared source tree in the cache, for a machine that prepared
+    one before but has not the archives at hand now (a clone made away from the workplace)."""
+    trees = [d for d in cache_root().glob("galactic-src-*") if (d / ".prepared").exists()]
+    newest = max(trees, key=lambda d: d.stat().st_mtime, default=None)
+    return newest.name.removeprefix("galactic-src-") if newest else None
 
 
 def archives(directory: Path) -> dict[str, Path]:
@@ -133,18 +132,32 @@ def archives(directory: Path) -> dict[str, Path]:
     return found
 
 
-def source_version(found: dict[str, Path]) -> str:
-    """``<galactic commit>-<8 hex of the archives, our programs and the recipe>``."""
+def source_key(found: dict[str, Path]) -> str:
+    """``<galactic commit>-<8 hex of the archives and the recipe>``: the prepared tree's key."""
     digest = hashlib.sha256()
     for unpacked in sorted(found):
         digest.update(hashlib.sha256(found[unpacked].read_bytes()).digest())
+    digest.update(RECIPE.encode())
+    commit = found["galactic"].name.removeprefix("galactic-").removesuffix(".tar.gz")
+    return f"{commit}-{digest.hexdigest()[:8]}"
+
+
+def build_version(key: str) -> str:
+    """``<source key>-<8 hex of our programs and the package list>``: the binaries' key, so
+    a changed program of ours is rebuilt even where only a prepared tree is cached."""
+    digest = hashlib.sha256()
     for package, source in sorted(OUR_PROGRAMS.items()):
         digest.update(package.encode())
         digest.update(source.read_bytes())
-    digest.update(RECIPE.encode())
     digest.update(" ".join(sorted(GALACTIC_PACKAGES.values())).encode())
-    commit = found["galactic"].name.removeprefix("galactic-").removesuffix(".tar.gz")
-    return f"{commit}-{digest.hexdigest()[:8]}"
+    return f"{key}-{digest.hexdigest()[:8]}"
+
+
+def place_programs(tree: Path) -> None:
+    """Our programs into galactic's module, as this checkout has them."""
+    for package, source in OUR_PROGRAMS.items():
+        (tree / "galactic" / package).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, tree / "galactic" / package / "main.go")
 
 
 def ensure_source(found: dict[str, Path], version: str) -> Path:
@@ -195,9 +208,7 @@ def _prepare(found: dict[str, Path], tree: Path) -> None:
     galactic = tree / "galactic"
     with (galactic / "go.mod").open("a") as go_mod:
         go_mod.write("\n" + "\n\n".join(REPLACES) + "\n")
-    for package, source in OUR_PROGRAMS.items():
-        (galactic / package).mkdir(parents=True)
-        shutil.copyfile(source, galactic / package / "main.go")
+    place_programs(tree)
     for package in EBPF_PACKAGES:
         _run_go(["generate", "./..."], galactic / "internal" / "plumbing" / "ebpf" / package)
     # Settles go.sum for the commands, so the build itself runs with -mod=readonly.
@@ -234,16 +245,20 @@ def ensure_galactic_built() -> GalacticBuild:
     try:
         found = archives(peers_dir())
     except BuildError as missing:
-        cached = cached_source_version()
-        if cached is None:
+        key = cached_source_key()
+        if key is None:
             raise BuildError(f"{missing}; set VPC_ATTACH_PEERS to the directory of galactic's "
                              "source archives") from None
-        log.warning("%s: using the cached build %s", missing, cached)
-        version, source = cached, cache_root() / f"galactic-src-{cached}"
+        log.warning("%s: building in the cached source tree %s", missing, key)
+        source = cache_root() / f"galactic-src-{key}"
     else:
-        version = source_version(found)
-        source = ensure_source(found, version)
-    galactic = ensure_built(galactic_component(source, version))
+        key = source_key(found)
+        source = ensure_source(found, key)
+    version = build_version(key)
+    # One build at a time per tree: our programs are copied in, then built.
+    with _locked(cache_root() / f".galactic-src-{key}.programs.lock"):
+        place_programs(source)
+        galactic = ensure_built(galactic_component(source, version))
     gobgp = ensure_built(GOBGP)
     return GalacticBuild(
         router=galactic / "galactic-router",
