@@ -12,7 +12,7 @@ import ipaddress
 import logging
 import os
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 
@@ -59,11 +59,6 @@ def pod_netlink(path: str, deadline: Deadline | None = None) -> Iterator[Rtnl]:
         yield rtnl
 
 
-def host_link_name(inv: Invocation) -> str:
-    """G{vpc:9}{att:3}H of this invocation."""
-    return naming.host_link_name(inv.conf.vpc, inv.conf.vpcattachment)
-
-
 def vpc_owners(rtnl: Rtnl, vpc: str) -> set[tuple[str, str]]:
     """(containerID, ifname) of every attachment of the VPC on this host: the owners recorded
     on its host links (retired links are renamed, so never counted)."""
@@ -71,23 +66,17 @@ def vpc_owners(rtnl: Rtnl, vpc: str) -> set[tuple[str, str]]:
             if link.owner is not None and naming.is_host_link_of(link.name, vpc)}
 
 
-def owner_of(inv: Invocation) -> Owner:
-    """The ownership mark this invocation writes and honours."""
-    return Owner(inv.env.container_id, inv.env.ifname)
-
-
-def claim_host_link(rtnl: Rtnl, inv: Invocation) -> None:
-    """Make room for our host link: remove our own leftover, refuse anyone else's."""
-    name = host_link_name(inv)
+def claim_host_link(rtnl: Rtnl, name: str, owner: Owner) -> None:
+    """Make room for our host link name: remove owner's leftover, refuse anyone else's."""
     existing = links.find(rtnl, name)
     if existing is None:
         return
-    owner = existing.owner
-    if owner == owner_of(inv):
+    found = existing.owner
+    if found == owner:
         links.delete(rtnl, existing)  # a repeated ADD rebuilds from scratch, converging
-    elif owner is not None:
+    elif found is not None:
         raise CniError(TRY_AGAIN_LATER, f"attachment {name!r} is in use by container "
-                       f"{owner.container_id!r} (interface {owner.ifname!r})",
+                       f"{found.container_id!r} (interface {found.ifname!r})",
                        "a DEL for that container must run first")
     else:
         raise CniError(INTERFACE_CONFLICT, f"link {name!r} exists and was not created by "
@@ -102,7 +91,7 @@ def ensure_vpc_table(rtnl: Rtnl, inv: Invocation, *, keeps_table: bool) -> isola
     `keeps_table`: the VPC publishes a BGPVRFInstance on this node, so its VRF keeps its table
     id until GC forgets it (`tableids`): galactic-router keys the VPC's routes by it."""
     lock_dir = inv.host.lock_dir
-    with file_lock(inv.lock_path("host"), inv.deadline.remaining()):
+    with host_lock(lock_dir, inv.deadline):
         hostfilter.ensure(lambda: resolve_datapath_settings(inv.node_env), inv.deadline)
         kept = tableids.kept(lock_dir)
         if inv.conf.isolation != "vrf":
@@ -119,8 +108,7 @@ def ensure_vpc_table(rtnl: Rtnl, inv: Invocation, *, keeps_table: bool) -> isola
 def forget_kept_table(inv: Invocation) -> bool:
     """GC, once the VPC's BGPVRFInstance on this node is gone: its table id is free again
     unless its VRF still exists (then the next GC decides); whether it was forgotten."""
-    with file_lock(inv.lock_path("host"), inv.deadline.remaining()), \
-            host_netlink(inv.deadline) as rtnl:
+    with host_lock(inv.host.lock_dir, inv.deadline), host_netlink(inv.deadline) as rtnl:
         vrf = naming.vrf_name(inv.conf.vpc)
         if links.find(rtnl, vrf) is not None:
             return False
@@ -130,13 +118,13 @@ def forget_kept_table(inv: Invocation) -> bool:
 def set_up_node(settings: DatapathSettings, lock_dir: str, timeout: float) -> list[str]:
     """Node set-up (agent start, `vpc-attach install`) under the host lock: host protection
     written afresh, attachments of earlier versions adopted; the links adopted."""
-    with file_lock(os.path.join(lock_dir, "host.lock"), timeout):
+    with file_lock(_host_lock_path(lock_dir), timeout):
         hostfilter.install(settings)
         with host_netlink() as rtnl:
             return isolation.adopt_legacy(rtnl)
 
 
-def vpc_lock_path(inv: Invocation) -> str:
+def _vpc_lock_path(inv: Invocation) -> str:
     """Held shared by every ADD of the VPC, exclusively by whoever removes its state."""
     return inv.lock_path(naming.vrf_name(inv.conf.vpc))
 
@@ -146,10 +134,10 @@ def release_unused_vpc(inv: Invocation) -> int | None:
     (DEL, GC); the table released, if any."""
     with ExitStack() as stack:
         try:
-            stack.enter_context(file_lock(vpc_lock_path(inv), 0.0))
+            stack.enter_context(file_lock(_vpc_lock_path(inv), 0.0))
         except CniError:
             return None  # an ADD of the VPC is running: the state is about to be used
-        stack.enter_context(file_lock(inv.lock_path("host"), inv.deadline.remaining()))
+        stack.enter_context(host_lock(inv.host.lock_dir, inv.deadline))
         with host_netlink(inv.deadline) as rtnl:
             table = isolation.release(rtnl, inv.conf.vpc)
         if table is not None and inv.conf.isolation == "vrf":  # its SID's rows go with it
@@ -169,75 +157,80 @@ class VpcSid:
     vrf_id: int
 
 
-def galactic_datapath(inv: Invocation) -> bool:
+def galactic_datapath(node_env: Mapping[str, str]) -> bool:
     """Whether galactic's datapath is pinned on this node (its pin directory)."""
-    return pins.present(resolve_galactic_settings(inv.node_env).pin_dir)
+    return pins.present(resolve_galactic_settings(node_env).pin_dir)
 
 
-def link_mtu(inv: Invocation, rtnl: Rtnl, encapsulated: bool) -> int | None:
-    """The MTU of the links ADD makes: the stanza's; else, where the node's packets leave
-    encapsulated (galactic's datapath and a router with SIDs), the underlay's MTU less the
-    40-byte outer header, since galactic's usid_egress drops what no longer fits."""
-    if not encapsulated or inv.conf.attachment == "existing":
-        return inv.conf.mtu
-    settings = resolve_galactic_settings(inv.node_env)
+def link_mtu(rtnl: Rtnl, node_env: Mapping[str, str], configured: int | None, link_name: str,
+             *, encapsulated: bool) -> int | None:
+    """The MTU of the links ADD makes: the stanza's (configured); else, where the node's
+    packets leave encapsulated (galactic's datapath and a router with SIDs), the underlay's MTU
+    less the 40-byte outer header, since galactic's usid_egress drops what no longer fits."""
+    if not encapsulated:
+        return configured
+    settings = resolve_galactic_settings(node_env)
     room = underlay.workload_mtu(underlay.underlay_links(rtnl, settings.underlay_interfaces),
                                  settings.underlay_mtu)
-    if room is None or inv.conf.mtu is None:
-        return room if inv.conf.mtu is None else inv.conf.mtu
-    if inv.conf.mtu > room:
+    if room is None or configured is None:
+        return room if configured is None else configured
+    if configured > room:
         log.warning("mtu %d of %s leaves no room for the 40-byte SRv6 encapsulation (the "
                     "underlay carries %d): larger packets to other nodes are dropped",
-                    inv.conf.mtu, host_link_name(inv), room)
-    return inv.conf.mtu
+                    configured, link_name, room)
+    return configured
 
 
-def answer_sid(inv: Invocation, created: CreatedVeth | CreatedTap, vpc_sid: VpcSid,
+def answer_sid(inv: Invocation, host_link: Link, table: int, vpc_sid: VpcSid,
                addressing: Addressing, rollback: Rollback) -> None:
     """The node answers the VPC's SID before it is announced: End.DT46 into the VPC's VRF in
     the kernel (shared per-VPC state; never undone: it goes with the VRF), and where galactic's
     datapath is pinned, the attachment registered in it (undone by the rollback)."""
     settings = resolve_galactic_settings(inv.node_env)
-    with host_lock(inv, inv.deadline), host_netlink(inv.deadline) as rtnl:
+    with host_lock(inv.host.lock_dir, inv.deadline), host_netlink(inv.deadline) as rtnl:
         srv6.ensure_decap(rtnl, inv.conf.vpc, vpc_sid.sid)
         with pins.opened(settings.pin_dir) as datapath:
             if datapath is None:
                 return
-            link = created.host_link if isinstance(created, CreatedVeth) else created.link
             registration.register(
                 datapath, rtnl, registration.Registration(
                     network=inv.conf.name, container_id=inv.env.container_id,
-                    ifname=inv.env.ifname, host_link=link.name, host_ifindex=link.index,
-                    egress_kind=_egress_kind(rtnl, inv), locator=vpc_sid.locator,
-                    node_id=vpc_sid.node_id, argument=vpc_sid.vrf_id,
-                    table_id=created.vpc_table.table,
-                    prefixes=addressing.advertised(host_only=False),
+                    ifname=inv.env.ifname, host_link=host_link.name,
+                    host_ifindex=host_link.index,
+                    egress_kind=_egress_kind(rtnl, inv.conf.vpc,
+                                             tap=inv.conf.attachment == "tap"),
+                    locator=vpc_sid.locator, node_id=vpc_sid.node_id, argument=vpc_sid.vrf_id,
+                    table_id=table, prefixes=addressing.advertised(host_only=False),
                     nat66_shard_sids=settings.nat66_shard_sids),
                 rollback, inv.host.lock_dir, settings.underlay_interfaces,
-                lambda deadline: host_lock(inv, deadline))
+                lambda deadline: host_lock(inv.host.lock_dir, deadline))
 
 
-def _egress_kind(rtnl: Rtnl, inv: Invocation) -> int:
+def _egress_kind(rtnl: Rtnl, vpc: str, *, tap: bool) -> int:
     """How galactic hands a decapsulated packet to the VPC's workloads (one vrf_table row per
     VPC): a plain redirect once a tap of the VPC is on the node (it reaches veth Pods too);
     into the Pod's netns directly while all are veth (galactic-bgp takes the last ADD's kind,
     which breaks a VPC that has both)."""
-    if inv.conf.attachment == "tap":
+    if tap:
         return layout.EGRESS_KIND_TAP
     taps = (link for link in links.all_links(rtnl)
-            if naming.is_host_link_of(link.name, inv.conf.vpc) and link.kind == "tun")
+            if naming.is_host_link_of(link.name, vpc) and link.kind == "tun")
     return layout.EGRESS_KIND_TAP if any(taps) else layout.EGRESS_KIND_VETH
 
 
-def host_lock(inv: Invocation, deadline: Deadline) -> AbstractContextManager[None]:
+def host_lock(lock_dir: str, deadline: Deadline) -> AbstractContextManager[None]:
     """The node-wide lock of per-VPC and per-node state (code 11 when it is not had in time)."""
-    return file_lock(inv.lock_path("host"), deadline.remaining())
+    return file_lock(_host_lock_path(lock_dir), deadline.remaining())
+
+
+def _host_lock_path(lock_dir: str) -> str:
+    return os.path.join(lock_dir, "host.lock")
 
 
 def unregister_datapath(inv: Invocation) -> None:
     """DEL: this attachment's rows in galactic's datapath, if it registered any."""
     settings = resolve_galactic_settings(inv.node_env)
-    with host_lock(inv, inv.deadline):
+    with host_lock(inv.host.lock_dir, inv.deadline):
         registration.unregister(settings.pin_dir, inv.host.lock_dir, inv.env.container_id,
                                 inv.env.ifname)
 
@@ -247,7 +240,7 @@ def collect_registrations(inv: Invocation, valid: set[tuple[str, str]]) -> list[
     (containerID/ifname)."""
     settings = resolve_galactic_settings(inv.node_env)
     collected = []
-    with host_lock(inv, inv.deadline):
+    with host_lock(inv.host.lock_dir, inv.deadline):
         for container_id, ifname in list(registration.records_of(inv.host.lock_dir,
                                                                  inv.conf.name)):
             if (container_id, ifname) in valid:
@@ -269,7 +262,7 @@ def sid_differences(inv: Invocation, vpc_sid: VpcSid, addressing: Addressing) ->
     with host_netlink(inv.deadline) as rtnl:
         diffs = srv6.decap_differences(rtnl, inv.conf.vpc, vpc_sid.sid)
         with pins.opened(settings.pin_dir) as datapath:
-            link = links.find(rtnl, host_link_name(inv))
+            link = links.find(rtnl, naming.host_link_name(inv.conf.vpc, inv.conf.vpcattachment))
             table = isolation.find_vpc_table(rtnl, inv.conf.vpc, "vrf")
             if datapath is None or link is None or table is None:
                 return diffs  # nothing registered to compare, or reported already
@@ -299,8 +292,8 @@ def _undo_link(name: str, owner: Owner) -> Undo:
     return undo
 
 
-def _setup_host_side(rtnl: Rtnl, inv: Invocation, link: Link, vpc_table: isolation.VpcTable,
-                     addressing: Addressing, workload_mac: str | None) -> Link:
+def _setup_host_side(rtnl: Rtnl, link: Link, vpc_table: isolation.VpcTable,
+                     addressing: Addressing, workload_mac: str | None, *, tap: bool) -> Link:
     """Gateways, routes in the VPC table, neighbours, sysctls, isolation, link up."""
     if vpc_table.vrf_index is not None:
         link = links.configure(rtnl, link, master=vpc_table.vrf_index)
@@ -311,7 +304,7 @@ def _setup_host_side(rtnl: Rtnl, inv: Invocation, link: Link, vpc_table: isolati
         sysctl.set_sysctl(key, value)
     link = links.configure(rtnl, link, up=True)
     for version, gateway in sorted(addressing.gateways.items()):
-        if inv.conf.attachment == "tap" and version == 4:
+        if tap and version == 4:
             addresses.add_address(rtnl, link.index, link.name, ipaddress.ip_interface(
                 f"{gateway}/{TAP_IPV4_GATEWAY_PREFIX}"), addresses.IFA_F_NOPREFIXROUTE)
         else:
@@ -341,8 +334,9 @@ def pod_routes(addressing: Addressing, oif: int) -> list[RouteSpec]:
 def lock(inv: Invocation) -> Iterator[None]:
     """Hold the lock of this attachment's host link, and the VPC's shared (code 11 when the
     deadline runs out)."""
-    with file_lock(inv.lock_path(host_link_name(inv)), inv.deadline.remaining()), \
-            file_lock(vpc_lock_path(inv), inv.deadline.remaining(), shared=True):
+    name = naming.host_link_name(inv.conf.vpc, inv.conf.vpcattachment)
+    with file_lock(inv.lock_path(name), inv.deadline.remaining()), \
+            file_lock(_vpc_lock_path(inv), inv.deadline.remaining(), shared=True):
         yield
 
 
@@ -359,7 +353,10 @@ class _Links:
 
     def mtu(self, *, encapsulated: bool) -> int | None:
         """The MTU to make the links with (`link_mtu`)."""
-        return link_mtu(self.inv, self.host_rtnl, encapsulated)
+        inv = self.inv
+        return link_mtu(self.host_rtnl, inv.node_env, inv.conf.mtu,
+                        naming.host_link_name(inv.conf.vpc, inv.conf.vpcattachment),
+                        encapsulated=encapsulated)
 
 
 class VethLinks(_Links):
@@ -374,9 +371,10 @@ class VethLinks(_Links):
                mtu: int | None) -> CreatedVeth:
         """Make the pair, name both ends with their owner mark and bring the pod end up."""
         inv, host_rtnl, pod_rtnl = self.inv, self.host_rtnl, self.pod_rtnl
-        owner = owner_of(inv)
-        claim_pod_ifname(pod_rtnl, inv)
-        claim_host_link(host_rtnl, inv)
+        owner = Owner(inv.env.container_id, inv.env.ifname)
+        name = naming.host_link_name(inv.conf.vpc, inv.conf.vpcattachment)
+        claim_pod_ifname(pod_rtnl, inv.env.ifname, inv.env.netns, owner)
+        claim_host_link(host_rtnl, name, owner)
         guest = naming.guest_link_name(inv.conf.vpc, inv.conf.vpcattachment)
         stale = links.find(pod_rtnl, guest)
         if stale is not None:  # a killed ADD's half-made pair: the G…G name is ours alone
@@ -388,7 +386,6 @@ class VethLinks(_Links):
             links.create_veth(host_rtnl, temporary, guest, fd, mtu)
         rollback.created(f"veth {temporary}", _undo_temporary(temporary))
         fresh = _require(links.find(host_rtnl, temporary), temporary)
-        name = host_link_name(inv)
         host_link = links.configure(host_rtnl, fresh, name=name, alias=owner.alias)
         rollback.created(f"veth {name}", _undo_link(name, owner))
         pod_link = _require(links.find(pod_rtnl, guest), guest)
@@ -398,14 +395,16 @@ class VethLinks(_Links):
             links.set_mac(pod_rtnl, pod_link, mac)
         pod_link = links.configure(pod_rtnl, pod_link, name=inv.env.ifname, alias=owner.alias,
                                    up=True)
-        return CreatedVeth(inv, host_rtnl, pod_rtnl, vpc_table, host_link, pod_link, mac, mtu)
+        return CreatedVeth(inv.env.ifname, inv.env.netns, host_rtnl, pod_rtnl, vpc_table,
+                           host_link, pod_link, mac, mtu)
 
 
 @dataclass(frozen=True)
 class CreatedVeth:
     """A veth pair `VethLinks.create` made: what `configure` gives addresses to."""
 
-    inv: Invocation
+    ifname: str  # CNI_IFNAME, the pod end's name
+    netns: str  # CNI_NETNS, the pod end's
     host_rtnl: Rtnl
     pod_rtnl: Rtnl
     vpc_table: isolation.VpcTable
@@ -416,23 +415,23 @@ class CreatedVeth:
 
     def configure(self, addressing: Addressing) -> Result:
         """Addresses and routes on both ends; the kernel part of the result."""
-        inv, pod_rtnl, pod_link = self.inv, self.pod_rtnl, self.pod_link
+        ifname, pod_rtnl, pod_link = self.ifname, self.pod_rtnl, self.pod_link
         for workload in addressing.workload:
             # No connected route: every destination, even in the same prefix, goes via the
             # gateway and so through the VPC table (other Pods are not on this link).
-            addresses.add_address(pod_rtnl, pod_link.index, inv.env.ifname, workload,
+            addresses.add_address(pod_rtnl, pod_link.index, ifname, workload,
                                   addresses.IFA_F_NOPREFIXROUTE)
         for route in pod_routes(addressing, pod_link.index):
-            addresses.add_route(pod_rtnl, route, inv.env.ifname)
+            addresses.add_route(pod_rtnl, route, ifname)
         if self.mac:  # the MAC as the kernel stored it
-            pod_link = _require(links.by_index(pod_rtnl, pod_link.index), inv.env.ifname)
-        host_link = _setup_host_side(self.host_rtnl, inv, self.host_link, self.vpc_table,
-                                     addressing, pod_link.mac)
+            pod_link = _require(links.by_index(pod_rtnl, pod_link.index), ifname)
+        host_link = _setup_host_side(self.host_rtnl, self.host_link, self.vpc_table,
+                                     addressing, pod_link.mac, tap=False)
         mtu = self.mtu
         return Result(
             interfaces=[
                 Interface(name=host_link.name, mac=host_link.mac, mtu=mtu),
-                Interface(name=pod_link.name, mac=pod_link.mac, mtu=mtu, sandbox=inv.env.netns),
+                Interface(name=pod_link.name, mac=pod_link.mac, mtu=mtu, sandbox=self.netns),
             ],
             ips=addressing.result_ips(interface=1),
             routes=addressing.result_routes(),
@@ -446,32 +445,31 @@ class TapLinks(_Links):
                mtu: int | None) -> CreatedTap:
         """Make the tap with its owner mark and MTU."""
         inv, rtnl = self.inv, self.host_rtnl
-        name = host_link_name(inv)
-        owner = owner_of(inv)
+        name = naming.host_link_name(inv.conf.vpc, inv.conf.vpcattachment)
+        owner = Owner(inv.env.container_id, inv.env.ifname)
         options = inv.conf.tap_options
-        claim_host_link(rtnl, inv)
+        claim_host_link(rtnl, name, owner)
         tap.create_tap(name, owner=options.owner, group=options.group,
                        multi_queue=options.multi_queue, vnet_hdr=options.vnet_hdr)
         link = _require(links.find(rtnl, name), name)
         link = links.configure(rtnl, link, alias=owner.alias, mtu=mtu)
         rollback.created(f"tap {name}", _undo_link(name, owner))
-        return CreatedTap(inv, rtnl, vpc_table, link, mtu)
+        return CreatedTap(rtnl, vpc_table, link, mtu)
 
 
 @dataclass(frozen=True)
 class CreatedTap:
     """A tap `TapLinks.create` made: what `configure` gives its gateways."""
 
-    inv: Invocation
     host_rtnl: Rtnl
     vpc_table: isolation.VpcTable
-    link: Link
+    host_link: Link  # the tap
     mtu: int | None
 
     def configure(self, addressing: Addressing) -> Result:
         """Gateways and routes on the tap; the result has the tap alone (IPs at index 0)."""
-        link = _setup_host_side(self.host_rtnl, self.inv, self.link, self.vpc_table, addressing,
-                                workload_mac=None)
+        link = _setup_host_side(self.host_rtnl, self.host_link, self.vpc_table, addressing,
+                                workload_mac=None, tap=True)
         return Result(
             interfaces=[Interface(name=link.name, mac=link.mac, mtu=self.mtu,
                                   sandbox="")],
@@ -493,16 +491,16 @@ def open_links(inv: Invocation) -> Iterator[VethLinks | TapLinks]:
                             stack.enter_context(pod_netlink(inv.env.netns, inv.deadline)))
 
 
-def claim_pod_ifname(pod_rtnl: Rtnl, inv: Invocation) -> None:
-    """CNI_IFNAME must be free in the pod netns, or be our own leftover (then removed)."""
-    existing = links.find(pod_rtnl, inv.env.ifname)
+def claim_pod_ifname(pod_rtnl: Rtnl, ifname: str, netns_path: str, owner: Owner) -> None:
+    """CNI_IFNAME must be free in the pod netns, or be owner's leftover (then removed)."""
+    existing = links.find(pod_rtnl, ifname)
     if existing is None:
         return
-    if existing.owner == owner_of(inv):
+    if existing.owner == owner:
         links.delete(pod_rtnl, existing)
         return
-    raise CniError(INTERFACE_CONFLICT, f"interface {inv.env.ifname!r} already exists in netns "
-                   f"{inv.env.netns!r}", "it was not created by vpc-attach for this container")
+    raise CniError(INTERFACE_CONFLICT, f"interface {ifname!r} already exists in netns "
+                   f"{netns_path!r}", "it was not created by vpc-attach for this container")
 
 
 def _require(link: Link | None, name: str) -> Link:
@@ -522,10 +520,10 @@ def detach(inv: Invocation, delete_later: RetiredLinks | None = None) -> None:
     With delete_later the links are retired instead and the host one (taking its veth peer
     along) is deleted after the answer: the kernel's teardown is off the runtime's path.
     """
-    owner = owner_of(inv)
+    owner = Owner(inv.env.container_id, inv.env.ifname)
     retired: str | None = None
     with host_netlink(inv.deadline) as rtnl:
-        link = links.find(rtnl, host_link_name(inv))
+        link = links.find(rtnl, naming.host_link_name(inv.conf.vpc, inv.conf.vpcattachment))
         if link is not None and link.owner == owner:
             if delete_later is not None:
                 retired = links.retire(rtnl, link)
@@ -546,20 +544,21 @@ def detach(inv: Invocation, delete_later: RetiredLinks | None = None) -> None:
 def differences(inv: Invocation, prev: Result, addressing: Addressing) -> list[str]:
     """Everything ADD is responsible for in the kernel that no longer matches prevResult (and
     the addressing read from it)."""
-    name = host_link_name(inv)
+    name = naming.host_link_name(inv.conf.vpc, inv.conf.vpcattachment)
     diffs: list[str] = []
     with host_netlink(inv.deadline) as rtnl:
         host_link = links.find(rtnl, name)
         if host_link is None:
             return [f"host link {name!r} is missing"]
-        if host_link.owner != owner_of(inv):
+        if host_link.owner != Owner(inv.env.container_id, inv.env.ifname):
             diffs.append(f"host link {name!r} belongs to {host_link.alias!r}")
         pod_mac: str | None = None
         if inv.conf.attachment == "veth":
             pod_mac, pod_diffs = _pod_differences(inv, prev, addressing)
             diffs.extend(pod_diffs)
         diffs.extend(_link_differences(host_link, prev, inv.conf.mtu, "host link"))
-        diffs.extend(_host_differences(rtnl, inv, host_link, addressing, pod_mac))
+        diffs.extend(_host_differences(rtnl, inv.conf.vpc, inv.conf.isolation, host_link,
+                                       addressing, pod_mac))
     return diffs
 
 
@@ -598,15 +597,15 @@ def _pod_differences(inv: Invocation, prev: Result,
         return pod_link.mac, diffs
 
 
-def _host_differences(rtnl: Rtnl, inv: Invocation, link: Link, addressing: Addressing,
+def _host_differences(rtnl: Rtnl, vpc: str, mode: str, link: Link, addressing: Addressing,
                       pod_mac: str | None) -> list[str]:
-    rules = isolation.all_rules(rtnl) if inv.conf.isolation == "table" else None
-    table = isolation.find_vpc_table(rtnl, inv.conf.vpc, inv.conf.isolation, rules)
+    rules = isolation.all_rules(rtnl) if mode == "table" else None
+    table = isolation.find_vpc_table(rtnl, vpc, mode, rules)
     if table is None:
-        return [f"VPC {inv.conf.vpc!r} has no routing table ({inv.conf.isolation})"]
+        return [f"VPC {vpc!r} has no routing table ({mode})"]
     diffs: list[str] = []
-    if inv.conf.isolation == "vrf":
-        vrf = links.find(rtnl, naming.vrf_name(inv.conf.vpc))
+    if mode == "vrf":
+        vrf = links.find(rtnl, naming.vrf_name(vpc))
         if vrf is None or link.master != vrf.index:
             diffs.append(f"host link {link.name!r} is not enslaved to its VRF")
     else:

@@ -43,7 +43,7 @@ def add(request: Request, collaborators: Collaborators) -> Result:
             # the VPC's table through it once (SPEC §15).
             vpc_table = links.ensure_vpc_table(keeps_table=publisher.publishes_instance)
             mtu = links.mtu(encapsulated=publisher.announces_sids and
-                            attachment.galactic_datapath(inv))
+                            attachment.galactic_datapath(inv.node_env))
             with publisher.settling_instance(rollback) as publication:
                 created = links.create(rollback, vpc_table, mtu)
                 addressing = Addressing.from_result(ipam.result())
@@ -62,8 +62,9 @@ def answer_sid(inv: Invocation, publication: Publication,
     if settled is None or settled.sid is None or inv.conf.isolation != "vrf":
         return
     assert settled.locator is not None and settled.node_id is not None  # they made the SID
-    attachment.answer_sid(inv, created, VpcSid(settled.sid, settled.locator, settled.node_id,
-                                               settled.vrf_id), addressing, rollback)
+    attachment.answer_sid(inv, created.host_link, created.vpc_table.table,
+                          VpcSid(settled.sid, settled.locator, settled.node_id, settled.vrf_id),
+                          addressing, rollback)
 
 
 def start_ipam(inv: Invocation, rollback: Rollback) -> delegate.PendingAdd:

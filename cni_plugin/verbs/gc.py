@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cni_plugin import attachment
+from cni_plugin.core import naming
 from cni_plugin.core.request import Invocation, Request
 from cni_plugin.ipam import delegate
 from cni_plugin.kernel import links
@@ -96,7 +97,7 @@ def _collect(inv: Invocation, collaborators: Collaborators, valid: set[tuple[str
 
 
 def _collect_links(ipr: Rtnl, inv: Invocation, valid: set[tuple[str, str]]) -> None:
-    link = links.find(ipr, attachment.host_link_name(inv))
+    link = links.find(ipr, naming.host_link_name(inv.conf.vpc, inv.conf.vpcattachment))
     owner = link.owner if link is not None else None
     if link is not None and owner is not None and (owner.container_id, owner.ifname) not in valid:
         log.info("GC: deleting %s of stale container %s", link.name, owner.container_id)
