@@ -15,7 +15,8 @@ from cni_plugin.kernel.rtnl import Rtnl
 from netconf.result import Result
 
 
-def differences(inv: Invocation, prev: Result, addressing: Addressing) -> list[str]:
+def attachment_differences(inv: Invocation, prev: Result,
+                           addressing: Addressing) -> list[str]:
     """Everything ADD is responsible for in the kernel that no longer matches prevResult (and
     the addressing read from it)."""
     name = naming.host_link_name(inv.conf.vpc, inv.conf.vpcattachment)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cni_plugin.attachment.check import differences
+from cni_plugin.attachment.check import attachment_differences
 from cni_plugin.attachment.sid import VpcSid, sid_differences
 from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.request import Invocation, Request
@@ -37,7 +37,7 @@ def check(request: Request, collaborators: Collaborators) -> None:
     addressing = Addressing.from_result(prev)
     diffs: list[str] = []
     if inv.conf.attachment != "existing":
-        diffs.extend(differences(inv, prev, addressing))
+        diffs.extend(attachment_differences(inv, prev, addressing))
     diffs.extend(published_differences(inv, collaborators.cluster, addressing))
     if inv.conf.attachment != "existing" and inv.conf.isolation == "vrf":
         settled = published_sid(inv, collaborators.cluster)
