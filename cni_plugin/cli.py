@@ -42,7 +42,7 @@ def _cni(full: str | None) -> None:
     environ = {key.decode("utf-8", "surrogateescape"): value.decode("utf-8", "surrogateescape")
                for key, value in posix.environ.items()}
     if environ.get("CNI_COMMAND") == "VERSION":  # ignores stdin; needs none of the models
-        answer_version()
+        print_version_and_exit()
     stdin = sys.stdin.buffer.read()
     answer = None
     if environ.pop(HANDED_OVER, None) is not None:
@@ -65,8 +65,8 @@ def _cni(full: str | None) -> None:
     answer_stdio(environ, stdin)
 
 
-def answer_version() -> None:
-    """Print the VERSION answer and exit 0 (shared by both executables; no `json`)."""
+def print_version_and_exit() -> None:
+    """Answer VERSION on stdout and exit 0 (shared by both executables; no `json`)."""
     from cni_plugin.verbs.version import version_json
 
     sys.stdout.write(version_json())

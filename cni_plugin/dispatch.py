@@ -1,7 +1,9 @@
 """Map a Request to a verb and its outcome to (exit status, JSON answer).
 
-Shared by every transport (the executables through `stdio.py`, the node agent). Any exception
-becomes a CNI error object; a Python traceback is never an answer.
+Shared by every transport (the executables through `stdio.py`, the node agent). A plugin's
+verbs are one table, CNI_COMMAND → verb, and each verb imports its module when it runs, so
+VERSION loads none of the others. Any exception becomes a CNI error object; a Python traceback
+is never an answer.
 """
 
 from __future__ import annotations
@@ -9,8 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from cni_plugin.core import oplog
 from cni_plugin.core.request import Request
@@ -22,6 +24,12 @@ if TYPE_CHECKING:
     from netconf.result import Result
 
 log = logging.getLogger(__name__)
+
+# A verb as `run` calls it: the request and the cniVersion to answer in -> the JSON answer, if
+# any.
+Verb = Callable[[Request, str], "dict[str, Any] | None"]
+# One plugin's verbs by CNI_COMMAND.
+Verbs = Mapping[str, Verb]
 
 
 def answer_version(request: Request) -> str:
@@ -36,15 +44,12 @@ def answer_version(request: Request) -> str:
     return version if version in SUPPORTED_VERSIONS else CURRENT_VERSION
 
 
-# A verb's adapter: the request and the version to answer in -> the JSON answer, if any.
-Handler = Callable[[Request, str], "dict[str, Any] | None"]
-
-
-def run(request: Request, handler: Handler | None = None,
+def run(request: Request, verbs: Verbs | None = None,
         log_line: bool = True) -> tuple[int, dict[str, Any] | None]:
-    """Run the verb; (0, result-or-None) on success, (1, error object) on failure.
+    """Run the request's verb of `verbs`; (0, result-or-None) on success, (1, error object) on
+    failure.
 
-    `handler` defaults to the vpc-attach verbs with the executable's environment (see
+    `verbs` defaults to the vpc-attach verbs with the executable's collaborators (see
     `plugin_verbs`); the agent passes them with its own, the IPAM plugin `ipam_verbs`.
     """
     started = time.monotonic()
@@ -52,7 +57,8 @@ def run(request: Request, handler: Handler | None = None,
     code = 0
     message = ""
     try:
-        payload = (handler or plugin_verbs())(request, version)
+        verb = (verbs or plugin_verbs()).get(request.command, _unknown_command)
+        payload = verb(request, version)
         status = 0
     except CniError as exc:
         code, message = exc.code, exc.msg
@@ -67,94 +73,70 @@ def run(request: Request, handler: Handler | None = None,
     return status, payload
 
 
-class VerbSet(Protocol):
-    """The verbs of one plugin besides VERSION (the `cni_plugin.ipam.plugin.verbs` module is
-    one)."""
-
-    def add(self, request: Request) -> Result:
-        """ADD: the result."""
-
-    def delete(self, request: Request) -> None:
-        """DEL."""
-
-    def check(self, request: Request) -> None:
-        """CHECK."""
-
-    def status(self, request: Request) -> None:
-        """STATUS."""
-
-    def gc(self, request: Request) -> None:
-        """GC."""
+def _version_verb(_request: Request, _version: str) -> dict[str, Any]:
+    from cni_plugin.verbs.version import version
+    return version()
 
 
-def _dispatch(request: Request, version: str, verbs: Callable[[], VerbSet],
-              to_wire: Callable[[Result, str], dict[str, Any]]) -> dict[str, Any] | None:
-    """Run the request's verb of `verbs()` (loaded unless it is VERSION); ADD's result in
-    `version`, via to_wire."""
-    command = request.command
-    if command == "VERSION":
-        from cni_plugin.verbs.version import version as version_verb
-        return version_verb()
-    if command == "ADD":
-        return to_wire(verbs().add(request), version)
-    if command not in ("DEL", "CHECK", "STATUS", "GC"):
-        _unknown_command(request)
-        return None
-    loaded = verbs()
-    {"DEL": loaded.delete, "CHECK": loaded.check, "STATUS": loaded.status,
-     "GC": loaded.gc}[command](request)
-    return None
+def plugin_verbs(collaborators: Collaborators | None = None) -> dict[str, Verb]:
+    """The vpc-attach verbs with what a transport lends them (default: the executable's)."""
 
-
-class _PluginVerbs:
-    """The vpc-attach verbs with what a transport lends them, each imported on use."""
-
-    def __init__(self, collaborators: Collaborators) -> None:
-        self.lent = collaborators
-
-    def add(self, request: Request) -> Result:
-        from cni_plugin.verbs.add import add
-        return add(request, self.lent)
-
-    def delete(self, request: Request) -> None:
-        from cni_plugin.verbs.delete import delete
-        delete(request, self.lent)
-
-    def check(self, request: Request) -> None:
-        from cni_plugin.verbs.check import check
-        check(request, self.lent)
-
-    def status(self, request: Request) -> None:
-        from cni_plugin.verbs.status import status
-        status(request, self.lent)
-
-    def gc(self, request: Request) -> None:
-        from cni_plugin.verbs.gc import gc
-        gc(request, self.lent)
-
-
-def plugin_verbs(collaborators: Collaborators | None = None) -> Handler:
-    """The vpc-attach verbs with what a transport lends them (default: the executable's),
-    imported on use: VERSION loads none of them."""
-
-    def verbs() -> VerbSet:
+    def lent() -> Collaborators:
         from cni_plugin.verbs.collaborators import Collaborators
-        return _PluginVerbs(collaborators or Collaborators())
+        return collaborators or Collaborators()
 
-    def handle(request: Request, version: str) -> dict[str, Any] | None:
-        return _dispatch(request, version, verbs, lambda result, v: result.to_wire(v))
+    def add(request: Request, version: str) -> dict[str, Any]:
+        from cni_plugin.verbs.add import add
+        return add(request, lent()).to_wire(version)
 
-    return handle
+    def delete(request: Request, _version: str) -> None:
+        from cni_plugin.verbs.delete import delete
+        delete(request, lent())
+
+    def check(request: Request, _version: str) -> None:
+        from cni_plugin.verbs.check import check
+        check(request, lent())
+
+    def status(request: Request, _version: str) -> None:
+        from cni_plugin.verbs.status import status
+        status(request, lent())
+
+    def gc(request: Request, _version: str) -> None:
+        from cni_plugin.verbs.gc import gc
+        gc(request, lent())
+
+    return {"VERSION": _version_verb, "ADD": add, "DEL": delete, "CHECK": check, "STATUS": status,
+            "GC": gc}
 
 
-def ipam_verbs(request: Request, version: str) -> dict[str, Any] | None:
-    """The vpc-attach-ipam verbs."""
+def _ipam_add(request: Request, version: str) -> dict[str, Any]:
+    from cni_plugin.ipam.plugin.verbs import add
+    return ipam_to_wire(add(request), version)
 
-    def verbs() -> VerbSet:
-        from cni_plugin.ipam.plugin import verbs
-        return verbs
 
-    return _dispatch(request, version, verbs, ipam_to_wire)
+def _ipam_delete(request: Request, _version: str) -> None:
+    from cni_plugin.ipam.plugin.verbs import delete
+    delete(request)
+
+
+def _ipam_check(request: Request, _version: str) -> None:
+    from cni_plugin.ipam.plugin.verbs import check
+    check(request)
+
+
+def _ipam_status(request: Request, _version: str) -> None:
+    from cni_plugin.ipam.plugin.verbs import status
+    status(request)
+
+
+def _ipam_gc(request: Request, _version: str) -> None:
+    from cni_plugin.ipam.plugin.verbs import gc
+    gc(request)
+
+
+# The vpc-attach-ipam verbs.
+ipam_verbs: Verbs = {"VERSION": _version_verb, "ADD": _ipam_add, "DEL": _ipam_delete,
+                     "CHECK": _ipam_check, "STATUS": _ipam_status, "GC": _ipam_gc}
 
 
 def ipam_to_wire(result: Result, version: str) -> dict[str, Any]:
@@ -166,6 +148,6 @@ def ipam_to_wire(result: Result, version: str) -> dict[str, Any]:
     return data
 
 
-def _unknown_command(request: Request) -> None:
+def _unknown_command(request: Request, _version: str) -> None:
     from netconf.runtime import RuntimeEnv
     RuntimeEnv.from_environ(request.environ)  # raises code 4 naming CNI_COMMAND

@@ -8,9 +8,9 @@ import os
 def main() -> None:
     """Entry point of `vpc-attach-ipam` (the IPAM plugin)."""
     if os.environ.get("CNI_COMMAND") == "VERSION":  # ignores stdin; needs none of the models
-        from cni_plugin.cli import answer_version
+        from cni_plugin.cli import print_version_and_exit
 
-        answer_version()
+        print_version_and_exit()
     from cni_plugin.dispatch import ipam_verbs
     from cni_plugin.stdio import serve_stdio
 

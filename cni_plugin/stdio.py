@@ -9,23 +9,23 @@ from typing import NoReturn
 
 from cni_plugin.core import oplog
 from cni_plugin.core.request import Request
-from cni_plugin.dispatch import Handler, run
+from cni_plugin.dispatch import Verbs, run
 
 
-def serve_stdio(handler: Handler | None = None, log_line: bool = True) -> NoReturn:
+def serve_stdio(verbs: Verbs | None = None, log_line: bool = True) -> NoReturn:
     """Read this process's env and stdin, run the verb, answer on stdout and exit."""
     environ = dict(os.environ)
     # VERSION ignores stdin; every other verb reads the config from it.
     stdin = b"" if environ.get("CNI_COMMAND") == "VERSION" else sys.stdin.buffer.read()
-    answer_stdio(environ, stdin, handler, log_line)
+    answer_stdio(environ, stdin, verbs, log_line)
 
 
-def answer_stdio(environ: dict[str, str], stdin: bytes, handler: Handler | None = None,
+def answer_stdio(environ: dict[str, str], stdin: bytes, verbs: Verbs | None = None,
                  log_line: bool = True) -> NoReturn:
     """Run the verb in this process and answer on stdout with the exit status."""
     request = Request(environ=environ, stdin=stdin)
     oplog.configure(request)
-    status, payload = run(request, handler, log_line)
+    status, payload = run(request, verbs, log_line)
     if payload is not None:
         sys.stdout.write(json.dumps(payload))
         sys.stdout.flush()

@@ -237,7 +237,10 @@ def _bind(path: str) -> socket.socket:
 
 def _warm_up() -> None:
     # Import what every verb needs now, not on the first Pod.
-    import cni_plugin.attachment
+    import cni_plugin.attachment.check
+    import cni_plugin.attachment.create
+    import cni_plugin.attachment.detach
+    import cni_plugin.attachment.sid
     import cni_plugin.publish.bgp.advertisement
     import cni_plugin.publish.bgp.check
     import cni_plugin.publish.bgp.instance
@@ -253,7 +256,7 @@ def _warm_up() -> None:
 def _protect_host() -> None:
     """(Re)write the node's host protection with the current hostAccess and
     allowedSourcePrefixes (SPEC §14), before the first ADD can arrive."""
-    from cni_plugin.attachment import set_up_node
+    from cni_plugin.attachment.node import set_up_node
     from netconf.host import resolve_datapath_settings
     try:
         host = resolve_host_settings({}, os.environ)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TextIO
 
-from cni_plugin.attachment import set_up_node
+from cni_plugin.attachment.node import set_up_node
 from cni_plugin.install.binaries import binary_targets, default_source, launcher_targets
 from cni_plugin.install.credentials import (
     SERVICEACCOUNT_DIR,

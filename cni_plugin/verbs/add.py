@@ -5,8 +5,9 @@ BGPVRFInstance (thread) → create links → addresses from the IPAM result → 
 
 from __future__ import annotations
 
-from cni_plugin import attachment
-from cni_plugin.attachment import VpcSid
+from cni_plugin.attachment import sid
+from cni_plugin.attachment.create import Created, open_links
+from cni_plugin.attachment.node import lock_attachment
 from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Invocation, Request
@@ -37,13 +38,13 @@ def add(request: Request, collaborators: Collaborators) -> Result:
             with publisher.settling_instance(rollback) as publication:
                 publication.publish(Addressing.from_result(result))
             return result
-        with attachment.lock(inv), attachment.open_links(inv) as links:
+        with lock_attachment(inv), open_links(inv) as links:
             ipam = start_ipam(inv, rollback)  # a process, running while the rest is made
             # The VRF exists before galactic-router can read the VPC's instance: it resolves
             # the VPC's table through it once (SPEC §15).
             vpc_table = links.ensure_vpc_table(keeps_table=publisher.publishes_instance)
             mtu = links.mtu(encapsulated=publisher.announces_sids and
-                            attachment.galactic_datapath(inv))
+                            sid.galactic_datapath(inv.node_env))
             with publisher.settling_instance(rollback) as publication:
                 created = links.create(rollback, vpc_table, mtu)
                 addressing = Addressing.from_result(ipam.result())
@@ -53,17 +54,17 @@ def add(request: Request, collaborators: Collaborators) -> Result:
     return result
 
 
-def answer_sid(inv: Invocation, publication: Publication,
-               created: attachment.CreatedVeth | attachment.CreatedTap, addressing: Addressing,
-               rollback: Rollback) -> None:
+def answer_sid(inv: Invocation, publication: Publication, created: Created,
+               addressing: Addressing, rollback: Rollback) -> None:
     """Before the attachment is announced, the node answers the VPC's SID, where it has one
     (VRF isolation, a router with a locator and node ID)."""
     settled = publication.settled()
     if settled is None or settled.sid is None or inv.conf.isolation != "vrf":
         return
     assert settled.locator is not None and settled.node_id is not None  # they made the SID
-    attachment.answer_sid(inv, created, VpcSid(settled.sid, settled.locator, settled.node_id,
-                                               settled.vrf_id), addressing, rollback)
+    sid.answer_sid(inv, created.host_link, created.vpc_table.table,
+                   sid.VpcSid(settled.sid, settled.locator, settled.node_id, settled.vrf_id),
+                   addressing, rollback)
 
 
 def start_ipam(inv: Invocation, rollback: Rollback) -> delegate.PendingAdd:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from cni_plugin import attachment
+from cni_plugin.attachment.check import attachment_differences
+from cni_plugin.attachment.sid import VpcSid, sid_differences
 from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.request import Invocation, Request
 from cni_plugin.ipam import delegate
@@ -36,12 +37,12 @@ def check(request: Request, collaborators: Collaborators) -> None:
     addressing = Addressing.from_result(prev)
     diffs: list[str] = []
     if inv.conf.attachment != "existing":
-        diffs.extend(attachment.differences(inv, prev, addressing))
+        diffs.extend(attachment_differences(inv, prev, addressing))
     diffs.extend(published_differences(inv, collaborators.cluster, addressing))
     if inv.conf.attachment != "existing" and inv.conf.isolation == "vrf":
         settled = published_sid(inv, collaborators.cluster)
         if settled is not None and settled.sid and settled.locator and settled.node_id:
-            diffs.extend(attachment.sid_differences(inv, attachment.VpcSid(
+            diffs.extend(sid_differences(inv, VpcSid(
                 settled.sid, settled.locator, settled.node_id, settled.vrf_id), addressing))
     if diffs:
         raise CniError(CHECK_MISMATCH, f"CHECK found {len(diffs)} difference(s): {diffs[0]}",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cni_plugin.attachment import RetiredLinks
+from cni_plugin.attachment.detach import RetiredLinks
 from cni_plugin.core.rollback import RollbackObserver
 from cni_plugin.publish.source import ClusterSource, ColdCluster
 from cni_plugin.tenancy import DenialObserver

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from cni_plugin import attachment
+from cni_plugin.attachment.detach import detach
+from cni_plugin.attachment.node import lock_attachment, release_unused_vpc
+from cni_plugin.attachment.sid import unregister_datapath
 from cni_plugin.core.request import Invocation, Request
 from cni_plugin.ipam import delegate
 from cni_plugin.publish import unpublish
@@ -59,10 +61,10 @@ def _undo_add(inv: Invocation, collaborators: Collaborators) -> None:
                  lambda: unpublish(inv, collaborators.cluster))
     if inv.conf.attachment != "existing":
         def remove_links() -> None:
-            with attachment.lock(inv):
-                attachment.unregister_datapath(inv)  # galactic's rows first, then the links
-                attachment.detach(inv, collaborators.delete_retired_later)
-            attachment.release_unused_vpc(inv)  # the VPC's table/VRF if this was its last link
+            with lock_attachment(inv):
+                unregister_datapath(inv)  # galactic's rows first, then the links
+                detach(inv, collaborators.delete_retired_later)
+            release_unused_vpc(inv)  # the VPC's table/VRF if this was its last link
         _best_effort(failures, "remove links", remove_links)
     if failures:
         raise failures[0]

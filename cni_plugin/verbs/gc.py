@@ -7,7 +7,14 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from cni_plugin import attachment
+from cni_plugin.attachment.node import (
+    forget_kept_table,
+    host_netlink,
+    release_unused_vpc,
+    vpc_owners,
+)
+from cni_plugin.attachment.sid import collect_registrations
+from cni_plugin.core import naming
 from cni_plugin.core.request import Invocation, Request
 from cni_plugin.ipam import delegate
 from cni_plugin.kernel import links
@@ -75,11 +82,11 @@ def _chosen_attachments(inv: Invocation) -> list[Invocation]:
 
 def _collect(inv: Invocation, collaborators: Collaborators, valid: set[tuple[str, str]],
              failures: list[CniError]) -> None:
-    with attachment.host_netlink(inv.deadline) as ipr:
+    with host_netlink(inv.deadline) as ipr:
         if inv.conf.attachment != "existing":
             _collect_links(ipr, inv, valid)
         # Read once the stale link is gone: the VPC's attachments here still use its instance.
-        attached = attachment.vpc_owners(ipr, inv.conf.vpc)
+        attached = vpc_owners(ipr, inv.conf.vpc)
     steps: list[Callable[[], None]] = [
         lambda: _collect_registrations(inv, valid),
         lambda: _release_vpc(inv),
@@ -96,7 +103,7 @@ def _collect(inv: Invocation, collaborators: Collaborators, valid: set[tuple[str
 
 
 def _collect_links(ipr: Rtnl, inv: Invocation, valid: set[tuple[str, str]]) -> None:
-    link = links.find(ipr, attachment.host_link_name(inv))
+    link = links.find(ipr, naming.host_link_name(inv.conf.vpc, inv.conf.vpcattachment))
     owner = link.owner if link is not None else None
     if link is not None and owner is not None and (owner.container_id, owner.ifname) not in valid:
         log.info("GC: deleting %s of stale container %s", link.name, owner.container_id)
@@ -107,7 +114,7 @@ def _collect_links(ipr: Rtnl, inv: Invocation, valid: set[tuple[str, str]]) -> N
 
 
 def _collect_registrations(inv: Invocation, valid: set[tuple[str, str]]) -> None:
-    for collected in attachment.collect_registrations(inv, valid):
+    for collected in collect_registrations(inv, valid):
         log.info("GC: removed the rows of %s from galactic's datapath", collected)
 
 
@@ -116,14 +123,14 @@ def _collect_instance(inv: Invocation, collaborators: Collaborators,
     """The VPC's BGPVRFInstance if unused; once it is gone, the VPC's table id is free again."""
     gone = collect_unused_instance(inv, collaborators.cluster, valid, attached)
     if gone and inv.conf.isolation == "vrf" and inv.conf.attachment != "existing" \
-            and attachment.forget_kept_table(inv):
+            and forget_kept_table(inv):
         log.info("GC: VPC %s keeps no table id any more (its BGPVRFInstance is gone)",
                  inv.conf.vpc)
 
 
 def _release_vpc(inv: Invocation) -> None:
     if inv.conf.attachment != "existing":
-        table = attachment.release_unused_vpc(inv)
+        table = release_unused_vpc(inv)
         if table is not None:
             log.info("GC: removed table %d of VPC %s (no attachment left)", table, inv.conf.vpc)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cni_plugin.attachment import host_netlink
+from cni_plugin.attachment.node import host_netlink
 from cni_plugin.core.request import Invocation, Request
 from cni_plugin.galactic import pins
 from cni_plugin.ipam import delegate

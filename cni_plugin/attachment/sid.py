@@ -1,0 +1,140 @@
+"""The VPC's SID answered on this node (SPEC §15): End.DT46 into the VPC's VRF in the kernel
+and, where galactic's eBPF datapath is pinned, the attachment registered in it (removed by DEL
+and GC); the MTU its encapsulation leaves the links; what CHECK finds wrong with either."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from cni_plugin.attachment.node import host_lock, host_netlink
+from cni_plugin.core import naming
+from cni_plugin.core.addressing import Addressing
+from cni_plugin.core.request import Invocation
+from cni_plugin.core.rollback import Rollback
+from cni_plugin.galactic import layout, pins, registration, underlay
+from cni_plugin.kernel import isolation, links, srv6
+from cni_plugin.kernel.links import Link
+from cni_plugin.kernel.rtnl import Rtnl
+from netconf.host import resolve_galactic_settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VpcSid:
+    """The SID this node publishes for the VPC, and the fields it is made of."""
+
+    sid: str
+    locator: str
+    node_id: int
+    vrf_id: int
+
+
+def galactic_datapath(node_env: Mapping[str, str]) -> bool:
+    """Whether galactic's datapath is pinned on this node (its pin directory)."""
+    return pins.present(resolve_galactic_settings(node_env).pin_dir)
+
+
+def link_mtu(rtnl: Rtnl, node_env: Mapping[str, str], configured: int | None, link_name: str,
+             *, encapsulated: bool) -> int | None:
+    """The MTU of the links ADD makes: the stanza's (configured); else, where the node's
+    packets leave encapsulated (galactic's datapath and a router with SIDs), the underlay's MTU
+    less the 40-byte outer header, since galactic's usid_egress drops what no longer fits."""
+    if not encapsulated:
+        return configured
+    settings = resolve_galactic_settings(node_env)
+    room = underlay.workload_mtu(underlay.underlay_links(rtnl, settings.underlay_interfaces),
+                                 settings.underlay_mtu)
+    if room is None or configured is None:
+        return room if configured is None else configured
+    if configured > room:
+        log.warning("mtu %d of %s leaves no room for the 40-byte SRv6 encapsulation (the "
+                    "underlay carries %d): larger packets to other nodes are dropped",
+                    configured, link_name, room)
+    return configured
+
+
+def answer_sid(inv: Invocation, host_link: Link, table: int, vpc_sid: VpcSid,
+               addressing: Addressing, rollback: Rollback) -> None:
+    """The node answers the VPC's SID before it is announced: End.DT46 into the VPC's VRF in
+    the kernel (shared per-VPC state; never undone: it goes with the VRF), and where galactic's
+    datapath is pinned, the attachment registered in it (undone by the rollback)."""
+    settings = resolve_galactic_settings(inv.node_env)
+    with host_lock(inv.host.lock_dir, inv.deadline), host_netlink(inv.deadline) as rtnl:
+        srv6.ensure_decap(rtnl, inv.conf.vpc, vpc_sid.sid)
+        with pins.opened(settings.pin_dir) as datapath:
+            if datapath is None:
+                return
+            registration.register(
+                datapath, rtnl, registration.Registration(
+                    network=inv.conf.name, container_id=inv.env.container_id,
+                    ifname=inv.env.ifname, host_link=host_link.name,
+                    host_ifindex=host_link.index,
+                    egress_kind=_egress_kind(rtnl, inv.conf.vpc,
+                                             tap=inv.conf.attachment == "tap"),
+                    locator=vpc_sid.locator, node_id=vpc_sid.node_id, argument=vpc_sid.vrf_id,
+                    table_id=table, prefixes=addressing.advertised(host_only=False),
+                    nat66_shard_sids=settings.nat66_shard_sids),
+                rollback, inv.host.lock_dir, settings.underlay_interfaces,
+                lambda deadline: host_lock(inv.host.lock_dir, deadline))
+
+
+def _egress_kind(rtnl: Rtnl, vpc: str, *, tap: bool) -> int:
+    """How galactic hands a decapsulated packet to the VPC's workloads (one vrf_table row per
+    VPC): a plain redirect once a tap of the VPC is on the node (it reaches veth Pods too);
+    into the Pod's netns directly while all are veth (galactic-bgp takes the last ADD's kind,
+    which breaks a VPC that has both)."""
+    if tap:
+        return layout.EGRESS_KIND_TAP
+    taps = (link for link in links.all_links(rtnl)
+            if naming.is_host_link_of(link.name, vpc) and link.kind == "tun")
+    return layout.EGRESS_KIND_TAP if any(taps) else layout.EGRESS_KIND_VETH
+
+
+def unregister_datapath(inv: Invocation) -> None:
+    """DEL: this attachment's rows in galactic's datapath, if it registered any."""
+    settings = resolve_galactic_settings(inv.node_env)
+    with host_lock(inv.host.lock_dir, inv.deadline):
+        registration.unregister(settings.pin_dir, inv.host.lock_dir, inv.env.container_id,
+                                inv.env.ifname)
+
+
+def collect_registrations(inv: Invocation, valid: set[tuple[str, str]]) -> list[str]:
+    """GC: the rows of this network's attachments the runtime no longer runs; their
+    (containerID/ifname)."""
+    settings = resolve_galactic_settings(inv.node_env)
+    collected = []
+    with host_lock(inv.host.lock_dir, inv.deadline):
+        for container_id, ifname in list(registration.records_of(inv.host.lock_dir,
+                                                                 inv.conf.name)):
+            if (container_id, ifname) in valid:
+                continue
+            registration.unregister(settings.pin_dir, inv.host.lock_dir, container_id, ifname)
+            collected.append(f"{container_id}/{ifname}")
+        with host_netlink(inv.deadline) as rtnl:
+            live = {link.index for link in rtnl.links()}
+            orphans = registration.collect_orphans(settings.pin_dir, live)
+        if orphans:
+            collected.append(f"{orphans} row(s) of links that are gone")
+    return collected
+
+
+def sid_differences(inv: Invocation, vpc_sid: VpcSid, addressing: Addressing) -> list[str]:
+    """What CHECK finds wrong with the answer to the VPC's SID: its decapsulation in the
+    kernel and, where galactic's datapath is pinned, the attachment's registration in it."""
+    settings = resolve_galactic_settings(inv.node_env)
+    with host_netlink(inv.deadline) as rtnl:
+        diffs = srv6.decap_differences(rtnl, inv.conf.vpc, vpc_sid.sid)
+        with pins.opened(settings.pin_dir) as datapath:
+            link = links.find(rtnl, naming.host_link_name(inv.conf.vpc, inv.conf.vpcattachment))
+            table = isolation.find_vpc_table(rtnl, inv.conf.vpc, "vrf")
+            if datapath is None or link is None or table is None:
+                return diffs  # nothing registered to compare, or reported already
+            return diffs + registration.differences(datapath, rtnl, registration.Registration(
+                network=inv.conf.name, container_id=inv.env.container_id,
+                ifname=inv.env.ifname, host_link=link.name, host_ifindex=link.index,
+                egress_kind=layout.EGRESS_KIND_VETH, locator=vpc_sid.locator,
+                node_id=vpc_sid.node_id, argument=vpc_sid.vrf_id, table_id=table,
+                prefixes=addressing.advertised(host_only=False)))
