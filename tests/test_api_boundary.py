@@ -18,7 +18,7 @@ from cni_plugin.kube.client import ApiError, KubeClient, Resource, Target, api_f
 from cni_plugin.kube.config import load_kubeconfig
 from cni_plugin.publish import published_differences
 from cni_plugin.publish.resources import ADVERTISEMENTS, ENDPOINT_SLICES, NAMESPACES, PODS
-from cni_plugin.publish.source import ClusterSession, ColdCluster, ColdSession
+from cni_plugin.publish.source import ClusterSession, ColdCluster, ColdSession, VerbCluster
 from netconf.errors import PUBLISH_FAILURE, TRY_AGAIN_LATER, CniError
 from netconf.result import Result
 
@@ -83,8 +83,8 @@ def test_check_answers_a_refused_read_as_code_104_not_an_internal_error(
             "vpcattachment": "10", "ipam": {"type": "host-local"}}
     inv = Invocation.parse(Request(environ=environ, stdin=json.dumps(conf).encode()))
     prev = Result.from_wire({"cniVersion": "1.1.0", "ips": [{"address": "fd00::5/64"}]})
-    with pytest.raises(CniError) as caught:
-        published_differences(inv, RefusingCluster(), Addressing.from_result(prev))
+    with pytest.raises(CniError) as caught, VerbCluster(RefusingCluster(), kubeconfig) as cluster:
+        published_differences(inv, cluster, Addressing.from_result(prev))
     assert caught.value.code == PUBLISH_FAILURE
     assert "BGPVRFInstance" in caught.value.msg and "ClusterRole" in caught.value.msg
 

@@ -1,7 +1,8 @@
 """Publishing an attachment to Kubernetes: BGP custom resources, then the Pod's EndpointSlice.
 
-The verbs use only what is defined here, and this is where an API refusal nobody handled
-becomes a CNI error (`api_failure`). `Publisher.open` runs before any kernel change: it checks
+The verbs use only what is defined here, each front function on the verb's one session (its
+`VerbCluster`, opened by the verb), and this is where an API refusal nobody handled becomes a
+CNI error (`api_failure`). `Publisher.open` runs before any kernel change: it checks
 the settings (code 7), reaches the API (code 11 when unreachable) and finds this node's
 BGPRouter, so an ADD that cannot publish changes nothing.
 """
@@ -20,7 +21,7 @@ from cni_plugin.core.request import Invocation
 from cni_plugin.core.rollback import Rollback
 from cni_plugin.kube.client import ApiError, api_failure
 from cni_plugin.publish.context import PublishContext, Router
-from cni_plugin.publish.source import ClusterSource
+from cni_plugin.publish.source import VerbCluster
 from netconf.errors import INVALID_CONFIG, STATUS_NOT_AVAILABLE, TRY_AGAIN_LATER, CniError
 
 if TYPE_CHECKING:
@@ -36,8 +37,8 @@ def api_boundary(doing: str) -> Iterator[None]:
         raise api_failure(exc, doing) from None
 
 
-def _check_settings(inv: Invocation) -> tuple[str, str]:
-    """(kubeconfig, node name); code 7 when publishing is on but either is unusable."""
+def _check_settings(inv: Invocation) -> str:
+    """The node name; code 7 when publishing is on but it or the kubeconfig is unusable."""
     node = inv.host.node_name
     if not node:
         raise CniError(INVALID_CONFIG, "publishing needs a node name",
@@ -50,28 +51,18 @@ def _check_settings(inv: Invocation) -> tuple[str, str]:
                        "\"endpointSlice\": false}")
     if not os.access(kubeconfig, os.R_OK):
         raise CniError(INVALID_CONFIG, f"kubeconfig {kubeconfig!r} is not readable")
-    return kubeconfig, node
+    return node
 
 
 @contextmanager
-def connected(inv: Invocation, source: ClusterSource) -> Iterator[PublishContext | None]:
-    """A context holding an API client until the block ends, or None when publishing is off."""
+def connected(inv: Invocation, cluster: VerbCluster) -> Iterator[PublishContext | None]:
+    """A context on the verb's session (its client borrowed now), or None when publishing is
+    off. The session stays the verb's: it outlives the block (a rollback after it uses it)."""
     if not inv.conf.publish.any:
         yield None
         return
-    kubeconfig, node = _check_settings(inv)
-    with _session(inv, source, kubeconfig, node) as ctx:
-        yield ctx
-
-
-@contextmanager
-def _session(inv: Invocation, source: ClusterSource, kubeconfig: str,
-             node: str) -> Iterator[PublishContext]:
-    ctx = PublishContext.open(inv, source, kubeconfig, node)
-    try:
-        yield ctx
-    finally:
-        ctx.close()
+    node = _check_settings(inv)
+    yield PublishContext.open(inv, cluster.session(), node)
 
 
 class SettlingInstance:
@@ -187,10 +178,10 @@ class Publisher:
 
     @classmethod
     @contextmanager
-    def open(cls, inv: Invocation, source: ClusterSource) -> Iterator[Publisher]:
-        """Connected, with the router found; the client is held until the block ends (so a
-        rollback inside it still has it)."""
-        with connected(inv, source) as ctx:
+    def open(cls, inv: Invocation, cluster: VerbCluster) -> Iterator[Publisher]:
+        """On the verb's session, with the router found (the verb holds the session until its
+        rollback, if any, is done)."""
+        with connected(inv, cluster) as ctx:
             router = None
             if ctx is not None and inv.conf.publish.bgp:
                 from cni_plugin.publish.bgp.router import find_router
@@ -217,19 +208,19 @@ class Publisher:
                 settling.wait()
 
 
-def unpublish(inv: Invocation, source: ClusterSource) -> None:
+def unpublish(inv: Invocation, cluster: VerbCluster) -> None:
     """Withdraw this container's slices and advertisement annotations (DEL), converting a
     shared advertisement earlier versions wrote on the way."""
     if not inv.conf.publish.any:
         return
     try:
-        kubeconfig, node = _check_settings(inv)
+        node = _check_settings(inv)
     except CniError:
         return  # never configured, so nothing can have been published
     from cni_plugin.publish import endpointslice
     from cni_plugin.publish.bgp.advertisement import convert_shared, withdraw_advertisement
-    with _session(inv, source, kubeconfig, node) as ctx, \
-            api_boundary("withdraw the attachment"):
+    ctx = PublishContext.open(inv, cluster.session(), node)
+    with api_boundary("withdraw the attachment"):
         if inv.conf.publish.endpoint_slice:
             endpointslice.delete_slices(ctx, inv.deadline)
         if inv.conf.publish.bgp and \
@@ -251,12 +242,12 @@ def _router_and_vrf_id(ctx: PublishContext) -> tuple[Router | None, int | None]:
     return router, instance_vrf_id(ctx, ctx.inv.deadline)
 
 
-def published_differences(inv: Invocation, source: ClusterSource,
+def published_differences(inv: Invocation, cluster: VerbCluster,
                           addressing: Addressing) -> list[str]:
     """What CHECK finds changed in the published objects (addressing: prevResult's)."""
     from cni_plugin.publish import endpointslice
     from cni_plugin.publish.bgp.check import advertisement_differences
-    with connected(inv, source) as ctx, api_boundary("check the published objects"):
+    with connected(inv, cluster) as ctx, api_boundary("check the published objects"):
         if ctx is None:
             return []
         diffs: list[str] = []
@@ -267,14 +258,14 @@ def published_differences(inv: Invocation, source: ClusterSource,
         return diffs
 
 
-def published_sid(inv: Invocation, source: ClusterSource) -> SettledInstance | None:
+def published_sid(inv: Invocation, cluster: VerbCluster) -> SettledInstance | None:
     """The VPC's instance on this node with the SID it published (CHECK): None without a
     router that has a locator and node ID, or before the VPC's BGPVRFInstance exists."""
     if not inv.conf.publish.bgp:
         return None
     from cni_plugin.publish.bgp.instance import instance_vrf_id
     from cni_plugin.publish.bgp.router import find_router
-    with connected(inv, source) as ctx, api_boundary("read the VPC's SID"):
+    with connected(inv, cluster) as ctx, api_boundary("read the VPC's SID"):
         if ctx is None:
             return None
         router = find_router(ctx, inv.deadline)
@@ -286,24 +277,24 @@ def published_sid(inv: Invocation, source: ClusterSource) -> SettledInstance | N
         return SettledInstance(vrf_id, router.srv6_locator, router.node_id)
 
 
-def router_has_sids(inv: Invocation, source: ClusterSource) -> bool:
+def router_has_sids(inv: Invocation, cluster: VerbCluster) -> bool:
     """Whether this node's router has an SRv6 locator and node ID (STATUS)."""
     if not inv.conf.publish.bgp:
         return False
     from cni_plugin.publish.bgp.router import find_router
-    with connected(inv, source) as ctx, api_boundary("find the node's BGPRouter"):
+    with connected(inv, cluster) as ctx, api_boundary("find the node's BGPRouter"):
         if ctx is None:
             return False
         router = find_router(ctx, inv.deadline)
         return bool(router.srv6_locator and router.node_id)
 
 
-def publishing_status(inv: Invocation, source: ClusterSource) -> None:
+def publishing_status(inv: Invocation, cluster: VerbCluster) -> None:
     """Code 50 unless the kubeconfig works, the API answers and RBAC allows what ADD does."""
     from cni_plugin.publish.bgp.router import find_router
     from cni_plugin.publish.status import check_access
     try:
-        with connected(inv, source) as ctx, api_boundary("check access"):
+        with connected(inv, cluster) as ctx, api_boundary("check access"):
             if ctx is None:
                 return
             check_access(ctx)
@@ -315,18 +306,18 @@ def publishing_status(inv: Invocation, source: ClusterSource) -> None:
         raise CniError(STATUS_NOT_AVAILABLE, exc.msg, exc.details) from None
 
 
-def collect_stale_slices(inv: Invocation, source: ClusterSource,
+def collect_stale_slices(inv: Invocation, cluster: VerbCluster,
                          valid: set[tuple[str, str]]) -> None:
     """GC: delete this node's EndpointSlices of attachments not in valid."""
     if not inv.conf.publish.endpoint_slice:
         return
     from cni_plugin.publish import endpointslice
-    with connected(inv, source) as ctx, api_boundary("collect stale EndpointSlices"):
+    with connected(inv, cluster) as ctx, api_boundary("collect stale EndpointSlices"):
         if ctx is not None:
             endpointslice.collect_slices(ctx, valid, inv.deadline)
 
 
-def collect_stale_advertisements(inv: Invocation, source: ClusterSource,
+def collect_stale_advertisements(inv: Invocation, cluster: VerbCluster,
                                  valid: set[tuple[str, str]]) -> None:
     """GC: drop this node's containers not in valid from its advertisement of the attachment,
     and move this node's valid ones out of the shared advertisement earlier versions wrote."""
@@ -335,27 +326,27 @@ def collect_stale_advertisements(inv: Invocation, source: ClusterSource,
     from cni_plugin.core.naming import annotation_cid
     from cni_plugin.publish.bgp.advertisement import convert_shared, prune_own
     kept = {annotation_cid(container_id) for container_id, _ifname in valid}
-    with connected(inv, source) as ctx, api_boundary("collect stale advertisements"):
+    with connected(inv, cluster) as ctx, api_boundary("collect stale advertisements"):
         if ctx is not None:
             convert_shared(ctx, lambda: _router_and_vrf_id(ctx), inv.deadline,
                            keeps=kept.__contains__)
             prune_own(ctx, inv.deadline, keeps=kept.__contains__)
 
 
-def give_to_node(inv: Invocation, source: ClusterSource) -> None:
+def give_to_node(inv: Invocation, cluster: VerbCluster) -> None:
     """GC: this node's BGPVRFInstance of the VPC and advertisement of the attachment get the
     Node's ownerReference when vpc-attach created them without one (earlier versions wrote
     none; a Node registered after the object was created), so they go with the Node."""
     if not inv.conf.publish.bgp:
         return
     from cni_plugin.publish.resources import ADVERTISEMENTS, VRF_INSTANCES
-    with connected(inv, source) as ctx, api_boundary("give this node's BGP objects to its Node"):
+    with connected(inv, cluster) as ctx, api_boundary("give this node's BGP objects to its Node"):
         if ctx is not None:
             ctx.give_to_node(VRF_INSTANCES, ctx.instance_name, inv.deadline)
             ctx.give_to_node(ADVERTISEMENTS, ctx.advertisement_name, inv.deadline)
 
 
-def collect_unused_instance(inv: Invocation, source: ClusterSource, valid: set[tuple[str, str]],
+def collect_unused_instance(inv: Invocation, cluster: VerbCluster, valid: set[tuple[str, str]],
                             attached: set[tuple[str, str]]) -> bool:
     """GC: delete the VPC's BGPVRFInstance on this node if vpc-attach created it and no valid
     attachment, attachment on this node (`attached`: owners of the VPC's links) or
@@ -365,7 +356,7 @@ def collect_unused_instance(inv: Invocation, source: ClusterSource, valid: set[t
         return False
     from cni_plugin.publish.bgp.instance import collect_instance, instance_vrf_id
     from cni_plugin.publish.bgp.router import find_router
-    with connected(inv, source) as ctx, api_boundary("collect the VPC's unused BGPVRFInstance"):
+    with connected(inv, cluster) as ctx, api_boundary("collect the VPC's unused BGPVRFInstance"):
         if ctx is None:
             return False
         router = find_router(ctx, inv.deadline)

@@ -20,15 +20,15 @@ from cni_plugin.kube.client import (
     Resource,
     update_with_retry,
 )
-from cni_plugin.publish.source import ClusterSession, ClusterSource
+from cni_plugin.publish.source import ClusterSession
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class PublishContext:
-    """One invocation's view of the cluster: its session (client and caches) is held until
-    `close`."""
+    """One invocation's view of the cluster through the verb's session (client and caches),
+    which the verb holds and ends."""
 
     inv: Invocation
     session: ClusterSession
@@ -36,20 +36,10 @@ class PublishContext:
     _node_owner: list[dict[str, Any]] | None = field(default=None, init=False, repr=False)
 
     @classmethod
-    def open(cls, inv: Invocation, source: ClusterSource, kubeconfig: str,
-             node: str) -> PublishContext:
-        """A session for kubeconfig, its client borrowed now (settings were checked before)."""
-        session = source.session(kubeconfig)
-        try:
-            session.client()
-        except BaseException:
-            session.close()
-            raise
+    def open(cls, inv: Invocation, session: ClusterSession, node: str) -> PublishContext:
+        """A context on session, its client borrowed now (settings were checked before)."""
+        session.client()
         return cls(inv, session, node)
-
-    def close(self) -> None:
-        """End the session (its client goes back to the source)."""
-        self.session.close()
 
     @property
     def client(self) -> KubeClient:

@@ -1,6 +1,9 @@
-"""Where publishing and tenancy reach the cluster: a `ClusterSession` per kubeconfig for one
-verb (its API client, and what synced watch caches know of this node's BGPRouters, its
-router's BGPVRFInstances and its Pods), and tenancy's view of VPCBindings and namespaces.
+"""Where publishing and tenancy reach the cluster: one `VerbCluster` per verb, opened by the
+verb and handed to every step that needs the API (tenancy, publishing, tenancy's Events), as
+lightkube hands one `Client` down. It holds at most one `ClusterSession` of the verb's
+kubeconfig (its API client, and what synced watch caches know of this node's BGPRouters, its
+router's BGPVRFInstances and its Pods), opened on first use, and reaches tenancy's view of
+VPCBindings and namespaces.
 
 The executable uses `ColdCluster` (a fresh client per verb, no caches); the node agent passes
 its warm implementation (cni_plugin/agent/warm.py): pooled keep-alive clients and watch caches.
@@ -8,11 +11,16 @@ its warm implementation (cni_plugin/agent/warm.py): pooled keep-alive clients an
 
 from __future__ import annotations
 
+import logging
+from types import TracebackType
 from typing import Any, Protocol
 
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.kube.client import KubeClient
 from cni_plugin.kube.config import load_kubeconfig
+from netconf.errors import INVALID_CONFIG, CniError
+
+log = logging.getLogger(__name__)
 
 
 class TenancyView(Protocol):
@@ -111,3 +119,46 @@ class ColdCluster:
     def tenancy(self, kubeconfig: str, deadline: Deadline) -> TenancyView | None:
         """No cache."""
         return None
+
+
+class VerbCluster:
+    """One verb's way to the cluster: at most one `ClusterSession` of its source for the verb's
+    kubeconfig, opened on first use and closed when the verb ends (after any rollback), so the
+    verb borrows one API client and reuses its connection for every step."""
+
+    def __init__(self, source: ClusterSource, kubeconfig: str | None,
+                 container_id: str = "") -> None:
+        self.source = source
+        self.kubeconfig = kubeconfig
+        self._container_id = container_id
+        self._session: ClusterSession | None = None
+
+    def session(self) -> ClusterSession:
+        """The verb's session (opened now if it is the first use); code 7 without a
+        kubeconfig (callers name the setting that needs one first)."""
+        if self._session is None:
+            if not self.kubeconfig:
+                raise CniError(INVALID_CONFIG, "reaching the Kubernetes API needs a kubeconfig")
+            # Tests count these lines: one per verb that reaches the API (e2e/test_sessions.py).
+            log.debug("cluster session opened for container %s", self._container_id)
+            self._session = self.source.session(self.kubeconfig)
+        return self._session
+
+    def tenancy(self, deadline: Deadline) -> TenancyView | None:
+        """The source's synced caches of VPCBindings and namespaces, or None (ask the API)."""
+        if not self.kubeconfig:
+            return None
+        return self.source.tenancy(self.kubeconfig, deadline)
+
+    def close(self) -> None:
+        """End the session, if one was opened (its client closed, or back to the pool)."""
+        if self._session is not None:
+            session, self._session = self._session, None
+            session.close()
+
+    def __enter__(self) -> VerbCluster:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

@@ -14,6 +14,7 @@ from cni_plugin.core.request import Invocation, Request
 from cni_plugin.core.rollback import Rollback
 from cni_plugin.ipam import delegate
 from cni_plugin.publish import Publication, Publisher
+from cni_plugin.publish.source import VerbCluster
 from cni_plugin.tenancy import admit, choice
 from cni_plugin.verbs.collaborators import Collaborators
 from netconf.errors import INVALID_CONFIG, CniError
@@ -22,12 +23,20 @@ from netconf.result import Result
 
 def add(request: Request, collaborators: Collaborators) -> Result:
     """Attach the container and answer its result (in the 1.1.0 shape)."""
-    # Before any change: whether a VPCBinding admits it (and which attachment a Pod chose).
-    inv = admit(Invocation.parse(request), collaborators.cluster, collaborators.tenancy_denied)
+    inv = Invocation.parse(request)
+    # One cluster session (API client) for the whole ADD: tenancy, publishing, rollback.
+    with collaborators.verb_cluster(inv) as cluster:
+        # Before any change: whether a VPCBinding admits it (and which attachment a Pod chose).
+        admitted = admit(inv, cluster, collaborators.tenancy_denied)
+        return _add(admitted, cluster, collaborators)
+
+
+def _add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborators) -> Result:
+    """ADD once tenancy admitted it (and resolved a Pod's chosen attachment)."""
     prev = inv.conf.prev()
     # One ADD or DEL of this container at a time; settings, API and router are checked before
-    # any change (SPEC §4); the API client is held until the rollback, if any, is done.
-    with inv.container_lock(), Publisher.open(inv, collaborators.cluster) as publisher, \
+    # any change (SPEC §4); the session outlives the rollback, if any.
+    with inv.container_lock(), Publisher.open(inv, cluster) as publisher, \
             Rollback(inv.final_deadline, on_finish=collaborators.rollback_finished) as rollback:
         if inv.conf.vpc_from_pod:  # what DEL and CHECK read instead of the annotation
             rollback.created("record of the Pod's chosen attachment",

@@ -38,12 +38,13 @@ def check(request: Request, collaborators: Collaborators) -> None:
     diffs: list[str] = []
     if inv.conf.attachment != "existing":
         diffs.extend(attachment_differences(inv, prev, addressing))
-    diffs.extend(published_differences(inv, collaborators.cluster, addressing))
-    if inv.conf.attachment != "existing" and inv.conf.isolation == "vrf":
-        settled = published_sid(inv, collaborators.cluster)
-        if settled is not None and settled.sid and settled.locator and settled.node_id:
-            diffs.extend(sid_differences(inv, VpcSid(
-                settled.sid, settled.locator, settled.node_id, settled.vrf_id), addressing))
+    with collaborators.verb_cluster(inv) as cluster:  # one API client for CHECK
+        diffs.extend(published_differences(inv, cluster, addressing))
+        if inv.conf.attachment != "existing" and inv.conf.isolation == "vrf":
+            settled = published_sid(inv, cluster)
+            if settled is not None and settled.sid and settled.locator and settled.node_id:
+                diffs.extend(sid_differences(inv, VpcSid(
+                    settled.sid, settled.locator, settled.node_id, settled.vrf_id), addressing))
     if diffs:
         raise CniError(CHECK_MISMATCH, f"CHECK found {len(diffs)} difference(s): {diffs[0]}",
                        "; ".join(diffs))

@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cni_plugin.attachment.detach import RetiredLinks
+from cni_plugin.core.request import Invocation
 from cni_plugin.core.rollback import RollbackObserver
-from cni_plugin.publish.source import ClusterSource, ColdCluster
+from cni_plugin.publish.source import ClusterSource, ColdCluster, VerbCluster
 from cni_plugin.tenancy import DenialObserver
 
 
@@ -22,3 +23,8 @@ class Collaborators:
     rollback_finished: RollbackObserver | None = None
     # The agent's: told of each ADD no VPCBinding admitted (it counts them, writes audit Events).
     tenancy_denied: DenialObserver | None = None
+
+    def verb_cluster(self, inv: Invocation) -> VerbCluster:
+        """The verb's one cluster session (nothing is opened until a step needs the API),
+        handed to every step; the verb ends it."""
+        return VerbCluster(self.cluster, inv.host.kubeconfig, inv.env.container_id)

@@ -11,6 +11,7 @@ from cni_plugin.attachment.sid import unregister_datapath
 from cni_plugin.core.request import Invocation, Request
 from cni_plugin.ipam import delegate
 from cni_plugin.publish import unpublish
+from cni_plugin.publish.source import VerbCluster
 from cni_plugin.tenancy import choice, resolve_recorded
 from cni_plugin.verbs.collaborators import Collaborators
 from netconf.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, INVALID_CONFIG, CniError
@@ -37,7 +38,8 @@ def delete(request: Request, collaborators: Collaborators) -> None:
         if chosen is None:
             _release_unrecorded(inv)
             return
-        _undo_add(chosen, collaborators)
+        with collaborators.verb_cluster(chosen) as cluster:  # one API client for DEL
+            _undo_add(chosen, cluster, collaborators)
         if chosen.conf.vpc_from_pod:
             choice.remove_record(chosen)  # only once everything above succeeded
 
@@ -52,13 +54,13 @@ def _release_unrecorded(inv: Invocation) -> None:
         ipam.run("DEL", inv.stdin, inv.deadline)
 
 
-def _undo_add(inv: Invocation, collaborators: Collaborators) -> None:
+def _undo_add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborators) -> None:
     failures: list[CniError] = []
     ipam = delegate.of(inv)
     if ipam is not None:
         _best_effort(failures, "release IPAM", lambda: ipam.run("DEL", inv.stdin, inv.deadline))
     _best_effort(failures, "withdraw published objects",
-                 lambda: unpublish(inv, collaborators.cluster))
+                 lambda: unpublish(inv, cluster))
     if inv.conf.attachment != "existing":
         def remove_links() -> None:
             with lock_attachment(inv):

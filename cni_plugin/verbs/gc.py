@@ -25,6 +25,7 @@ from cni_plugin.publish import (
     collect_unused_instance,
     give_to_node,
 )
+from cni_plugin.publish.source import VerbCluster
 from cni_plugin.tenancy import choice
 from cni_plugin.verbs.collaborators import Collaborators
 from netconf.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CniError
@@ -56,8 +57,9 @@ def gc(request: Request, collaborators: Collaborators) -> None:
         raise CniError(INCOMPATIBLE_VERSION, "config version does not allow GC")
     valid = valid_attachments(inv.raw)
     failures: list[CniError] = []
-    for chosen in _chosen_attachments(inv) if inv.conf.vpc_from_pod else [inv]:
-        _collect(chosen, collaborators, valid, failures)
+    with collaborators.verb_cluster(inv) as cluster:  # one API client for every attachment
+        for chosen in _chosen_attachments(inv) if inv.conf.vpc_from_pod else [inv]:
+            _collect(chosen, cluster, valid, failures)
     try:
         _forward_ipam(inv)
     except CniError as exc:
@@ -80,7 +82,7 @@ def _chosen_attachments(inv: Invocation) -> list[Invocation]:
     return found
 
 
-def _collect(inv: Invocation, collaborators: Collaborators, valid: set[tuple[str, str]],
+def _collect(inv: Invocation, cluster: VerbCluster, valid: set[tuple[str, str]],
              failures: list[CniError]) -> None:
     with host_netlink(inv.deadline) as ipr:
         if inv.conf.attachment != "existing":
@@ -90,10 +92,10 @@ def _collect(inv: Invocation, collaborators: Collaborators, valid: set[tuple[str
     steps: list[Callable[[], None]] = [
         lambda: _collect_registrations(inv, valid),
         lambda: _release_vpc(inv),
-        lambda: collect_stale_slices(inv, collaborators.cluster, valid),
-        lambda: collect_stale_advertisements(inv, collaborators.cluster, valid),
-        lambda: _collect_instance(inv, collaborators, valid, attached),
-        lambda: give_to_node(inv, collaborators.cluster)]
+        lambda: collect_stale_slices(inv, cluster, valid),
+        lambda: collect_stale_advertisements(inv, cluster, valid),
+        lambda: _collect_instance(inv, cluster, valid, attached),
+        lambda: give_to_node(inv, cluster)]
     for step in steps:
         try:
             step()
@@ -118,10 +120,10 @@ def _collect_registrations(inv: Invocation, valid: set[tuple[str, str]]) -> None
         log.info("GC: removed the rows of %s from galactic's datapath", collected)
 
 
-def _collect_instance(inv: Invocation, collaborators: Collaborators,
+def _collect_instance(inv: Invocation, cluster: VerbCluster,
                       valid: set[tuple[str, str]], attached: set[tuple[str, str]]) -> None:
     """The VPC's BGPVRFInstance if unused; once it is gone, the VPC's table id is free again."""
-    gone = collect_unused_instance(inv, collaborators.cluster, valid, attached)
+    gone = collect_unused_instance(inv, cluster, valid, attached)
     if gone and inv.conf.isolation == "vrf" and inv.conf.attachment != "existing" \
             and forget_kept_table(inv):
         log.info("GC: VPC %s keeps no table id any more (its BGPVRFInstance is gone)",

@@ -27,10 +27,12 @@ def status(request: Request, collaborators: Collaborators) -> None:
                                "configure \"isolation\": \"table\" or load the vrf module")
     if inv.conf.attachment != "existing" and inv.conf.isolation == "vrf":
         _galactic_status(inv)
-    publishing_status(inv, collaborators.cluster)
-    tenancy_status(inv, collaborators.cluster)
-    if inv.conf.attachment != "existing" and inv.conf.isolation == "vrf" and \
-            router_has_sids(inv, collaborators.cluster):
+    with collaborators.verb_cluster(inv) as cluster:  # one API client for STATUS
+        publishing_status(inv, cluster)
+        tenancy_status(inv, cluster)
+        sids = inv.conf.attachment != "existing" and inv.conf.isolation == "vrf" and \
+            router_has_sids(inv, cluster)
+    if sids:
         with host_netlink(inv.deadline) as rtnl:
             if not srv6.end_dt46_supported(rtnl):
                 raise CniError(STATUS_NOT_AVAILABLE, "this kernel cannot answer this node's "
