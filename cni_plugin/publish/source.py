@@ -128,7 +128,7 @@ class VerbCluster:
 
     def __init__(self, source: ClusterSource, kubeconfig: str | None,
                  container_id: str = "") -> None:
-        self.source = source
+        self._source = source  # reached only through this session, so no step opens its own
         self.kubeconfig = kubeconfig
         self._container_id = container_id
         self._session: ClusterSession | None = None
@@ -141,14 +141,14 @@ class VerbCluster:
                 raise CniError(INVALID_CONFIG, "reaching the Kubernetes API needs a kubeconfig")
             # Tests count these lines: one per verb that reaches the API (e2e/test_sessions.py).
             log.debug("cluster session opened for container %s", self._container_id)
-            self._session = self.source.session(self.kubeconfig)
+            self._session = self._source.session(self.kubeconfig)
         return self._session
 
     def tenancy(self, deadline: Deadline) -> TenancyView | None:
         """The source's synced caches of VPCBindings and namespaces, or None (ask the API)."""
         if not self.kubeconfig:
             return None
-        return self.source.tenancy(self.kubeconfig, deadline)
+        return self._source.tenancy(self.kubeconfig, deadline)
 
     def close(self) -> None:
         """End the session, if one was opened (its client closed, or back to the pool)."""
