@@ -67,6 +67,7 @@ class Seen:
     name: str | None
     fault: Fault | None  # None: forwarded untouched
     status: int | None  # the API server's answer, when forwarded and answered
+    connection: int = 0  # which client connection carried it: 1 for the first accepted, …
 
 
 @dataclasses.dataclass
@@ -153,6 +154,7 @@ class FaultProxy:
         self._seen: list[Seen] = []
         self._stop = threading.Event()
         self._busy = 0
+        self._accepted = 0  # client connections accepted so far
         self._sockets: set[socket.socket] = set()
         self._threads: set[threading.Thread] = set()
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -223,6 +225,11 @@ class FaultProxy:
         with self._lock:
             return list(self._seen)
 
+    def accepted(self) -> int:
+        """Client connections accepted so far (TCP connections opened to the API server)."""
+        with self._lock:
+            return self._accepted
+
     def in_flight(self) -> int:
         """Requests being handled now (a delayed one, or one waiting for a paused server);
         watches, which last until the server ends them, are not counted."""
@@ -241,7 +248,10 @@ class FaultProxy:
                 if self._stop.is_set():
                     return
                 raise
-            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True,
+            with self._lock:
+                self._accepted += 1
+                number = self._accepted
+            thread = threading.Thread(target=self._serve, args=(conn, number), daemon=True,
                                       name=f"fault-proxy conn {conn.getpeername()[1]}")
             with self._lock:
                 self._threads = {t for t in self._threads if t.is_alive()}
@@ -249,7 +259,7 @@ class FaultProxy:
                 self._sockets.add(conn)
             thread.start()
 
-    def _serve(self, raw: socket.socket) -> None:
+    def _serve(self, raw: socket.socket, number: int) -> None:
         tls: ssl.SSLSocket | None = None
         try:
             raw.settimeout(CLIENT_IDLE_S)
@@ -258,7 +268,7 @@ class FaultProxy:
             with tls.makefile("rb") as reader:
                 ending = KEEP
                 while ending == KEEP and not self._stop.is_set():
-                    ending = self._handle(tls, _read_request(reader))
+                    ending = self._handle(tls, _read_request(reader), number)
             if ending == RESET:  # the reader closed first: close() must not wait for it
                 _reset(tls)
         except (_ClientGone, OSError, http.client.HTTPException, ValueError):
@@ -270,7 +280,7 @@ class FaultProxy:
                 _shut(tls)
             _shut(raw)
 
-    def _handle(self, client: ssl.SSLSocket, request: _Request) -> str:
+    def _handle(self, client: ssl.SSLSocket, request: _Request, connection: int) -> str:
         """Serve one request; what becomes of the connection (KEEP, CLOSE or RESET)."""
         resource, name = resource_of(request.target)
         rule = self._due_rule(request.method, resource, name)
@@ -301,7 +311,8 @@ class FaultProxy:
                 del self._seen[:-MAX_SEEN]
                 self._seen.append(Seen(time.monotonic(), request.method, request.target,
                                        resource, name, fault if fault is not Fault.FORWARD
-                                       else None, answered[0] if answered else None))
+                                       else None, answered[0] if answered else None,
+                                       connection))
 
     def _due_rule(self, method: str, resource: str | None, name: str | None) -> Rule | None:
         with self._lock:
