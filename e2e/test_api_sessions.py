@@ -11,25 +11,22 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from e2e.harness import plugin as plugin_module
 from e2e.harness.faults import ProxiedCluster, Seen, start_proxy
 from e2e.harness.kernel import temporary_netns
 from e2e.harness.kube import Kube
 from e2e.harness.plugin import Plugin, base_conf, host_local, with_prev
-from e2e.harness.publishing import Node, create_pod, make_node
+from e2e.harness.publishing import Node, create_pod, delete_pod, make_node
 from e2e.harness.report import report
 from e2e.harness.wait import wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.both_paths]
 SESSION_LINE = "cluster session opened for container "
-FIGURES: dict[str, Any] = {}
 
 
 @dataclass(frozen=True)
@@ -42,18 +39,8 @@ class Reach:
     requests: int  # the verb's requests (watches and the agent's Events aside)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _figures(pytestconfig: pytest.Config,
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    yield
-    if FIGURES:
-        path = "agent" if plugin_module.VIA_AGENT else "in-process"
-        report(pytestconfig, f"API sessions per verb ({path})",
-               tmp_path_factory.getbasetemp() / f"api-sessions-{path}.json", FIGURES)
-
-
 def _verbs_reach(kube: Kube, proxied: ProxiedCluster, plugin: Plugin, node: Node, vpc: str,
-                 tmp_path: Path, log: Path, tag: str) -> dict[str, Reach]:
+                 tmp_path: Path, log: Path, tag: str, via_agent: bool) -> dict[str, Reach]:
     """ADD, CHECK, STATUS, GC and DEL of one Pod's attachment, each verb's reach."""
     pod = f"s-{tag}-{secrets.token_hex(3)}"
     uid = create_pod(kube, pod, node.name)
@@ -70,7 +57,7 @@ def _verbs_reach(kube: Kube, proxied: ProxiedCluster, plugin: Plugin, node: Node
             # The proxy records a request once it relayed the answer: wait for the last one.
             wait_until(f"the proxy to record {verb}'s requests",
                        lambda: proxied.proxy.in_flight() == 0, 10, interval=0.05)
-            if plugin_module.VIA_AGENT and verb == "ADD":
+            if via_agent and verb == "ADD":
                 # The agent's Events writer posts VPCAttached after the answer, on a pooled
                 # client of its own: let it finish, so its requests count for no verb.
                 wait_until("the agent to write the ADD's Event",
@@ -90,6 +77,7 @@ def _verbs_reach(kube: Kube, proxied: ProxiedCluster, plugin: Plugin, node: Node
         run("GC", {**conf, "cni.dev/valid-attachments": [
             {"containerID": container, "ifname": "eth0"}]})
         run("DEL", with_prev(conf, result))
+    delete_pod(kube, pod)
     return reach
 
 
@@ -114,8 +102,8 @@ def _session_lines(log: Path, container: str) -> int:
 
 
 def test_each_verb_opens_one_api_client_and_a_warm_agent_no_connection(
-        kube: Kube, cluster: Any, plugin: Plugin, agent: str | None, vpc: str,
-        tmp_path: Path) -> None:
+        kube: Kube, cluster: Any, plugin: Plugin, agent: str | None, vpc: str, tmp_path: Path,
+        pytestconfig: pytest.Config) -> None:
     proxied = start_proxy(cluster, tmp_path)
     try:
         node = make_node(kube, cluster, plugin)
@@ -127,16 +115,19 @@ def test_each_verb_opens_one_api_client_and_a_warm_agent_no_connection(
         else:  # the session agent's own log (AgentProcess keeps it next to its socket)
             log = Path(agent).with_name("agent.log")
         # The first round warms the agent for this kubeconfig (its pool, its watches).
-        _verbs_reach(kube, proxied, plugin, node, vpc, tmp_path, log, "warm")
-        reach = _verbs_reach(kube, proxied, plugin, node, vpc, tmp_path, log, "counted")
+        _verbs_reach(kube, proxied, plugin, node, vpc, tmp_path, log, "warm", agent is not None)
+        reach = _verbs_reach(kube, proxied, plugin, node, vpc, tmp_path, log, "counted",
+                             agent is not None)
     finally:
         proxied.stop()
-    FIGURES.update({verb: asdict(r) for verb, r in reach.items()})
+    path = "agent" if agent else "in-process"
+    report(pytestconfig, f"API sessions per verb ({path})",
+           tmp_path / f"api-sessions-{path}.json", {verb: asdict(r) for verb, r in reach.items()})
     for verb, r in reach.items():
-        assert r.requests > 0 or plugin_module.VIA_AGENT, (verb, r)
+        assert r.requests > 0 or agent, (verb, r)
         assert r.sessions == 1, (verb, r)
         assert r.clients == (1 if r.requests else 0), (verb, r)
-        if plugin_module.VIA_AGENT:
+        if agent:
             assert r.new_connections == 0, (verb, r)
         else:
             assert r.new_connections == 1, (verb, r)
