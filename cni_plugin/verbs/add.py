@@ -10,7 +10,7 @@ from cni_plugin.attachment.create import Created, open_links
 from cni_plugin.attachment.node import lock_attachment
 from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.deadline import Deadline
-from cni_plugin.core.request import Invocation, Request
+from cni_plugin.core.request import Invocation
 from cni_plugin.core.rollback import Rollback
 from cni_plugin.ipam import delegate
 from cni_plugin.publish import Publication, Publisher
@@ -20,10 +20,10 @@ from netconf.errors import INVALID_CONFIG, CniError
 from netconf.result import Result
 
 
-def add(request: Request, collaborators: Collaborators) -> Result:
+def add(parsed: Invocation, collaborators: Collaborators) -> Result:
     """Attach the container and answer its result (in the 1.1.0 shape)."""
     # Before any change: whether a VPCBinding admits it (and which attachment a Pod chose).
-    inv = admit(Invocation.parse(request), collaborators.cluster, collaborators.tenancy_denied)
+    inv = admit(parsed, collaborators.cluster, collaborators.tenancy_denied)
     prev = inv.conf.prev()
     # One ADD or DEL of this container at a time; settings, API and router are checked before
     # any change (SPEC §4); the API client is held until the rollback, if any, is done.
