@@ -22,7 +22,6 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from cni_plugin import dispatch
-from cni_plugin.agent.client import socket_path
 from cni_plugin.agent.events import DENIED, EventRecorder, PodEvent
 from cni_plugin.agent.protocol import (
     REFUSAL,
@@ -39,7 +38,7 @@ from cni_plugin.kube.events import truncated
 from cni_plugin.tenancy import Denial
 from cni_plugin.verbs.collaborators import Collaborators
 from netconf.errors import CniError
-from netconf.host import resolve_host_settings
+from netconf.host import lenient_host_settings, resolve_host_settings
 
 if TYPE_CHECKING:
     from cni_plugin.agent.health import HealthServer
@@ -279,7 +278,7 @@ def main(argv: list[str]) -> int:
                         "VPC_ATTACH_AGENT_SOCKET, the host file's agentSocket, "
                         "/run/vpc-attach/agent.sock)")
     args = parser.parse_args(argv)
-    path = args.socket or socket_path(os.environ, b"")
+    path = args.socket or lenient_host_settings({}, os.environ).agent_socket
     oplog.configure(Request(environ=dict(os.environ), stdin=b""))
     try:
         address = metrics_address(os.environ)
