@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from cni_plugin.core import oplog
 from cni_plugin.core.request import Request
 from cni_plugin.dispatch import Verbs, run
 
 
-def serve_stdio(verbs: Verbs | None = None, log_line: bool = True) -> NoReturn:
+def serve_stdio(verbs: Verbs[Any] | None = None, log_line: bool = True) -> NoReturn:
     """Read this process's env and stdin, run the verb, answer on stdout and exit."""
     environ = dict(os.environ)
     # VERSION ignores stdin; every other verb reads the config from it.
@@ -20,13 +20,13 @@ def serve_stdio(verbs: Verbs | None = None, log_line: bool = True) -> NoReturn:
     answer_stdio(environ, stdin, verbs, log_line)
 
 
-def answer_stdio(environ: dict[str, str], stdin: bytes, verbs: Verbs | None = None,
+def answer_stdio(environ: dict[str, str], stdin: bytes, verbs: Verbs[Any] | None = None,
                  log_line: bool = True) -> NoReturn:
     """Run the verb in this process and answer on stdout with the exit status."""
     request = Request(environ=environ, stdin=stdin)
     oplog.configure(request)
-    status, payload = run(request, verbs, log_line)
-    if payload is not None:
-        sys.stdout.write(json.dumps(payload))
+    outcome = run(request, verbs, log_line)
+    if outcome.payload is not None:
+        sys.stdout.write(json.dumps(outcome.payload))
         sys.stdout.flush()
-    sys.exit(status)
+    sys.exit(outcome.status)

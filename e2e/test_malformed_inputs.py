@@ -454,7 +454,8 @@ def test_fuzzed_invocation_in_process_always_answers_a_cni_document(
     environ = {"CNI_PATH": str(workdir.cni_path),
                "VPC_ATTACH_HOST_CONFIG": str(workdir.absent_host_config),
                "VPC_ATTACH_LOCK_DIR": str(workdir.lock_dir), **cni}
-    status, payload = run(Request(environ, stdin))
+    outcome = run(Request(environ, stdin))
+    status, payload = outcome.status, outcome.payload
     json.dumps(payload)
     if status == 0 and cni["CNI_COMMAND"] == "DEL":
         assert payload is None  # DEL with an unusable config: nothing to undo, no answer

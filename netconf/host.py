@@ -119,19 +119,53 @@ def resolve_with_sources(config: Mapping[str, Any], environ: Mapping[str, str],
     stanza = stanza_host_values(config, environ, host_file)
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    for setting, (value, source) in _chosen(stanza, environ, host_file).items():
+        values[setting], sources[setting] = value, source
+    settings = HostSettings(**values)
+    _check(settings)
+    return settings, {setting: sources.get(setting, "default") for setting in _SOURCES}
+
+
+def lenient_host_settings(config: Mapping[str, Any], environ: Mapping[str, str]
+                          ) -> HostSettings:
+    """The settings as far as they are usable, for what must never fail (the operator log
+    around a verb, an Event about a refused config): a config's only where the node allows
+    them, an unreadable host file as absent, and an invalid value as its default (the verb
+    itself reports it, code 7)."""
+    try:
+        host_file = read_host_file(environ)
+    except CniError:
+        host_file = {}
+    try:
+        stanza = stanza_host_values(config, environ, host_file)
+    except CniError:
+        stanza = {}  # refused: the node's own settings (the verb's answer says why)
+    values: dict[str, Any] = {}
+    for setting, (value, _source) in _chosen(stanza, environ, host_file).items():
+        try:
+            _check(HostSettings(**{setting: value}))
+        except CniError:
+            continue
+        values[setting] = value
+    settings = HostSettings(**values)
+    _check(settings)  # normalises: timeout as a float, counts as ints
+    return settings
+
+
+def _chosen(stanza: Mapping[str, Any], environ: Mapping[str, str],
+            host_file: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
+    """Each setting that is set: (value, where from), the stanza first, then the environment,
+    then the host file (SPEC §4); unset ones are left out (their default applies)."""
+    chosen: dict[str, tuple[Any, str]] = {}
     for setting, (key, env_name) in _SOURCES.items():
         candidates = ((stanza.get(key), f"stanza {key}"),
                       (environ.get(env_name) if env_name else None, f"environment {env_name}"),
                       (host_file.get(key), f"host file {key}"))
-        chosen = next(((value, source) for value, source in candidates
-                       if value not in (None, "")), None)
-        if chosen is not None:
-            values[setting], sources[setting] = chosen
-        else:
-            sources[setting] = "default"
-    settings = HostSettings(**values)
-    _check(settings)
-    return settings, sources
+        found = next(((value, source) for value, source in candidates
+                      if value not in (None, "")), None)
+        if found is not None:
+            chosen[setting] = found
+    return chosen
 
 
 def stanza_host_values(config: Mapping[str, Any], environ: Mapping[str, str],

@@ -27,18 +27,40 @@ _REQUIRED_ENV: dict[str, tuple[str, ...]] = {
 }
 
 
+@dataclass(frozen=True)
+class CniArgs:
+    """CNI_ARGS split once: its well-formed pairs, and the first malformed item, if any (a
+    lenient reader, e.g. an Event about a failed ADD, takes the pairs; the verbs `checked`)."""
+
+    pairs: Mapping[str, str] = field(default_factory=dict)
+    malformed: str | None = None
+
+    @classmethod
+    def split(cls, text: str) -> CniArgs:
+        """Split `K=V;K=V` (a pair without '=' or key is remembered, not kept)."""
+        pairs: dict[str, str] = {}
+        malformed = None
+        for item in text.split(";"):
+            if not item:
+                continue
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                malformed = malformed if malformed is not None else item
+                continue
+            pairs[key] = value
+        return cls(pairs, malformed)
+
+    def checked(self) -> dict[str, str]:
+        """The pairs; code 4 naming the first malformed one."""
+        if self.malformed is not None:
+            raise CniError(INVALID_ENV, f"invalid CNI_ARGS pair {self.malformed!r}",
+                           "CNI_ARGS must be K=V pairs separated by ';'")
+        return dict(self.pairs)
+
+
 def parse_cni_args(text: str) -> dict[str, str]:
     """Parse CNI_ARGS (`K=V;K=V`); code 4 on a malformed pair."""
-    pairs: dict[str, str] = {}
-    for item in text.split(";"):
-        if not item:
-            continue
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise CniError(INVALID_ENV, f"invalid CNI_ARGS pair {item!r}",
-                           "CNI_ARGS must be K=V pairs separated by ';'")
-        pairs[key] = value
-    return pairs
+    return CniArgs.split(text).checked()
 
 
 def ignore_unknown(args: Mapping[str, str]) -> bool:
@@ -90,8 +112,10 @@ class RuntimeEnv:
     cni_path: tuple[str, ...] = ()
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str]) -> RuntimeEnv:
-        """Read and validate the CNI_* variables (code 4 naming what is missing or invalid)."""
+    def from_environ(cls, environ: Mapping[str, str],
+                     cni_args: CniArgs | None = None) -> RuntimeEnv:
+        """Read and validate the CNI_* variables (code 4 naming what is missing or invalid);
+        cni_args: CNI_ARGS already split (a `Request` splits it once), else split here."""
         command = environ.get("CNI_COMMAND", "")
         if command not in COMMANDS:
             raise CniError(INVALID_ENV,
@@ -106,7 +130,7 @@ class RuntimeEnv:
             container_id=environ.get("CNI_CONTAINERID", ""),
             netns=environ.get("CNI_NETNS", ""),
             ifname=environ.get("CNI_IFNAME", ""),
-            cni_args=parse_cni_args(environ.get("CNI_ARGS", "")),
+            cni_args=(cni_args or CniArgs.split(environ.get("CNI_ARGS", ""))).checked(),
             cni_path=tuple(p for p in environ.get("CNI_PATH", "").split(os.pathsep) if p),
         )
         if env.container_id:

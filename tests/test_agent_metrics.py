@@ -5,7 +5,6 @@ for liveness, and vpc-attach-ipam pools allocated by the real allocator."""
 from __future__ import annotations
 
 import http.client
-import json
 import socket
 from pathlib import Path
 
@@ -92,7 +91,7 @@ def test_ipam_addresses_in_use_counts_the_records_of_each_pool_at_scrape_time(
     for n in range(3):
         allocator.allocate_all(conf, Attachment(f"c{n}", "eth0"))
     metrics = AgentMetrics(lambda: 0)
-    metrics.pools.learn(json.dumps(config).encode())
+    metrics.pools.learn(config)
     pools = {labels[0][1]: value for (name, labels), value in
              samples(generate_latest(metrics.registry).decode()).items()
              if name == "vpc_attach_ipam_addresses_in_use"}
@@ -113,12 +112,20 @@ def test_ipam_addresses_in_use_counts_the_records_of_each_pool_at_scrape_time(
 ])
 def test_the_data_dir_of_a_requests_ipam_block(config: dict[str, object],
                                                expected: str | None) -> None:
-    assert ipam_data_dir(json.dumps(config).encode()) == expected
+    assert ipam_data_dir(config) == expected
 
 
-@given(st.binary(max_size=200))
-def test_any_request_body_gives_a_data_dir_or_none(body: bytes) -> None:
-    found = ipam_data_dir(body)
+IPAM_BLOCKS = st.dictionaries(
+    st.sampled_from(["type", "Type", "dataDir", "DATADIR"]),
+    st.one_of(st.none(), st.integers(), st.text(max_size=12),
+              st.sampled_from(["vpc-attach-ipam", "galactic-ipam", "/abs", "rel"])))
+
+
+@given(st.dictionaries(st.sampled_from(["ipam", "IPAM", "name"]),
+                       st.one_of(IPAM_BLOCKS, st.text(max_size=5), st.none())))
+def test_any_network_config_gives_an_absolute_data_dir_or_none(
+        config: dict[str, object]) -> None:
+    found = ipam_data_dir(config)
     assert found is None or found.startswith("/")
 
 

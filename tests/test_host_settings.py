@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cni_plugin.agent import client
 from cni_plugin.core.request import STATUS_TIMEOUT_S, Invocation, Request
 from netconf.errors import INVALID_CONFIG, CniError
 from netconf.host import (
@@ -23,6 +24,7 @@ from netconf.host import (
     HOST_CONFIG_ENV,
     STANZA_HOST_SETTINGS_ENV,
     HostSettings,
+    lenient_host_settings,
     read_host_file,
     resolve_host_settings,
 )
@@ -311,3 +313,62 @@ def test_sources_name_where_each_setting_came_from(host_file: Path) -> None:
     assert sources["node_name"] == "host file nodeName"
     assert sources["kubeconfig"] == "environment VPC_ATTACH_KUBECONFIG"
     assert sources["log_max_bytes"] == "default"
+
+
+# --- the lenient reading (the operator log, Events), and the thin client's copy of it ---------
+
+
+def test_lenient_settings_take_what_is_usable_and_never_raise(host_file: Path) -> None:
+    write(host_file, {"logFile": "/f/log", "logLevel": "loud", "logBackups": 2,
+                      "kubeconfig": "/f/kube"})
+    environ = {HOST_CONFIG_ENV: str(host_file), "VPC_ATTACH_TIMEOUT_SECONDS": "forever"}
+    refused = {**STANZA, "logFile": "/tenant/log", "nodeName": "tenant-node"}
+    settings = lenient_host_settings(refused, environ)  # the verb answers code 7 for each
+    assert (settings.log_file, settings.log_level, settings.log_backups) == ("/f/log", "info", 2)
+    assert (settings.node_name, settings.kubeconfig) == (None, "/f/kube")
+    assert settings.timeout_seconds == DEFAULT_TIMEOUT_SECONDS
+    allowed = lenient_host_settings(refused, {**environ, **ALLOW})
+    assert (allowed.log_file, allowed.node_name) == ("/tenant/log", "tenant-node")
+    host_file.write_text("{broken")
+    assert lenient_host_settings({}, environ) == HostSettings()
+
+
+SOCKETS = st.sampled_from([None, "", "/run/a.sock", "/run/b.sock"])
+TIMEOUTS = st.sampled_from([None, "", 7, 2.5, "12", "0", 0, 601, "soon", "1e1"])
+
+
+@given(env_socket=SOCKETS, file_socket=SOCKETS, stanza_socket=SOCKETS, env_timeout=TIMEOUTS,
+       file_timeout=TIMEOUTS, stanza_timeout=TIMEOUTS,
+       allow=st.sampled_from([None, "allow", "deny", "maybe"]), in_file=st.booleans())
+def test_the_thin_client_finds_the_socket_and_deadline_the_resolver_chooses(
+        env_socket: str | None, file_socket: str | None, stanza_socket: str | None,
+        env_timeout: str | float | None, file_timeout: str | float | None,
+        stanza_timeout: str | float | None, allow: str | None, in_file: bool) -> None:
+    """`agent/client.py` keeps a standard-library copy of the precedence: wherever the verb
+    accepts the settings, it forwards to the same socket and waits for the same deadline
+    (where the verb refuses them, code 7 comes at once: the client's wait is only a bound)."""
+    with tempfile.TemporaryDirectory() as directory:
+        host: dict[str, Any] = {key: value for key, value in (
+            ("agentSocket", file_socket), ("timeoutSeconds", file_timeout)) if value is not None}
+        environ = {"CNI_COMMAND": "ADD", HOST_CONFIG_ENV: f"{directory}/host.json"}
+        if allow is not None:
+            if in_file:
+                host["stanzaHostSettings"] = allow
+            else:
+                environ[STANZA_HOST_SETTINGS_ENV] = allow
+        write(Path(directory) / "host.json", host)
+        if env_socket is not None:
+            environ["VPC_ATTACH_AGENT_SOCKET"] = env_socket
+        if env_timeout is not None:
+            environ["VPC_ATTACH_TIMEOUT_SECONDS"] = str(env_timeout)
+        stanza = {**STANZA, **{key: value for key, value in (
+            ("agentSocket", stanza_socket), ("timeoutSeconds", stanza_timeout))
+            if value is not None}}
+        path, seconds = client.route(environ, json.dumps(stanza).encode())
+        try:
+            resolved = resolve_host_settings(stanza, environ)
+        except CniError:
+            assert path and 0 < seconds <= 600 + client.ANSWER_GRACE_SECONDS
+            return
+        assert (path, seconds) == \
+            (resolved.agent_socket, resolved.timeout_seconds + client.ANSWER_GRACE_SECONDS)

@@ -5,7 +5,6 @@ server is in e2e/test_ipam_cluster.py). No root needed."""
 from __future__ import annotations
 
 import ipaddress
-import json
 import re
 import threading
 from collections import Counter
@@ -422,8 +421,8 @@ def test_addresses_in_use_counts_allocations_not_block_records(tmp_path: Path) -
     for n in range(7):
         allocate(conf, api, f"c{n}")
     metrics = AgentMetrics(lambda: 0)
-    metrics.pools.learn(json.dumps({"name": NETWORK, "ipam": {
-        "type": "vpc-attach-ipam", "dataDir": str(tmp_path)}}).encode())
+    metrics.pools.learn({"name": NETWORK, "ipam": {
+        "type": "vpc-attach-ipam", "dataDir": str(tmp_path)}})
     families = {f.name: f for f in metrics.registry.collect()}
     values = {s.labels["pool"]: s.value
               for s in families["vpc_attach_ipam_addresses_in_use"].samples}

@@ -164,8 +164,9 @@ def test_every_verb_refuses_a_data_dir_outside_and_writes_nothing_there(
     outside = tmp_path / "outside"
     outside.mkdir()
     (root / "escape").symlink_to(outside)
-    status, answer = dispatch.run(_request(command, root / "escape", root), dispatch.ipam_verbs,
+    outcome = dispatch.run(_request(command, root / "escape", root), dispatch.ipam_verbs,
                                   log_line=False)
+    status, answer = outcome.status, outcome.payload
     assert status == 1 and answer is not None and answer["code"] == INVALID_CONFIG
     assert "'ipam.dataDir'" in answer["msg"]
     assert list(outside.iterdir()) == []
@@ -176,8 +177,9 @@ def test_del_of_a_data_dir_outside_succeeds_and_changes_nothing(tmp_path: Path,
     outside = tmp_path / "outside"
     (outside / "net1").mkdir(parents=True)
     (outside / "net1" / "keep").write_text("x")
-    status, answer = dispatch.run(_request("DEL", outside, root), dispatch.ipam_verbs,
+    outcome = dispatch.run(_request("DEL", outside, root), dispatch.ipam_verbs,
                                   log_line=False)
+    status, answer = outcome.status, outcome.payload
     assert (status, answer) == (0, None)
     assert [p.name for p in (outside / "net1").iterdir()] == ["keep"]
 
@@ -185,7 +187,8 @@ def test_del_of_a_data_dir_outside_succeeds_and_changes_nothing(tmp_path: Path,
 def test_add_inside_allocates_under_the_resolved_path(root: Path) -> None:
     (root / "real").mkdir()
     (root / "alias").symlink_to(root / "real")
-    status, answer = dispatch.run(_request("ADD", root / "alias", root), dispatch.ipam_verbs,
+    outcome = dispatch.run(_request("ADD", root / "alias", root), dispatch.ipam_verbs,
                                   log_line=False)
+    status, answer = outcome.status, outcome.payload
     assert status == 0 and answer is not None and answer["ips"]
     assert (root / "real" / "net1").is_dir()

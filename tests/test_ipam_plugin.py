@@ -54,7 +54,8 @@ DATA_ROOT = tempfile.gettempdir()  # this node's ipamDataRoot: every tmp_path is
 
 def run_ipam(req: Request) -> tuple[int, dict[str, Any] | None]:
     """The vpc-attach-ipam executable's answer, in this process."""
-    return dispatch.run(req, dispatch.ipam_verbs, log_line=False)
+    outcome = dispatch.run(req, dispatch.ipam_verbs, log_line=False)
+    return outcome.status, outcome.payload
 
 
 def ipam_conf(data_dir: Path | str = DEFAULT_DATA_DIR, **keys: Any) -> IpamConfig:

@@ -283,7 +283,8 @@ def _failing_add(stdin: bytes, tmp: str) -> dict[str, Any]:
     environ = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c0ffee", "CNI_NETNS": "/nonexistent",
                "CNI_IFNAME": "eth0", "CNI_PATH": tmp,
                "VPC_ATTACH_HOST_CONFIG": f"{tmp}/absent.json"}
-    status, payload = run(Request(environ, stdin))
+    outcome = run(Request(environ, stdin))
+    status, payload = outcome.status, outcome.payload
     assert status != 0 and payload is not None
     return payload
 
@@ -308,7 +309,8 @@ def test_answer_version_honours_a_capitalised_cni_version_key(tmp_path: Any) -> 
 
 
 def test_version_answer_lists_every_supported_version_and_ignores_stdin() -> None:
-    status, payload = run(Request({"CNI_COMMAND": "VERSION"}, b"garbage"))
+    outcome = run(Request({"CNI_COMMAND": "VERSION"}, b"garbage"))
+    status, payload = outcome.status, outcome.payload
     assert status == 0
     assert payload == {"cniVersion": "1.1.0", "supportedVersions": list(SUPPORTED_VERSIONS)}
 

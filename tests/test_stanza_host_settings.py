@@ -193,7 +193,8 @@ def test_a_refused_config_never_touches_the_log_file_it_names(
     request = Request(cni_env(tmp_path, verb, VPC_ATTACH_LOG_FILE=str(node_log)),
                       json.dumps(config).encode())
     oplog.configure(request)
-    status, payload = dispatch.run(request)
+    outcome = dispatch.run(request)
+    status, payload = outcome.status, outcome.payload
     assert victim.read_text() == "root:do-not-touch\n" * 4
     assert sorted(p.name for p in victim.parent.iterdir()) == ["precious.conf"]
     lines = [json.loads(line) for line in node_log.read_text().splitlines()]

@@ -84,7 +84,14 @@ def _as_seconds(text: str) -> float | None:
 
 
 class NodeSettings:
-    """The node's settings this path needs: the environment, then the host file (SPEC §14)."""
+    """The node's settings this path needs: the environment, then the host file (SPEC §14).
+
+    A standard-library copy of `netconf.host`'s precedence (the one resolver of host settings)
+    for the three settings forwarding needs: agentSocket, timeoutSeconds, stanzaHostSettings.
+    Not pydantic's cost (`netconf.host` has none) but `json`, `dataclasses`, `typing`, `re`
+    and `ipaddress`: tens of milliseconds per CNI call, where this module loads in about one.
+    tests/test_host_settings.py checks that both choose the same socket and deadline.
+    """
 
     def __init__(self, environ: Mapping[str, str]) -> None:
         self.environ = environ
@@ -109,12 +116,6 @@ class NodeSettings:
         """Whether this node lets network configs set host settings (anything but `allow`
         is no here; the verb reports a bad value as code 7)."""
         return self.string("VPC_ATTACH_STANZA_HOST_SETTINGS", b"stanzaHostSettings") == "allow"
-
-
-def socket_path(environ: Mapping[str, str], stdin: bytes) -> str:
-    """Where the agent listens: env, host file, default; the config's `agentSocket` only where
-    the node allows stanza host settings (never a socket a tenant's config names)."""
-    return route(environ, stdin)[0]
 
 
 def route(environ: Mapping[str, str], stdin: bytes) -> tuple[str, float]:

@@ -12,7 +12,6 @@ object, as client-go's recorder does.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -23,13 +22,13 @@ from typing import Any
 
 from cni_plugin.agent.warm import WarmCluster, WarmSession
 from cni_plugin.core.deadline import Deadline
-from cni_plugin.core.request import Request
+from cni_plugin.dispatch import Outcome
 from cni_plugin.kube.client import MERGE_PATCH, ApiError, KubeClient, Target
 from cni_plugin.kube.events import EVENTS, micro_time, pod_event_body, truncated
 from cni_plugin.publish.resources import PODS
 from netconf.config import lookup_ci
 from netconf.errors import TENANCY_DENIED, CniError
-from netconf.host import HostSettings, resolve_host_settings
+from netconf.host import lenient_host_settings
 
 log = logging.getLogger(__name__)
 ATTACHED, FAILED, DENIED = "VPCAttached", "VPCAttachFailed", "VPCAttachDenied"
@@ -67,66 +66,48 @@ class _Series:
     last: float = field(default_factory=time.monotonic)
 
 
-def pod_event(request: Request, status: int, payload: Mapping[str, Any] | None
-              ) -> PodEvent | None:
+def pod_event(outcome: Outcome) -> PodEvent | None:
     """The Event an answered ADD deserves; None when no Pod is named or no kubeconfig and node
-    name are configured. Read leniently: a failed ADD's config may not even parse."""
-    config = _config(request.stdin)
-    args = _cni_args(request.environ.get("CNI_ARGS", ""))
-    config_args = lookup_ci(config, "args")
-    cni = lookup_ci(config_args, "cni") if isinstance(config_args, dict) else None
-    if isinstance(cni, dict):  # config args.cni wins over CNI_ARGS (SPEC §3)
-        args.update({str(k): str(v) for k, v in cni.items()})
-    namespace, pod = args.get("K8S_POD_NAMESPACE"), args.get("K8S_POD_NAME")
-    if not namespace or not pod:
-        return None
-    host = _host(config, request.environ)
-    if host is None:
-        return None
-    if not host.kubeconfig or not host.node_name:
+    name are configured. Read from the validated invocation; an ADD that failed before it
+    parsed is read leniently from what its request says."""
+    inv, request = outcome.invocation, outcome.request
+    if inv is not None:
+        namespace, pod, uid = inv.pod.namespace, inv.pod.name, inv.pod.uid
+        host = inv.host
+        what = f"VPC {inv.conf.vpc or '?'} attachment {inv.conf.vpcattachment or '?'}"
+    else:
+        config = request.readable_config()
+        args = {**request.cni_args.pairs, **_config_cni_args(config)}  # args.cni wins
+        namespace, pod = args.get("K8S_POD_NAMESPACE"), args.get("K8S_POD_NAME")
+        uid = args.get("K8S_POD_UID")
+        # The config's host settings where the node allows them; the node's own when it
+        # refused them (that refusal is what the Event reports).
+        host = lenient_host_settings(config, request.environ)
+        what = f"VPC {lookup_ci(config, 'vpc') or '?'} attachment " \
+               f"{lookup_ci(config, 'vpcattachment') or '?'}"
+    if not namespace or not pod or not host.kubeconfig or not host.node_name:
         return None
     ifname = request.environ.get("CNI_IFNAME", "?")
-    what = f"VPC {lookup_ci(config, 'vpc') or '?'} attachment " \
-           f"{lookup_ci(config, 'vpcattachment') or '?'}"
-    if status == 0:
+    payload = outcome.payload or {}
+    if outcome.status == 0:
         reason, kind = ATTACHED, "Normal"
-        addresses = [str(ip.get("address")) for ip in (payload or {}).get("ips") or []
+        addresses = [str(ip.get("address")) for ip in payload.get("ips") or []
                      if isinstance(ip, dict)]
         note = f"{what} attached as {ifname}: {', '.join(addresses) or 'no addresses'}"
-    elif (payload or {}).get("code") == TENANCY_DENIED:  # the message names what was refused
+    elif outcome.code == TENANCY_DENIED:  # the message names what was refused
         reason, kind = DENIED, "Warning"
-        note = f"{(payload or {}).get('msg', '')} ({(payload or {}).get('details', '')})"
+        note = f"{outcome.message} ({payload.get('details', '')})"
     else:
         reason, kind = FAILED, "Warning"
-        code = (payload or {}).get("code", "?")
-        message = (payload or {}).get("msg", "")
-        note = f"{what} on {ifname}: ADD failed with CNI error {code}: {message}"
-    return PodEvent(host.kubeconfig, host.node_name, namespace, pod,
-                    args.get("K8S_POD_UID") or None, reason, kind, truncated(note))
+        note = f"{what} on {ifname}: ADD failed with CNI error {outcome.code}: {outcome.message}"
+    return PodEvent(host.kubeconfig, host.node_name, namespace, pod, uid or None, reason, kind,
+                    truncated(note))
 
 
-def _host(config: dict[str, Any], environ: Mapping[str, str]) -> HostSettings | None:
-    """Whose identity posts the Event: the config's host settings where the node allows them;
-    the node's own when it refused them (that refusal is what the Event reports)."""
-    for source in (config, {}):
-        try:
-            return resolve_host_settings(source, environ)
-        except CniError:
-            continue
-    return None
-
-
-def _config(stdin: bytes) -> dict[str, Any]:
-    try:
-        config = json.loads(stdin)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return {}
-    return config if isinstance(config, dict) else {}
-
-
-def _cni_args(text: str) -> dict[str, str]:
-    pairs = (item.split("=", 1) for item in text.split(";") if "=" in item)
-    return {key.strip(): value.strip() for key, value in pairs}
+def _config_cni_args(config: Mapping[str, Any]) -> dict[str, str]:
+    args = lookup_ci(config, "args")
+    cni = lookup_ci(args, "cni") if isinstance(args, dict) else None
+    return {str(k): str(v) for k, v in cni.items()} if isinstance(cni, dict) else {}
 
 
 class EventRecorder:
@@ -146,13 +127,12 @@ class EventRecorder:
         """An ADD allowed under `tenancy: audit` that no binding admitted: queue its Event."""
         self._queue_event(event)
 
-    def answered(self, request: Request, status: int, payload: Mapping[str, Any] | None
-                 ) -> None:
+    def answered(self, outcome: Outcome) -> None:
         """An ADD was answered: queue its Event (never blocks, never raises)."""
-        if request.command != "ADD":
+        if outcome.command != "ADD":
             return
         try:
-            event = pod_event(request, status, payload)
+            event = pod_event(outcome)
         except Exception:  # a bug here must not touch the verb thread
             log.exception("events: cannot describe an answered ADD")
             return

@@ -8,11 +8,11 @@ library (SPEC §11), and the domain code reports through plain callables it is h
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -116,9 +116,10 @@ class IpamPools(Collector):
         self._lock = threading.Lock()
         self._data_dirs = {DEFAULT_DATA_DIR, _node_data_root()}
 
-    def learn(self, stdin: bytes) -> None:
-        """Remember the data directory of a request's vpc-attach-ipam block, if it has one."""
-        data_dir = ipam_data_dir(stdin)
+    def learn(self, config: Mapping[str, Any]) -> None:
+        """Remember the data directory of a network config's vpc-attach-ipam block, if it has
+        one."""
+        data_dir = ipam_data_dir(config)
         if data_dir is not None:
             with self._lock:
                 self._data_dirs.add(data_dir)
@@ -155,14 +156,10 @@ def _node_data_root() -> str:
         return DEFAULT_DATA_DIR  # the verbs report the bad setting
 
 
-def ipam_data_dir(stdin: bytes) -> str | None:
-    """The dataDir of a config's vpc-attach-ipam block (its default when unset), or None when
-    the config has no such block."""
-    try:
-        config = json.loads(stdin)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
-    ipam = lookup_ci(config, "ipam") if isinstance(config, dict) else None
+def ipam_data_dir(config: Mapping[str, Any]) -> str | None:
+    """The dataDir of a network config's vpc-attach-ipam block (its default when unset), or
+    None when the config has no such block."""
+    ipam = lookup_ci(config, "ipam")
     if not isinstance(ipam, dict) or lookup_ci(ipam, "type") not in PLUGIN_TYPES:
         return None
     data_dir = lookup_ci(ipam, "dataDir")

@@ -19,10 +19,9 @@ import stat
 import threading
 import time
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cni_plugin import dispatch
-from cni_plugin.agent.client import socket_path
 from cni_plugin.agent.events import DENIED, EventRecorder, PodEvent
 from cni_plugin.agent.protocol import (
     REFUSAL,
@@ -38,8 +37,8 @@ from cni_plugin.core.request import Request
 from cni_plugin.kube.events import truncated
 from cni_plugin.tenancy import Denial
 from cni_plugin.verbs.collaborators import Collaborators
-from netconf.errors import INTERNAL_ERROR, CniError
-from netconf.host import resolve_host_settings
+from netconf.errors import CniError
+from netconf.host import lenient_host_settings, resolve_host_settings
 
 if TYPE_CHECKING:
     from cni_plugin.agent.health import HealthServer
@@ -54,7 +53,6 @@ SEND_SECONDS = 10.0
 ACCEPT_POLL_SECONDS = 0.5
 # The accept loop has gone round within this long, or the agent is not alive (/healthz).
 ACCEPT_STALL_SECONDS = 10.0
-Answered = tuple[Request, int, "dict[str, Any] | None", float]
 
 
 class Agent:
@@ -152,21 +150,21 @@ class Agent:
         log.info("agent stopped")
 
     def _handle(self, conn: socket.socket) -> None:
-        answered: Answered | None = None
+        outcome: dispatch.Outcome | None = None
         try:
-            answered = self._serve(conn)
+            outcome = self._serve(conn)
         finally:
             conn.close()  # the runtime has its answer; what follows is off its path
-            if answered is not None:
-                self._after_answer(*answered)
+            if outcome is not None:
+                self._after_answer(outcome)
             with self._cond:
                 self._inflight -= 1
                 self._cond.notify_all()
 
-    def _serve(self, conn: socket.socket) -> Answered | None:
-        """Read one request, run its verb and answer; what was answered (also when the answer
-        could not be sent: the verb ran)."""
-        answered: Answered | None = None
+    def _serve(self, conn: socket.socket) -> dispatch.Outcome | None:
+        """Read one request, run its verb and answer; its outcome (also when the answer could
+        not be sent: the verb ran)."""
+        outcome: dispatch.Outcome | None = None
         try:
             conn.settimeout(IDLE_READ_SECONDS)
             try:
@@ -182,29 +180,27 @@ class Agent:
                 return None
             request = _request(environ, stdin)
             oplog.configure(request)
-            started = time.monotonic()
-            status, payload = dispatch.run(request, self.verbs)
-            answered = request, status, payload, time.monotonic() - started
-            answer = json.dumps(payload).encode() if payload is not None else b""
+            outcome = dispatch.run(request, self.verbs)
+            answer = json.dumps(outcome.payload).encode() if outcome.payload is not None else b""
             conn.settimeout(SEND_SECONDS)
-            conn.sendall(encode_reply(status, answer))
+            conn.sendall(encode_reply(outcome.status, answer))
         except OSError as exc:
             log.warning("could not answer a client: %s", exc)
-        return answered
+        return outcome
 
-    def _after_answer(self, request: Request, status: int, payload: dict[str, Any] | None,
-                      seconds: float) -> None:
-        """Count the verb and queue an ADD's Event (never raises into the verb thread)."""
+    def _after_answer(self, outcome: dispatch.Outcome) -> None:
+        """Count the verb and queue an ADD's Event, from its outcome (never raises into the
+        verb thread)."""
         try:
             if self.metrics is not None:
-                code = 0 if status == 0 else (payload or {}).get("code", INTERNAL_ERROR)
-                self.metrics.verb_answered(request.command, int(code), seconds)
-                if request.command == "ADD" and status == 0:  # its dataDir passed the root check
-                    self.metrics.pools.learn(request.stdin)
+                self.metrics.verb_answered(outcome.command, outcome.code, outcome.seconds)
+                if outcome.command == "ADD" and outcome.status == 0 and \
+                        outcome.invocation is not None:  # its dataDir passed the root check
+                    self.metrics.pools.learn(outcome.invocation.raw)
             if self.events is not None:
-                self.events.answered(request, status, payload)
+                self.events.answered(outcome)
         except Exception:
-            log.exception("agent: after answering %s", request.command)
+            log.exception("agent: after answering %s", outcome.command)
 
 
 def _request(forwarded: dict[str, str], stdin: bytes) -> Request:
@@ -282,7 +278,7 @@ def main(argv: list[str]) -> int:
                         "VPC_ATTACH_AGENT_SOCKET, the host file's agentSocket, "
                         "/run/vpc-attach/agent.sock)")
     args = parser.parse_args(argv)
-    path = args.socket or socket_path(os.environ, b"")
+    path = args.socket or lenient_host_settings({}, os.environ).agent_socket
     oplog.configure(Request(environ=dict(os.environ), stdin=b""))
     try:
         address = metrics_address(os.environ)

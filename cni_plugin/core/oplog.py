@@ -17,21 +17,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from cni_plugin.core.logfile import LogFile, log_file
-from cni_plugin.core.request import Request
-from netconf.errors import CniError
+from cni_plugin.core.request import Invocation, Request
 from netconf.host import (
-    DEFAULT_HOST_CONFIG,
     DEFAULT_LOG_BACKUPS,
     DEFAULT_LOG_MAX_BYTES,
-    HOST_CONFIG_ENV,
     LOG_LEVELS,
-    MAX_LOG_BACKUPS,
-    stanza_host_settings_allowed,
+    HostSettings,
+    lenient_host_settings,
 )
 
 _configured: dict[str, Any] = {}
-# Any of these in a config's bytes (lower-cased) means it might set a log setting.
-_LOG_KEYS_BYTES = (b'"logfile"', b'"loglevel"', b'"logmaxbytes"', b'"logbackups"')
 _configure_lock = threading.Lock()  # the agent's verb threads share the root logger
 
 
@@ -44,78 +39,23 @@ class LogSettings:
     max_bytes: int = DEFAULT_LOG_MAX_BYTES
     backups: int = DEFAULT_LOG_BACKUPS
 
+    @classmethod
+    def of(cls, host: HostSettings) -> LogSettings:
+        """The log part of a node's host settings."""
+        return cls(host.log_file, host.log_level.lower(), host.log_max_bytes, host.log_backups)
+
     def file(self) -> LogFile | None:
         """The shared writer of the log file, if there is one."""
         return log_file(self.path, self.max_bytes, self.backups) if self.path else None
 
 
 def settings(request: Request) -> LogSettings:
-    """The log settings: environment > host file, cheaply and leniently (netconf.host validates
-    the same settings for the verbs, and an invalid size or count here means its default). A
-    stanza's log keys count only where the node allows stanza host settings: elsewhere the
-    verb refuses them (code 7), and its log line goes to the node's log, not theirs."""
-    stanza: dict[str, Any] = {}
-    host: dict[str, Any] | None = None
-    lowered = request.stdin.lower()
-    if any(key in lowered for key in _LOG_KEYS_BYTES):  # most configs name none: no parsing
-        host = _host_file(request)
-        stanza = _allowed_stanza(request, host)
-
-    def setting(stanza_key: str, env_key: str) -> str | None:
-        nonlocal host
-        value = stanza.get(stanza_key.lower())
-        if isinstance(value, str) and value:
-            return value
-        if request.environ.get(env_key):
-            return request.environ[env_key]
-        if host is None:
-            host = _host_file(request)
-        value = host.get(stanza_key)
-        return value if isinstance(value, str) and value else None
-
-    def count(stanza_key: str, env_key: str, default: int, high: int) -> int:
-        nonlocal host
-        if host is None:
-            host = _host_file(request)
-        for value in (stanza.get(stanza_key.lower()), request.environ.get(env_key),
-                      host.get(stanza_key)):
-            if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
-                value = int(value)
-            if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= high:
-                return value
-            if value not in (None, ""):
-                return default
-        return default
-
-    return LogSettings(
-        path=setting("logFile", "VPC_ATTACH_LOG_FILE"),
-        level=(setting("logLevel", "VPC_ATTACH_LOG_LEVEL") or "info").lower(),
-        max_bytes=count("logMaxBytes", "VPC_ATTACH_LOG_MAX_BYTES", DEFAULT_LOG_MAX_BYTES,
-                        2**40),
-        backups=count("logBackups", "VPC_ATTACH_LOG_BACKUPS", DEFAULT_LOG_BACKUPS,
-                      MAX_LOG_BACKUPS))
-
-
-def _allowed_stanza(request: Request, host: dict[str, Any]) -> dict[str, Any]:
-    """The config's keys, lower-cased, if this node lets a stanza set host settings; else {}."""
-    try:
-        if not stanza_host_settings_allowed(request.environ, host):
-            return {}
-        parsed = json.loads(request.stdin)
-    except (CniError, ValueError, RecursionError):
-        return {}  # not allowed, or the config does not parse: the node's settings only
-    # keys match case-insensitively, as the stanza's do
-    return {str(k).lower(): v for k, v in parsed.items()} if isinstance(parsed, dict) else {}
-
-
-def _host_file(request: Request) -> dict[str, Any]:
-    try:
-        with open(request.environ.get(HOST_CONFIG_ENV) or DEFAULT_HOST_CONFIG,
-                  encoding="utf-8") as handle:
-            content = json.load(handle)
-    except (OSError, ValueError):
-        return {}
-    return content if isinstance(content, dict) else {}
+    """The log settings before the request is validated, from the one resolver of host
+    settings, leniently (`netconf.host.lenient_host_settings`): a stanza's log keys count
+    only where the node allows stanza host settings — elsewhere the verb refuses them (code
+    7) and its log line goes to the node's log, not theirs — and an invalid value means its
+    default."""
+    return LogSettings.of(lenient_host_settings(request.readable_config(), request.environ))
 
 
 class JsonLines(logging.Formatter):
@@ -163,37 +103,37 @@ def configure(request: Request) -> None:
         _configured["key"] = chosen
 
 
-def verb_line(request: Request, code: int, message: str, seconds: float) -> None:
-    """Append the one-line summary of a verb to the log file, if one is configured."""
-    file = settings(request).file()
+def verb_line(request: Request, invocation: Invocation | None, code: int, message: str,
+              seconds: float) -> None:
+    """Append the one-line summary of a verb to the log file, if one is configured; what the
+    request says is read from its validated `invocation` when it parsed."""
+    chosen = LogSettings.of(invocation.host) if invocation is not None else settings(request)
+    file = chosen.file()
     if file is None:
         return
     env = request.environ
-    args = dict(kv.split("=", 1) for kv in env.get("CNI_ARGS", "").split(";") if "=" in kv)
+    if invocation is not None:
+        pod = invocation.pod.namespace or "", invocation.pod.name or ""
+        cni_version = invocation.conf.cni_version
+    else:  # as far as the request is readable: its answer says what was wrong
+        args = request.cni_args.pairs
+        pod = args.get("K8S_POD_NAMESPACE", ""), args.get("K8S_POD_NAME", "")
+        version = request.readable_config().get("cniVersion")
+        cni_version = version if isinstance(version, str) else ""
     line = {
         "ts": _timestamp(time.time()),
         "verb": request.command,
         "containerID": env.get("CNI_CONTAINERID", ""),
         "ifname": env.get("CNI_IFNAME", ""),
-        "pod": f"{args.get('K8S_POD_NAMESPACE', '')}/{args.get('K8S_POD_NAME', '')}".strip("/"),
+        "pod": f"{pod[0]}/{pod[1]}".strip("/"),
         "netns": env.get("CNI_NETNS", ""),
-        "cniVersion": _cni_version(request),
+        "cniVersion": cni_version,
         "outcome": "ok" if code == 0 else "error",
         "code": code,
         "error": message,
         "durationMs": round(seconds * 1000, 1),
     }
     file.write((json.dumps(line) + "\n").encode())  # never raises
-
-
-def _cni_version(request: Request) -> str:
-    """The configuration's cniVersion as the runtime sent it ("" if it sent none or no JSON)."""
-    try:
-        parsed = json.loads(request.stdin) if request.stdin else {}
-    except (ValueError, RecursionError):
-        return ""
-    version = parsed.get("cniVersion") if isinstance(parsed, dict) else None
-    return version if isinstance(version, str) else ""
 
 
 def _timestamp(seconds: float) -> str:

@@ -1,7 +1,10 @@
 """What every verb receives: the runtime env, the raw config and the host environment.
 
-Transports (the executable, the node agent) build a `Request`; verbs call `Invocation.parse`
-to validate it into typed models. Nothing here reads stdin or writes stdout.
+Transports (the executable, the node agent) build a `Request`; the dispatcher validates it
+once into an `Invocation` (`Invocation.parse`), which the verb, the log line, the agent's
+metrics and Events all read. A `Request` decodes its config and CNI_ARGS once, however many
+readers ask (a failed parse's answer and Event read them too). Nothing here reads stdin or
+writes stdout.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import secrets
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from cni_plugin.core.deadline import Deadline
@@ -20,7 +24,7 @@ from cni_plugin.core.locks import file_lock
 from netconf.config import NetConf, decode_json, lookup_ci, parse_netconf
 from netconf.errors import INVALID_CONFIG, INVALID_ENV, CniError
 from netconf.host import HostSettings, resolve_host_settings
-from netconf.runtime import RuntimeEnv, check_known_args
+from netconf.runtime import CniArgs, RuntimeEnv, check_known_args
 
 # STATUS answers within this, whatever timeoutSeconds says: containerd polls it every ~5 s
 # and blocks its own CRI Status meanwhile, and kubelet reports "container runtime is down"
@@ -42,6 +46,29 @@ class Request:
     def command(self) -> str:
         """CNI_COMMAND, unvalidated."""
         return self.environ.get("CNI_COMMAND", "")
+
+    def config(self) -> dict[str, Any]:
+        """The network config on stdin, decoded on first use only (code 6 unless it is one
+        JSON object)."""
+        if isinstance(self._decoded, CniError):
+            raise self._decoded
+        return self._decoded
+
+    def readable_config(self) -> dict[str, Any]:
+        """The network config for a reader that must not fail: empty when it does not decode."""
+        return {} if isinstance(self._decoded, CniError) else self._decoded
+
+    @cached_property
+    def cni_args(self) -> CniArgs:
+        """CNI_ARGS, split on first use only (malformed pairs are code 4 where checked)."""
+        return CniArgs.split(self.environ.get("CNI_ARGS", ""))
+
+    @cached_property
+    def _decoded(self) -> dict[str, Any] | CniError:
+        try:
+            return decode_json(self.stdin)
+        except CniError as exc:
+            return exc
 
 
 @dataclass(frozen=True)
@@ -73,8 +100,8 @@ class Invocation:
     @classmethod
     def parse(cls, request: Request) -> Invocation:
         """Validate env, config, CNI_ARGS and host settings (codes 1, 2, 4, 6, 7)."""
-        env = RuntimeEnv.from_environ(request.environ)
-        raw = decode_json(request.stdin)
+        env = RuntimeEnv.from_environ(request.environ, request.cni_args)
+        raw = request.config()
         # First: a host setting in the config is named as such, whatever else is wrong.
         host = resolve_host_settings(raw, request.environ)
         conf = parse_netconf(raw)

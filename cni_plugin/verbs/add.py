@@ -10,7 +10,7 @@ from cni_plugin.attachment.create import Created, open_links
 from cni_plugin.attachment.node import lock_attachment
 from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.deadline import Deadline
-from cni_plugin.core.request import Invocation, Request
+from cni_plugin.core.request import Invocation
 from cni_plugin.core.rollback import Rollback
 from cni_plugin.ipam import delegate
 from cni_plugin.publish import Publication, Publisher
@@ -21,13 +21,12 @@ from netconf.errors import INVALID_CONFIG, CniError
 from netconf.result import Result
 
 
-def add(request: Request, collaborators: Collaborators) -> Result:
+def add(parsed: Invocation, collaborators: Collaborators) -> Result:
     """Attach the container and answer its result (in the 1.1.0 shape)."""
-    inv = Invocation.parse(request)
     # One cluster session (API client) for the whole ADD: tenancy, publishing, rollback.
-    with collaborators.verb_cluster(inv) as cluster:
+    with collaborators.verb_cluster(parsed) as cluster:
         # Before any change: whether a VPCBinding admits it (and which attachment a Pod chose).
-        admitted = admit(inv, cluster, collaborators.tenancy_denied)
+        admitted = admit(parsed, cluster, collaborators.tenancy_denied)
         return _add(admitted, cluster, collaborators)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from cni_plugin.attachment.check import attachment_differences
 from cni_plugin.attachment.sid import VpcSid, sid_differences
 from cni_plugin.core.addressing import Addressing
-from cni_plugin.core.request import Invocation, Request
+from cni_plugin.core.request import Invocation
 from cni_plugin.ipam import delegate
 from cni_plugin.publish import published_differences, published_sid
 from cni_plugin.tenancy import resolve_recorded
@@ -20,9 +20,8 @@ from netconf.errors import (
 from netconf.versions import CHECK_MIN_VERSION, at_least
 
 
-def check(request: Request, collaborators: Collaborators) -> None:
+def check(inv: Invocation, collaborators: Collaborators) -> None:
     """Raise CHECK_MISMATCH listing every difference; return quietly when all is well."""
-    inv = Invocation.parse(request)
     if not at_least(inv.conf.cni_version, CHECK_MIN_VERSION):
         raise CniError(INCOMPATIBLE_VERSION, "config version does not allow CHECK",
                        f"cniVersion {inv.conf.cni_version} < {CHECK_MIN_VERSION}")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from cni_plugin.attachment.detach import detach
 from cni_plugin.attachment.node import lock_attachment, release_unused_vpc
 from cni_plugin.attachment.sid import unregister_datapath
-from cni_plugin.core.request import Invocation, Request
+from cni_plugin.core.request import Invocation
 from cni_plugin.ipam import delegate
 from cni_plugin.publish import unpublish
 from cni_plugin.publish.source import VerbCluster
@@ -20,19 +20,20 @@ log = logging.getLogger(__name__)
 UNUSABLE_CONFIG = (INCOMPATIBLE_VERSION, DECODE_FAILURE, INVALID_CONFIG)
 
 
-def delete(request: Request, collaborators: Collaborators) -> None:
+def forgives_unusable_config(exc: CniError) -> bool:
+    """Whether DEL answers success, changing nothing, though its config did not parse."""
+    if exc.code not in UNUSABLE_CONFIG:
+        return False
+    # An ADD with this config failed before changing anything, so there is nothing to
+    # undo; failing would leave the runtime's sandbox stuck. GC collects any leftovers
+    # of a config that was valid once.
+    log.warning("DEL with an unusable config succeeds without changes: %s (%s)",
+                exc.msg, exc.details)
+    return True
+
+
+def delete(inv: Invocation, collaborators: Collaborators) -> None:
     """Undo ADD for this container; every step runs, the first failure is reported."""
-    try:
-        inv = Invocation.parse(request)
-    except CniError as exc:
-        if exc.code not in UNUSABLE_CONFIG:
-            raise
-        # An ADD with this config failed before changing anything, so there is nothing to
-        # undo; failing would leave the runtime's sandbox stuck. GC collects any leftovers
-        # of a config that was valid once.
-        log.warning("DEL with an unusable config succeeds without changes: %s (%s)",
-                    exc.msg, exc.details)
-        return
     with inv.container_lock():  # never interleaved with an ADD of the same container
         chosen = resolve_recorded(inv)  # vpcFromPod: what ADD recorded, never the annotation
         if chosen is None:

@@ -15,7 +15,7 @@ from cni_plugin.attachment.node import (
 )
 from cni_plugin.attachment.sid import collect_registrations
 from cni_plugin.core import naming
-from cni_plugin.core.request import Invocation, Request
+from cni_plugin.core.request import Invocation
 from cni_plugin.ipam import delegate
 from cni_plugin.kernel import links
 from cni_plugin.kernel.rtnl import Rtnl
@@ -48,11 +48,10 @@ def valid_attachments(raw: dict[str, Any]) -> set[tuple[str, str]]:
     return pairs
 
 
-def gc(request: Request, collaborators: Collaborators) -> None:
+def gc(inv: Invocation, collaborators: Collaborators) -> None:
     """Delete this network's host link if its owner is not valid, its slices and advertised
     containers on this node that are not valid, the VPC's table or VRF and the BGPVRFInstance
     on this node if nothing uses them any more; forward GC to IPAM."""
-    inv = Invocation.parse(request)
     if not at_least(inv.conf.cni_version, GC_STATUS_MIN_VERSION):
         raise CniError(INCOMPATIBLE_VERSION, "config version does not allow GC")
     valid = valid_attachments(inv.raw)

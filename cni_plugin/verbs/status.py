@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cni_plugin.attachment.node import host_netlink
-from cni_plugin.core.request import Invocation, Request
+from cni_plugin.core.request import Invocation
 from cni_plugin.galactic import pins
 from cni_plugin.ipam import delegate
 from cni_plugin.kernel import isolation, srv6
@@ -15,9 +15,8 @@ from netconf.host import resolve_galactic_settings
 from netconf.versions import GC_STATUS_MIN_VERSION, at_least
 
 
-def status(request: Request, collaborators: Collaborators) -> None:
+def status(inv: Invocation, collaborators: Collaborators) -> None:
     """Return quietly when ADD would work; raise code 50 naming why not."""
-    inv = Invocation.parse(request)
     if not at_least(inv.conf.cni_version, GC_STATUS_MIN_VERSION):
         raise CniError(INCOMPATIBLE_VERSION, "config version does not allow STATUS")
     if inv.conf.attachment != "existing" and inv.conf.isolation == "vrf":

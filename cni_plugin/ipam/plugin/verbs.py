@@ -21,7 +21,7 @@ from cni_plugin.ipam.plugin.config import (
 )
 from cni_plugin.ipam.plugin.kubeblocks import KubeBlockApi, block_api, node_settings
 from cni_plugin.ipam.plugin.store import Attachment
-from netconf.config import decode_json, lookup_ci
+from netconf.config import lookup_ci
 from netconf.errors import (
     CHECK_MISMATCH,
     DECODE_FAILURE,
@@ -50,8 +50,8 @@ class IpamInvocation:
     @classmethod
     def parse(cls, request: Request) -> IpamInvocation:
         """Validate env, config and CNI_ARGS (codes 1, 2, 4, 6, 7)."""
-        env = RuntimeEnv.from_environ(request.environ)
-        raw = decode_json(request.stdin)
+        env = RuntimeEnv.from_environ(request.environ, request.cni_args)
+        raw = request.config()
         conf = parse_network(raw)
         check_known_args({**env.cni_args, **_config_cni_args(raw)})  # args.cni wins (SPEC §3)
         conf = confine_data_dir(conf, request.environ)  # before anything touches the disk
