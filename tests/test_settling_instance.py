@@ -61,7 +61,7 @@ def test_a_failure_in_the_block_waits_for_the_thread_so_the_rollback_undoes_its_
     monkeypatch.setattr(publish.SettlingInstance, "wait", block_end_waits)
     publisher = publish.Publisher(fake_context(), ROUTER)
     with pytest.raises(CniError, match="kernel"), Rollback(Deadline(6)) as rollback, \
-            publisher.settling_instance(rollback):
+            publisher.api_settle_instance_thread(rollback):
         assert creating.wait(5)
         raise CniError(11, "kernel: the link vanished")
     assert joining.is_set() and undone == ["instance"]

@@ -2,7 +2,7 @@
 
 The verbs use only what is defined here, each front function on the verb's one session (its
 `VerbCluster`, opened by the verb), and this is where an API refusal nobody handled becomes a
-CNI error (`api_failure`). `Publisher.open` runs before any kernel change: it checks
+CNI error (`api_failure`). `Publisher.api_find_router` runs before any kernel change: it checks
 the settings (code 7), reaches the API (code 11 when unreachable) and finds this node's
 BGPRouter, so an ADD that cannot publish changes nothing.
 """
@@ -120,7 +120,7 @@ class SettledInstance:
 
 
 class Publication:
-    """What `Publisher.settling_instance` yields: the only way to publish an attachment, so
+    """What `Publisher.api_settle_instance_thread` yields: the only way to publish an attachment, so
     publishing runs while the instance is held in use and after it was settled."""
 
     def __init__(self, ctx: PublishContext | None, router: Router | None,
@@ -140,7 +140,7 @@ class Publication:
             vrf_id, _read = settling.result()
         return SettledInstance(vrf_id, router.srv6_locator, router.node_id)
 
-    def publish(self, addressing: Addressing) -> None:
+    def api_publish(self, addressing: Addressing) -> None:
         """BGP state first, then the EndpointSlices; every creation recorded for rollback."""
         ctx, router, rollback = self._ctx, self._router, self._rollback
         if ctx is None:
@@ -177,20 +177,19 @@ class Publisher:
         return self.router is not None and bool(self.router.srv6_locator and self.router.node_id)
 
     @classmethod
-    @contextmanager
-    def open(cls, inv: Invocation, cluster: VerbCluster) -> Iterator[Publisher]:
-        """On the verb's session, with the router found (the verb holds the session until its
-        rollback, if any, is done)."""
+    def api_find_router(cls, inv: Invocation, cluster: VerbCluster) -> Publisher:
+        """On the verb's session (held by the verb until its rollback, if any, is done): the
+        publishing settings checked and this node's router read from the API server."""
         with connected(inv, cluster) as ctx:
             router = None
             if ctx is not None and inv.conf.publish.bgp:
                 from cni_plugin.publish.bgp.router import find_router
                 with api_boundary(f"find the BGPRouter of node {ctx.node!r}"):
                     router = find_router(ctx, inv.deadline)
-            yield cls(ctx, router)
+            return cls(ctx, router)
 
     @contextmanager
-    def settling_instance(self, rollback: Rollback) -> Iterator[Publication]:
+    def api_settle_instance_thread(self, rollback: Rollback) -> Iterator[Publication]:
         """Settle the VPC's instance on a thread (`SettlingInstance`) during the block (the
         IPAM and kernel work, then `Publication.publish`); the block's end waits for it, so a
         rollback after the block finds all it recorded. The instance is held in use (GC

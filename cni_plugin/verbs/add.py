@@ -1,6 +1,9 @@
-"""ADD: parse → admit (tenancy, SPEC §14) → start IPAM (process) → the VPC's VRF → settle its
-BGPVRFInstance (thread) → create links → addresses from the IPAM result → answer the VPC's SID
-(kernel, galactic's datapath) → publish (API) → result, like the reference ptp plugin's cmdAdd.
+"""ADD as a recipe, like the reference ptp plugin's cmdAdd. Each step says where it leaves the
+process: `api_` reads or writes the API server (the verb's one session), `_thread` runs beside
+the rest, `start_ipam_add` runs the delegate as a child process meanwhile (vpc-attach-ipam: at
+once, in this process), and `kernel` (the netlink sockets of `open_links`) and `answer_sid`
+(the kernel's End.DT46, galactic's eBPF maps) write the kernel. Every write is recorded for the
+created-only rollback as it happens.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ def add(parsed: Invocation, collaborators: Collaborators) -> Result:
     """Attach the container and answer its result (in the 1.1.0 shape)."""
     # One cluster session (API client) for the whole ADD: tenancy, publishing, rollback.
     with collaborators.verb_cluster(parsed) as cluster:
-        # Before any change: whether a VPCBinding admits it (and which attachment a Pod chose).
+        # Before any change, read from the API server: whether a VPCBinding admits it (and
+        # which attachment a Pod chose).
         admitted = admit(parsed, cluster, collaborators.tenancy_denied)
         return _add(admitted, cluster, collaborators)
 
@@ -35,30 +39,31 @@ def _add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborators) ->
     prev = inv.conf.prev()
     # One ADD or DEL of this container at a time; settings, API and router are checked before
     # any change (SPEC §4); the session outlives the rollback, if any.
-    with inv.container_lock(), Publisher.open(inv, cluster) as publisher, \
+    with inv.container_lock(), \
             Rollback(inv.final_deadline, on_finish=collaborators.rollback_finished) as rollback:
+        publisher = Publisher.api_find_router(inv, cluster)
         if inv.conf.vpc_from_pod:  # what DEL and CHECK read instead of the annotation
             rollback.created("record of the Pod's chosen attachment",
                              lambda _deadline: choice.remove_record(inv))
             choice.write_record(inv)
         if inv.conf.attachment == "existing":  # publish what an earlier plugin created
             result = _previous(prev)
-            with publisher.settling_instance(rollback) as publication:
-                publication.publish(Addressing.from_result(result))
+            with publisher.api_settle_instance_thread(rollback) as publication:
+                publication.api_publish(Addressing.from_result(result))
             return result
-        with lock_attachment(inv), open_links(inv) as links:
-            ipam = start_ipam(inv, rollback)  # a process, running while the rest is made
+        with lock_attachment(inv), open_links(inv) as kernel:
+            ipam: delegate.PendingAdd = start_ipam_add(inv, rollback)
             # The VRF exists before galactic-router can read the VPC's instance: it resolves
             # the VPC's table through it once (SPEC §15).
-            vpc_table = links.ensure_vpc_table(keeps_table=publisher.publishes_instance)
-            mtu = links.mtu(encapsulated=publisher.announces_sids and
-                            sid.galactic_datapath(inv.node_env))
-            with publisher.settling_instance(rollback) as publication:
-                created = links.create(rollback, vpc_table, mtu)
-                addressing = Addressing.from_result(ipam.result())
+            vpc_table = kernel.ensure_vpc_table(keeps_table=publisher.publishes_instance)
+            mtu = kernel.mtu(encapsulated=publisher.announces_sids and
+                             sid.galactic_datapath(inv.node_env))
+            with publisher.api_settle_instance_thread(rollback) as publication:
+                created = kernel.create(rollback, vpc_table, mtu)
+                addressing = Addressing.from_result(ipam.result())  # waits for the delegate
                 result = chain(prev, created.configure(addressing))
                 answer_sid(inv, publication, created, addressing, rollback)
-                publication.publish(addressing)
+                publication.api_publish(addressing)
     return result
 
 
@@ -75,8 +80,9 @@ def answer_sid(inv: Invocation, publication: Publication, created: Created,
                    addressing, rollback)
 
 
-def start_ipam(inv: Invocation, rollback: Rollback) -> delegate.PendingAdd:
-    """The delegated ADD, started, with its release recorded for rollback."""
+def start_ipam_add(inv: Invocation, rollback: Rollback) -> delegate.PendingAdd:
+    """The delegated ADD, started (a child process running while the rest is made), with its
+    release recorded for rollback."""
     ipam = delegate.of(inv)
     if ipam is None:
         return delegate.FinishedAdd(Result())  # a tap without ipam is L2 only
