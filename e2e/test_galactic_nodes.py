@@ -33,6 +33,7 @@ from cni_plugin.core import naming
 from cni_plugin.kernel.netns import entered
 from cni_plugin.publish.endpointslice import slice_name
 from cni_plugin.publish.resources import ENDPOINT_SLICES, PODS
+from e2e.harness.agentproc import OwnAgents
 from e2e.harness.faults import Fault, FaultProxy, ProxiedCluster, Rule, Seen, start_proxy
 from e2e.harness.galactic.build import GalacticBuild, ensure_galactic_built
 from e2e.harness.galactic.fabric import (
@@ -45,7 +46,7 @@ from e2e.harness.galactic.rib import EvpnRoute, sorted_routes
 from e2e.harness.kernel import links_in, temporary_netns
 from e2e.harness.kube import Kube
 from e2e.harness.nodes import NODES
-from e2e.harness.plugin import VIA_AGENT, Answer, Plugin, host_local, with_prev
+from e2e.harness.plugin import VIA_AGENT, Answer, host_local, with_prev
 from e2e.harness.publishing import (
     Node,
     advertisement,
@@ -66,7 +67,7 @@ from e2e.test_galactic_router import (
     wait_announced,
 )
 
-pytestmark = [pytest.mark.root, pytest.mark.cluster]
+pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.both_paths]
 ATT = "40"
 GC_TIMEOUT_S = 120.0  # the garbage collector notices a deleted Node's dependents
 FAULT_TIMEOUT_S = 6.0  # the node's timeoutSeconds while every advertisement write fails
@@ -155,10 +156,10 @@ class Site:
 
 
 def start_site(stack: contextlib.ExitStack, fabric: Fabric, index: int, kube: Kube,
-               cluster: Any, plugin: Plugin, tmp_path: Path) -> Site:
+               cluster: Any, cni_bin: Path, own_agents: OwnAgents, tmp_path: Path) -> Site:
     """Node ``index`` as test_galactic_router starts it, then its Node object (before any ADD,
     so its BGP objects are created owned by it) and its fault proxy."""
-    gnode = start_node(stack, fabric, index, kube, cluster, plugin, tmp_path)
+    gnode = start_node(stack, fabric, index, kube, cluster, cni_bin, own_agents, tmp_path)
     node_netns = gnode.node.plugin.prefix[-1]  # in_node(netns): the node's namespace
     directory = tmp_path / f"proxy-{index}"
     directory.mkdir()
@@ -432,11 +433,11 @@ def versions(advertisements: dict[str, dict[str, Any]]) -> dict[str, str]:
 # The scenario ----------------------------------------------------------------------------------
 
 def test_pods_on_three_nodes_announced_once_by_their_nodes_router_until_the_node_goes(
-        kube: Kube, cluster: Any, plugin: Plugin, galactic: GalacticBuild, vpc: str,
-        tmp_path: Path) -> None:
+        kube: Kube, cluster: Any, cni_bin: Path, own_agents: OwnAgents, galactic: GalacticBuild,
+        vpc: str, tmp_path: Path) -> None:
     with contextlib.ExitStack() as stack:
         fabric = stack.enter_context(running_fabric(galactic, tmp_path, nodes=3))
-        sites = [start_site(stack, fabric, index, kube, cluster, plugin, tmp_path)
+        sites = [start_site(stack, fabric, index, kube, cluster, cni_bin, own_agents, tmp_path)
                  for index in (1, 2, 3)]
         first, second, third = sites
         deployment = Deployment(kube, fabric, vpc, sites, stack)

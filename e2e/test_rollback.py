@@ -33,7 +33,7 @@ from e2e.harness.publishing import (
     wait_denied,
 )
 
-pytestmark = [pytest.mark.root, pytest.mark.cluster]
+pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.both_paths]
 
 
 @pytest.fixture
@@ -45,7 +45,8 @@ def node(kube: Kube, cluster: Any, plugin: Plugin) -> Node:
 @pytest.fixture
 def other_node(kube: Kube, cluster: Any, plugin: Plugin) -> Node:
     """Another node, with its own plugin settings."""
-    return make_node(kube, cluster, Plugin(plugin.cni_bin, plugin.lock_dir))
+    return make_node(kube, cluster, Plugin(plugin.cni_bin, plugin.lock_dir,
+                                           agent_socket=plugin.agent_socket))
 
 
 def _conf(vpc: str, att: str, tmp_path: Path, isolation: str) -> dict[str, Any]:
