@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from e2e.harness import cnibin, kernel, plugin
+from e2e.harness.agentproc import AgentProcess, OwnAgents
 from e2e.harness.cluster import Cluster
 from e2e.harness.kube import Kube
 from e2e.harness.plugin import Plugin
@@ -32,12 +33,10 @@ def pytest_report_header() -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Through the agent, run only the tests that invoke the plugin (the rest ran already):
-    those marked `both_paths`, and those using the `plugin` runner."""
+    """Through the agent, run only the tests marked `both_paths` (the rest ran already)."""
     if not plugin.VIA_AGENT:
         return
-    keep = [i for i in items if i.get_closest_marker("both_paths")
-            or "plugin" in getattr(i, "fixturenames", ())]
+    keep = [i for i in items if i.get_closest_marker("both_paths")]
     dropped = [i for i in items if i not in keep]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
@@ -67,21 +66,23 @@ def host_protection_left_as_found() -> Iterator[None]:
         kernel.remove_vpc_attach_table()
 
 
+@pytest.fixture(scope="session")
+def own_agents() -> OwnAgents:
+    """The agents tests start on nodes of their own in the agent pass, counted."""
+    return OwnAgents()
+
+
 @pytest.fixture(scope="session", autouse=True)
-def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None]:
-    """The node agent serving this session's invocations (agent mode only)."""
+def agent_socket(tmp_path_factory: pytest.TempPathFactory,
+                 own_agents: OwnAgents) -> Iterator[str]:
+    """The socket of the node agent serving this session's invocations (agent pass); in-process,
+    a path where no agent listens."""
     if not plugin.VIA_AGENT:
-        yield None
+        yield plugin.NO_AGENT_SOCKET
         return
-    from e2e.harness.agentproc import AgentProcess
     with AgentProcess(tmp_path_factory.mktemp("agent")) as running:
-        plugin.AGENT_SOCKET["path"] = str(running.socket)
-        try:
-            yield str(running.socket)
-        finally:
-            plugin.AGENT_SOCKET["path"] = plugin.NO_AGENT_SOCKET
-        assert running.verb_lines() or plugin.OWN_AGENT_RUNS["count"], \
-            "no invocation reached the agent"
+        yield str(running.socket)
+        assert running.verb_lines() or own_agents.started, "no invocation reached the agent"
 
 
 @pytest.fixture
@@ -114,11 +115,12 @@ def isolation(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(name="plugin")
-def plugin_runner(cni_bin: Path, tmp_path: Path) -> Plugin:
-    """The plugin runner, with host settings isolated from the machine's."""
+def plugin_runner(cni_bin: Path, tmp_path: Path, agent_socket: str) -> Plugin:
+    """The plugin runner, with host settings isolated from the machine's, through the session's
+    agent in the agent pass."""
     lock_dir = tmp_path / "locks"
     lock_dir.mkdir()
-    return Plugin(cni_bin=cni_bin, lock_dir=lock_dir)
+    return Plugin(cni_bin=cni_bin, lock_dir=lock_dir, agent_socket=agent_socket)
 
 
 @pytest.fixture(scope="session")

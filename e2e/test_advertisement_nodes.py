@@ -32,7 +32,7 @@ from e2e.harness.plugin import Plugin
 from e2e.harness.publishing import BGP_NS, Node, advertisement, make_node, vrf_instance
 from e2e.harness.wait import wait_until
 
-pytestmark = [pytest.mark.root, pytest.mark.cluster]
+pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.both_paths]
 GONE_NETNS = "/var/run/netns/vpa-never-existed"
 
 
@@ -48,7 +48,8 @@ def node(kube: Kube, cluster: Any, plugin: Plugin) -> Iterator[Node]:
 @pytest.fixture
 def other(kube: Kube, cluster: Any, plugin: Plugin) -> Node:
     """Another node, with its own router (it never runs anything here)."""
-    return make_node(kube, cluster, Plugin(plugin.cni_bin, plugin.lock_dir))
+    return make_node(kube, cluster, Plugin(plugin.cni_bin, plugin.lock_dir,
+                                           agent_socket=plugin.agent_socket))
 
 
 def publish_only(on: Node, vpc: str, att: str, cid: str, address: str, netns: str,

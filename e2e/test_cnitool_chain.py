@@ -17,7 +17,7 @@ from cni_plugin.core import naming
 from e2e.harness.kernel import links_in, run_ip
 from e2e.harness.plugin import Plugin, host_local, host_local_reservations
 
-pytestmark = [pytest.mark.root, pytest.mark.cnitool]
+pytestmark = [pytest.mark.root, pytest.mark.cnitool, pytest.mark.both_paths]
 # Set through vpc-attach's `mac` capability: a MAC changed by a later plugin (tuning's `mac`)
 # would leave the host's permanent neighbour entries pointing at the old one.
 MAC = "0a:58:0a:15:00:09"

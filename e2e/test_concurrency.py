@@ -19,7 +19,7 @@ from e2e.harness.publishing import advertisement, create_pod, endpoint_slice, ma
 from e2e.harness.wait import wait_until
 from netconf import base62
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.both_paths]
 PODS = 32
 
 

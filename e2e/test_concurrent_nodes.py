@@ -24,7 +24,7 @@ from e2e.harness.publishing import BGP_NS, advertisement, create_pod, make_node
 from e2e.harness.tenancy import bound
 from netconf import base62
 
-pytestmark = [pytest.mark.root, pytest.mark.cluster]
+pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.both_paths]
 NODES, VPCS = 4, 6
 
 

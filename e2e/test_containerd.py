@@ -29,7 +29,6 @@ from cni_plugin.publish.resources import ENDPOINT_SLICES
 from e2e.harness import cnibin
 from e2e.harness.kernel import IS_ROOT, links_in
 from e2e.harness.kube import Kube
-from e2e.harness.plugin import AGENT_SOCKET
 from e2e.harness.publishing import (
     advertisement,
     advertisements_of,
@@ -100,7 +99,7 @@ def installed_bin(tmp_path_factory: pytest.TempPathFactory, standalone: Path,
 
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory: pytest.TempPathFactory, cluster: Any, kube: Kube,
-            installed_bin: Path) -> Iterator[Runtime]:
+            installed_bin: Path, agent_socket: str) -> Iterator[Runtime]:
     """containerd + runc with the CRI, the plugin pointed at the local control plane."""
     if not IS_ROOT:
         pytest.skip("needs root for containerd")
@@ -121,7 +120,7 @@ def runtime(tmp_path_factory: pytest.TempPathFactory, cluster: Any, kube: Kube,
     host_file.write_text(json.dumps({
         "nodeName": node, "kubeconfig": str(cluster.plugin_kubeconfig),
         "logFile": str(log_file), "lockDir": str(base / "locks"),
-        "agentSocket": AGENT_SOCKET["path"],
+        "agentSocket": agent_socket,
         "ipamDataRoot": str(tmp_path_factory.getbasetemp())}))  # every test's tmp_path
     conf_dir = base / "net.d"
     containerd = Containerd(base / "containerd",

@@ -22,7 +22,7 @@ from e2e.harness.plugin import Answer, Plugin
 from e2e.harness.publishing import advertisement, make_node
 from e2e.harness.report import report
 
-pytestmark = [pytest.mark.root, pytest.mark.cluster]
+pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.both_paths]
 NODES = 64
 TIMEOUT_SECONDS = 60
 
@@ -46,9 +46,7 @@ def test_64_nodes_add_the_same_attachment_at_once(kube: Kube, cluster: Any, plug
     for index in range(NODES):
         locks = tmp_path / f"locks-{index}"
         locks.mkdir()
-        node_plugin = Plugin(plugin.cni_bin, locks)
-        node_plugin.environ.update({k: v for k, v in plugin.environ.items()
-                                    if k == "VPC_ATTACH_AGENT_SOCKET"})
+        node_plugin = Plugin(plugin.cni_bin, locks, agent_socket=plugin.agent_socket)
         nodes.append(make_node(kube, cluster, node_plugin))
     before = conflicts(kube)
 

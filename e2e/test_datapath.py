@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from cni_plugin.core import naming
-from e2e.harness import plugin as plugin_module
+from e2e.harness.agentproc import OwnAgents
 from e2e.harness.kernel import mark_rules, run_ip, vpc_table
 from e2e.harness.packets import (
     ask,
@@ -39,9 +39,9 @@ from e2e.harness.packets import (
     send,
     wait_counter_above,
 )
-from e2e.harness.plugin import Plugin, base_conf, host_local, with_prev
+from e2e.harness.plugin import VIA_AGENT, Plugin, base_conf, host_local, with_prev
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.both_paths]
 
 NODE_V4, NODE_V6 = "192.0.2.2", "2001:db8:2::2"
 EXT_V4, EXT_V6 = "192.0.2.1", "2001:db8:2::1"
@@ -111,9 +111,9 @@ class Node:
 
 
 @pytest.fixture
-def node(plugin: Plugin, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Node]:
-    """A node netns with an uplink to `ext`; the plugin (or agent) inside; torn down after.
-    (`plugin` gives the CNI bin dir, and marks these tests as plugin tests for the agent pass.)"""
+def node(cni_bin: Path, own_agents: OwnAgents, tmp_path: Path,
+         request: pytest.FixtureRequest) -> Iterator[Node]:
+    """A node netns with an uplink to `ext`; the plugin (or agent) inside; torn down after."""
     param = getattr(request, "param", "")  # hostAccess, or the node's whole host file
     host_access, host_file = (param, None) if isinstance(param, str) else ("", param)
     suffix = secrets.token_hex(3)
@@ -138,17 +138,15 @@ def node(plugin: Plugin, tmp_path: Path, request: pytest.FixtureRequest) -> Iter
             host_path = tmp_path / "host.json"
             host_path.write_text(json.dumps(host_file))
             environ["VPC_ATTACH_HOST_CONFIG"] = str(host_path)
-        runner = Plugin(cni_bin=plugin.cni_bin, lock_dir=lock_dir, environ=environ,
+        runner = Plugin(cni_bin=cni_bin, lock_dir=lock_dir, environ=environ,
                         prefix=in_netns(name))
-        if plugin_module.VIA_AGENT:
-            from e2e.harness.agentproc import AgentProcess
+        if VIA_AGENT:
             agent_dir = tmp_path / "agent"
             agent_dir.mkdir()
-            agent = stack.enter_context(AgentProcess(agent_dir, prefix=in_netns(name), env={
+            agent = own_agents.enter(stack, agent_dir, prefix=in_netns(name), env={
                 **environ, "VPC_ATTACH_LOCK_DIR": str(lock_dir),
-                "VPC_ATTACH_HOST_CONFIG": str(host_path)}))
-            runner.environ["VPC_ATTACH_AGENT_SOCKET"] = str(agent.socket)
-            plugin_module.OWN_AGENT_RUNS["count"] += 1
+                "VPC_ATTACH_HOST_CONFIG": str(host_path)})
+            runner.agent_socket = str(agent.socket)
             assert "chain prerouting" in nft_table(name), "the agent protects the node at start"
         node = Node(name, ext, runner, tmp_path, stack)
         yield node

@@ -51,7 +51,7 @@ from e2e.harness.report import report
 from e2e.harness.tenancy import create_binding, delete_binding
 from e2e.harness.wait import wait_until
 
-pytestmark = [pytest.mark.root, pytest.mark.cluster]
+pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.both_paths]
 
 TIMEOUT_S = 6.0  # the node's timeoutSeconds: short, so that deadline cases are fast
 # An answer may come this much after the deadline: the deadline starts once the plugin has

@@ -25,8 +25,7 @@ import pytest
 
 from cni_plugin.core import naming
 from cni_plugin.galactic import layout
-from e2e.harness import plugin as plugin_module
-from e2e.harness.agentproc import AgentProcess
+from e2e.harness.agentproc import OwnAgents
 from e2e.harness.galactic.build import GalacticBuild, ensure_galactic_built
 from e2e.harness.galactic.datapath import (
     INGRESS_FILTER,
@@ -134,7 +133,8 @@ def datapath(kube: Kube, cluster: Any, galactic: GalacticBuild,
 
 
 @pytest.fixture(scope="module")
-def nodes(datapath: Datapath, cluster: Any, cni_bin: Path) -> Iterator[list[Node]]:
+def nodes(datapath: Datapath, cluster: Any, cni_bin: Path,
+          own_agents: OwnAgents) -> Iterator[list[Node]]:
     """vpc-attach on each node (its node agent too, in the agent pass)."""
     with contextlib.ExitStack() as stack:
         made = []
@@ -150,11 +150,9 @@ def nodes(datapath: Datapath, cluster: Any, cni_bin: Path) -> Iterator[list[Node
                             prefix=galactic_node.prefix)
             if VIA_AGENT:
                 (directory / "agent").mkdir()
-                agent = stack.enter_context(AgentProcess(directory / "agent",
-                                                         prefix=galactic_node.prefix,
-                                                         env=environ))
-                runner.environ["VPC_ATTACH_AGENT_SOCKET"] = str(agent.socket)
-                plugin_module.OWN_AGENT_RUNS["count"] += 1
+                agent = own_agents.enter(stack, directory / "agent",
+                                         prefix=galactic_node.prefix, env=environ)
+                runner.agent_socket = str(agent.socket)
             made.append(Node(galactic_node, runner, directory))
         yield made
 

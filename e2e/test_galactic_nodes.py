@@ -6,6 +6,8 @@ API writes fail, and the deletion of a node's Node object (the garbage collector
 node's BGP objects through their ownerReference and its router withdraws them). galactic's
 ingress-sidecar code routes each Pod's IPv6 slice to the SID its node announces. Each node
 reaches the API server through a fault proxy of its own, which also counts each verb's requests.
+The tests share one deployment (the module's `deployment` fixture: collector, routers, proxies,
+six Pods) and each proves one of those behaviours on it.
 
 Two Pods of one attachment cannot share a node as veth attachments (the host link is named by
 VPC and attachment, SPEC §5), so the Pods use the publish-after-ptp chain: ptp creates the
@@ -33,6 +35,7 @@ from cni_plugin.core import naming
 from cni_plugin.kernel.netns import entered
 from cni_plugin.publish.endpointslice import slice_name
 from cni_plugin.publish.resources import ENDPOINT_SLICES, PODS
+from e2e.harness.agentproc import OwnAgents
 from e2e.harness.faults import Fault, FaultProxy, ProxiedCluster, Rule, Seen, start_proxy
 from e2e.harness.galactic.build import GalacticBuild, ensure_galactic_built
 from e2e.harness.galactic.fabric import (
@@ -42,10 +45,10 @@ from e2e.harness.galactic.fabric import (
     running_fabric,
 )
 from e2e.harness.galactic.rib import EvpnRoute, sorted_routes
-from e2e.harness.kernel import links_in, temporary_netns
+from e2e.harness.kernel import links_in, remove_vpc_objects, temporary_netns
 from e2e.harness.kube import Kube
 from e2e.harness.nodes import NODES
-from e2e.harness.plugin import VIA_AGENT, Answer, Plugin, host_local, with_prev
+from e2e.harness.plugin import VIA_AGENT, Answer, host_local, random_vpc, with_prev
 from e2e.harness.publishing import (
     Node,
     advertisement,
@@ -55,6 +58,7 @@ from e2e.harness.publishing import (
     vrf_instance,
     wait_denied,
 )
+from e2e.harness.tenancy import bound
 from e2e.harness.wait import wait_until
 from e2e.test_galactic_router import (
     ROUTE_TIMEOUT_S,
@@ -66,7 +70,7 @@ from e2e.test_galactic_router import (
     wait_announced,
 )
 
-pytestmark = [pytest.mark.root, pytest.mark.cluster]
+pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.both_paths]
 ATT = "40"
 GC_TIMEOUT_S = 120.0  # the garbage collector notices a deleted Node's dependents
 FAULT_TIMEOUT_S = 6.0  # the node's timeoutSeconds while every advertisement write fails
@@ -110,6 +114,7 @@ STEADY = "ADD third on node 1 (steady state)"
 AGAIN = "ADD on node 2 again (instance kept, advertisement created)"
 SCALE_DOWN = "DEL on node 3, another Pod left (advertisement updated)"
 LAST_POD = "DEL of node 2's last Pod (advertisement deleted)"
+REFUSED_SLICE = "ADD on node 1 refused its slice (rolled back)"
 
 
 @pytest.fixture(scope="module")
@@ -155,10 +160,10 @@ class Site:
 
 
 def start_site(stack: contextlib.ExitStack, fabric: Fabric, index: int, kube: Kube,
-               cluster: Any, plugin: Plugin, tmp_path: Path) -> Site:
+               cluster: Any, cni_bin: Path, own_agents: OwnAgents, tmp_path: Path) -> Site:
     """Node ``index`` as test_galactic_router starts it, then its Node object (before any ADD,
     so its BGP objects are created owned by it) and its fault proxy."""
-    gnode = start_node(stack, fabric, index, kube, cluster, plugin, tmp_path)
+    gnode = start_node(stack, fabric, index, kube, cluster, cni_bin, own_agents, tmp_path)
     node_netns = gnode.node.plugin.prefix[-1]  # in_node(netns): the node's namespace
     directory = tmp_path / f"proxy-{index}"
     directory.mkdir()
@@ -306,6 +311,10 @@ class Deployment:
         self.pods.append(pod)
         return pod
 
+    def live(self, site: Site | None = None) -> list[Pod]:
+        """The Pods still attached (on ``site``), oldest first."""
+        return [p for p in self.pods if p.live and (site is None or p.site is site)]
+
     def remove(self, pod: Pod, what: str) -> None:
         """The runtime's DEL of a Pod (vpc-attach's requests measured as ``what``)."""
         self.requests.measure(what, pod.site.proxy, lambda: delete_chain(pod))
@@ -429,81 +438,60 @@ def versions(advertisements: dict[str, dict[str, Any]]) -> dict[str, str]:
     return {name: adv["metadata"]["resourceVersion"] for name, adv in advertisements.items()}
 
 
-# The scenario ----------------------------------------------------------------------------------
+# The deployment the tests share ----------------------------------------------------------------
 
-def test_pods_on_three_nodes_announced_once_by_their_nodes_router_until_the_node_goes(
-        kube: Kube, cluster: Any, plugin: Plugin, galactic: GalacticBuild, vpc: str,
-        tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def deployment(kube: Kube, cluster: Any, cni_bin: Path, own_agents: OwnAgents,
+               galactic: GalacticBuild,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """The collector, three nodes and six Pods of one VPC attachment (three on node 1, one on
+    node 2, two on node 3), announced; set up once for the module (a minute under load), each
+    ADD's requests measured. Before each measured ADD the routers' status writes are done (none
+    costs it a conflict). The tests run in file order; each starts by arranging the Pods it
+    needs from what the earlier ones left."""
+    tmp_path = tmp_path_factory.mktemp("galactic-nodes")
+    vpc = random_vpc()
     with contextlib.ExitStack() as stack:
+        stack.callback(remove_vpc_objects, [vpc])
+        stack.enter_context(bound(kube, vpc))
         fabric = stack.enter_context(running_fabric(galactic, tmp_path, nodes=3))
-        sites = [start_site(stack, fabric, index, kube, cluster, plugin, tmp_path)
+        sites = [start_site(stack, fabric, index, kube, cluster, cni_bin, own_agents, tmp_path)
                  for index in (1, 2, 3)]
         first, second, third = sites
-        deployment = Deployment(kube, fabric, vpc, sites, stack)
-
-        # 1. Six Pods: three on node 1, one on node 2, two on node 3. Before each ADD whose
-        # requests are checked, the routers' status writes are done (none costs it a conflict).
-        deployment.add(first, "a1", FIRST_ADD.format(1))
-        b1 = deployment.add(second, "b1", FIRST_ADD.format(2))
-        c1 = deployment.add(third, "c1", FIRST_ADD.format(3))
-        settled_advertisements(deployment)
-        deployment.add(first, "a2", SECOND_ADD.format(1))
-        settled_advertisements(deployment)
-        c2 = deployment.add(third, "c2", SECOND_ADD.format(3))
-        settled_advertisements(deployment)
-        deployment.add(first, "a3", STEADY)
+        shared = Deployment(kube, fabric, vpc, sites, stack)
+        shared.add(first, "a1", FIRST_ADD.format(1))
+        shared.add(second, "b1", FIRST_ADD.format(2))
+        shared.add(third, "c1", FIRST_ADD.format(3))
+        settled_advertisements(shared)
+        shared.add(first, "a2", SECOND_ADD.format(1))
+        settled_advertisements(shared)
+        shared.add(third, "c2", SECOND_ADD.format(3))
+        settled_advertisements(shared)
+        shared.add(first, "a3", STEADY)
         for site in sites:
-            deployment.vrf_ids[site.index] = wait_announced(kube, fabric, site.gnode, vpc, ATT,
-                                                            deployment.prefixes(site))
-        rib = deployment.settle("1 (6 Pods on 3 nodes)")
-        deployment.check_objects()
-        assert len(deployment.router_refs) == 3
-        check_sidecar(deployment, galactic, rib)
-
-        # 2. Scale down: one of node 3's Pods goes; only its prefixes are withdrawn.
-        settled_advertisements(deployment)  # nor the DEL's
-        deployment.remove(c2, SCALE_DOWN)
-        deployment.settle("2 (node 3 scaled down)")
-        deployment.check_objects()
-
-        # 3. Node 2's only Pod goes: its prefixes and its advertisement with it.
-        settled_advertisements(deployment)
-        deployment.remove(b1, LAST_POD)
-        assert advertisement(kube, naming.advertisement_name(vpc, ATT, second.node.name)) \
-            is None
-        deployment.settle("3 (node 2 empty)")
-        deployment.check_objects()
-
-        # 4. A refused slice write on node 1: the ADD published its advertisement, failed and
-        # rolled back; the RIB comes back to what it was.
-        rollback_step(deployment, first)
-
-        # 5. Every advertisement write of node 2 fails: its ADD fails and no node's
-        # announcements move.
-        failing_writes_step(deployment, second)
-
-        # 6. Node 3's Node object is deleted: the garbage collector deletes its BGP objects,
-        # its router withdraws its Pod's prefixes; DEL of the Pod still succeeds.
-        node_deleted_step(deployment, third, c1)
-
-        # The rest of the deployment goes.
-        for pod in [p for p in deployment.pods if p.live]:
-            deployment.remove(pod, f"DEL {pod.name.rsplit('-', 1)[-1]}")
-        deployment.settle("7 (every Pod deleted)")
-        assert advertisements_of(kube, vpc, ATT) == {}
-        for site in (first, second):  # DEL never deletes a VRF instance; their Node will
-            assert vrf_instance(kube, naming.vrf_instance_name(vpc, site.node.name)) is not None
-        deployment.requests.report()
-
-    check_requests(deployment.requests.calls)
+            shared.vrf_ids[site.index] = wait_announced(kube, fabric, site.gnode, vpc, ATT,
+                                                        shared.prefixes(site))
+        yield shared
+        for pod in shared.live():  # what the tests left (all of it when one failed early)
+            with contextlib.suppress(AssertionError):
+                delete_chain(pod)
+        shared.requests.report()
 
 
-def check_sidecar(deployment: Deployment, galactic: GalacticBuild,
-                  rib: list[EvpnRoute]) -> None:
+def test_each_pod_is_announced_once_by_its_own_nodes_router_with_its_rd_rt_sid_and_next_hop(
+        deployment: Deployment) -> None:
+    deployment.settle("6 Pods on 3 nodes")
+    deployment.check_objects()
+    assert len(deployment.router_refs) == 3
+
+
+def test_the_ingress_sidecar_routes_each_pods_slice_to_the_sid_its_node_announces(
+        deployment: Deployment, galactic: GalacticBuild) -> None:
     """galactic's ingress-sidecar code selects each Pod's IPv6 slice and routes the Pod's /128
     to the SID the collector holds for that prefix: its node's."""
+    rib = deployment.settle("6 Pods on 3 nodes")
     names = {slice_name(pod.name, deployment.vpc, ATT, "IPv6"): pod
-             for pod in deployment.pods if pod.live}
+             for pod in deployment.live()}
     verdicts = judge_slices(deployment.kube, galactic, sorted(names))
     announced = {route.prefix: route.sid for route in rib}
     for name, pod in names.items():
@@ -513,14 +501,14 @@ def check_sidecar(deployment: Deployment, galactic: GalacticBuild,
         assert route.sid == announced[route.prefix], f"{name}: {route} vs the RIB"
 
 
-def check_requests(calls: dict[str, list[str]]) -> None:
+def test_an_add_reads_its_node_once_and_a_steady_add_asks_only_its_budget(
+        deployment: Deployment) -> None:
     """A steady ADD asks one request fewer than before per-node advertisements (it read the
     advertisement twice: 10 in-process, 5 through the agent). The first ADD on a node reads
-    its Node once for both objects it creates; an ADD creating the advertisement next to a
-    kept instance takes the Node's ownerReference from the instance. In-process, an ADD
-    creating the advertisement reads the shared form too; the agent lists the namespace's
-    advertisements once instead and reads no shared form that holds none of its node's
-    containers. DEL reads and writes this node's advertisement only."""
+    its Node once for both objects it creates. In-process, an ADD creating the advertisement
+    reads the shared form too; the agent lists the namespace's advertisements once instead and
+    reads no shared form that holds none of its node's containers."""
+    calls = deployment.requests.calls
     assert calls[STEADY] == STEADY_ADD, calls[STEADY]
     if not VIA_AGENT:  # through the agent, its second ADD may still be warming its caches
         assert calls[SECOND_ADD.format(1)] == calls[SECOND_ADD.format(3)] == STEADY_ADD
@@ -530,24 +518,65 @@ def check_requests(calls: dict[str, list[str]]) -> None:
         assert advertisement_requests(first) == FIRST_ADVERTISEMENT_READS, first
         assert [c for c in first if c.startswith("POST bgp")] == \
             ["POST bgpvrfinstances 201", "POST bgpadvertisements 201"], first
-    again = calls[AGAIN]
+
+
+def test_scaling_a_node_down_withdraws_only_the_deleted_pods_prefixes(
+        deployment: Deployment) -> None:
+    """DEL with another Pod left on the node reads and updates this node's advertisement only."""
+    third = deployment.sites[2]
+    while len(deployment.live(third)) < 2:
+        deployment.add(third, f"c{secrets.token_hex(1)}", "ADD arranging node 3's two Pods")
+    settled_advertisements(deployment)  # no router status write costs the DEL a conflict
+    deployment.remove(deployment.live(third)[-1], SCALE_DOWN)
+    deployment.settle("node 3 scaled down")
+    deployment.check_objects()
+    assert deployment.requests.calls[SCALE_DOWN] == DEL_KEEPING
+
+
+def test_deleting_a_nodes_last_pod_deletes_its_advertisement_and_withdraws_its_routes(
+        deployment: Deployment) -> None:
+    second = deployment.sites[1]
+    if not deployment.live(second):
+        deployment.add(second, f"b{secrets.token_hex(1)}", "ADD arranging node 2's Pod")
+    for pod in deployment.live(second)[1:]:
+        deployment.remove(pod, "DEL arranging node 2's last Pod")
+    settled_advertisements(deployment)
+    deployment.remove(deployment.live(second)[0], LAST_POD)
+    name = naming.advertisement_name(deployment.vpc, ATT, second.node.name)
+    assert advertisement(deployment.kube, name) is None
+    deployment.settle("node 2 empty")
+    deployment.check_objects()
+    assert deployment.requests.calls[LAST_POD] == DEL_LAST
+
+
+def test_an_add_next_to_a_kept_vrf_instance_creates_the_advertisement_without_reading_the_node(
+        deployment: Deployment) -> None:
+    """DEL keeps the node's VRF instance; the next ADD there creates the advertisement with the
+    Node's ownerReference taken from the instance."""
+    second = deployment.sites[1]
+    for pod in deployment.live(second):
+        deployment.remove(pod, "DEL arranging an empty node 2")
+    assert vrf_instance(deployment.kube,
+                        naming.vrf_instance_name(deployment.vpc, second.node.name)) is not None
+    settled_advertisements(deployment)
+    deployment.add(second, "b2", AGAIN)
+    deployment.settle("a Pod on node 2 again")
+    deployment.check_objects()
+    again = deployment.requests.calls[AGAIN]
     assert not [c for c in again if c.startswith("GET nodes")], again
     assert advertisement_requests(again) == LATER_ADVERTISEMENT_READS, again
-    assert calls[SCALE_DOWN] == DEL_KEEPING, calls[SCALE_DOWN]
-    assert calls[LAST_POD] == DEL_LAST, calls[LAST_POD]
 
 
-def advertisement_requests(calls: list[str]) -> list[str]:
-    """The requests about BGPAdvertisements, in order."""
-    return [call for call in calls if " bgpadvertisements " in call]
-
-
-def rollback_step(deployment: Deployment, site: Site) -> None:
-    """An ADD on ``site`` whose EndpointSlice create is refused: it fails after publishing the
+def test_a_refused_slice_rolls_the_add_back_and_the_rib_returns_to_what_it_was(
+        deployment: Deployment) -> None:
+    """An ADD on node 1 whose EndpointSlice create is refused: it fails after publishing the
     advertisement; its rollback gives the advertisement back its annotations, and the RIB is
     what it was before."""
+    site = deployment.sites[0]
     kube, name = deployment.kube, naming.advertisement_name(deployment.vpc, ATT, site.node.name)
-    before_rib = deployment.fabric.rib()
+    if not deployment.live(site):
+        deployment.add(site, f"a{secrets.token_hex(1)}", "ADD arranging node 1's Pod")
+    before_rib = deployment.settle("before the refused ADD on node 1")
     before = advertisement(kube, name)
     assert before is not None
     pod = start_pod(deployment.stack, kube, site, "ax", deployment.vpc)
@@ -559,16 +588,14 @@ def rollback_step(deployment: Deployment, site: Site) -> None:
             "metadata": {"name": f"{pod.name}-probe"}, "addressType": "IPv6",
             "endpoints": []}, dry_run=True))
         with rib_samples(deployment.fabric) as sampled:
-            answer = deployment.requests.measure(
-                "ADD on node 1 refused its slice (rolled back)", site.proxy,
-                lambda: publish(pod))
+            answer = deployment.requests.measure(REFUSED_SLICE, site.proxy, lambda: publish(pod))
             assert answer.code == 104 and "EndpointSlice" in answer.body["msg"], answer.stdout
             wait_until(f"{name}'s annotations as before the ADD",
                        lambda: _annotations(advertisement(kube, name))
                        == _annotations(before))
             after = advertisement(kube, name)
             assert after is not None and after["spec"] == before["spec"]
-            deployment.settle("4 (after the rolled-back ADD on node 1)", before_rib)
+            deployment.settle("after the rolled-back ADD on node 1", before_rib)
     finally:
         remove()
     transient = sorted(r.prefix for r in sampled - set(before_rib))
@@ -576,27 +603,25 @@ def rollback_step(deployment: Deployment, site: Site) -> None:
     assert set(transient) <= pod.prefixes
     assert kube.get(ENDPOINT_SLICES.path("default", slice_name(pod.name, deployment.vpc, ATT,
                                                                "IPv6"))) is None
-    wrote = deployment.requests.calls["ADD on node 1 refused its slice (rolled back)"]
+    wrote = deployment.requests.calls[REFUSED_SLICE]
     assert wrote.count("PUT bgpadvertisements 200") == 2, wrote  # published, then withdrawn
     deployment.check_objects()
     deployment.requests.measure("DEL after node 1's refused ADD (nothing of it published)",
                                 site.proxy, lambda: delete_chain(pod))
-    deployment.settle("4 (after its DEL)", before_rib)
+    deployment.settle("after DEL of the refused ADD on node 1", before_rib)
 
 
-def _annotations(obj: dict[str, Any] | None) -> dict[str, str]:
-    return dict((obj or {}).get("metadata", {}).get("annotations") or {})
-
-
-def failing_writes_step(deployment: Deployment, site: Site) -> None:
-    """A Pod on ``site`` again, then another whose ADD meets a 503 on every advertisement
-    write until its deadline: it fails, and every node's advertisement and announcements stay
-    exactly as they were."""
-    deployment.add(site, "b2", AGAIN)
-    before_rib = deployment.settle("5 (a Pod on node 2 again)")
+def test_an_add_whose_advertisement_writes_all_fail_answers_11_and_moves_no_announcement(
+        deployment: Deployment) -> None:
+    """Every advertisement write of node 2 meets a 503 until the ADD's deadline: it fails, and
+    every node's advertisement and announcements stay exactly as they were."""
+    site = deployment.sites[1]
+    if not deployment.live(site):
+        deployment.add(site, f"b{secrets.token_hex(1)}", "ADD arranging node 2's Pod")
+    before_rib = deployment.settle("before node 2's failing ADD")
     deployment.check_objects()
     before = settled_advertisements(deployment)
-    assert len(before) == 3
+    assert len(before) == len([s for s in deployment.sites if deployment.prefixes(s)])
     pod = start_pod(deployment.stack, deployment.kube, site, "bx", deployment.vpc)
     rules = [Rule(Fault.RESPOND, method=method, resource="bgpadvertisements", times=0,
                   status=503, retry_after=1.0) for method in WRITES]
@@ -611,7 +636,7 @@ def failing_writes_step(deployment: Deployment, site: Site) -> None:
     after = advertisements_of(deployment.kube, deployment.vpc, ATT)
     assert versions(after) == versions(before), f"before {before}\nafter {after}"
     rib = deployment.fabric.rib()
-    deployment.show("5 (after node 2's failed ADD)", rib)
+    deployment.show("after node 2's failed ADD", rib)
     assert rib == before_rib
     deployment.check_objects()
     deployment.requests.measure("DEL after node 2's failed ADD (nothing of it published)",
@@ -619,10 +644,17 @@ def failing_writes_step(deployment: Deployment, site: Site) -> None:
     assert versions(advertisements_of(deployment.kube, deployment.vpc, ATT)) == versions(before)
 
 
-def node_deleted_step(deployment: Deployment, site: Site, pod: Pod) -> None:
-    """``site``'s Node object deleted: the garbage collector deletes its advertisement and VRF
-    instance, its router withdraws; the other nodes' routes stay; DEL of ``pod`` succeeds."""
+def test_a_deleted_node_object_takes_its_bgp_objects_and_routes_and_del_still_succeeds(
+        deployment: Deployment) -> None:
+    """Node 3's Node object deleted: the garbage collector deletes its advertisement and VRF
+    instance (their ownerReference), its router withdraws; the other nodes' routes stay; DEL of
+    its Pod still succeeds."""
+    site = deployment.sites[2]
     kube, vpc = deployment.kube, deployment.vpc
+    if not deployment.live(site):
+        deployment.add(site, f"c{secrets.token_hex(1)}", "ADD arranging node 3's Pod")
+    deployment.settle("before node 3's Node is deleted")
+    pod = deployment.live(site)[0]
     adv_name = naming.advertisement_name(vpc, ATT, site.node.name)
     vrf_name = naming.vrf_instance_name(vpc, site.node.name)
     assert kube.delete(f"{NODES}/{site.node.name}")
@@ -630,10 +662,32 @@ def node_deleted_step(deployment: Deployment, site: Site, pod: Pod) -> None:
     wait_until(f"the garbage collector to delete {adv_name} and {vrf_name}",
                lambda: advertisement(kube, adv_name) is None
                and vrf_instance(kube, vrf_name) is None, GC_TIMEOUT_S)
-    deployment.settle("6 (node 3's Node deleted)")
+    deployment.settle("node 3's Node deleted")
     deployment.check_objects()
-    assert pod.live and links_in(pod.netns) == {"lo", "eth0"}  # its interface is still there
+    assert links_in(pod.netns) == {"lo", "eth0"}  # its interface is still there
     deployment.remove(pod, "DEL on node 3 after its Node and BGP objects were deleted")
     assert advertisement(kube, adv_name) is None and vrf_instance(kube, vrf_name) is None
     assert links_in(pod.netns) == {"lo"}
-    deployment.settle("6 (after DEL of node 3's last Pod)")
+    deployment.settle("after DEL of node 3's last Pod")
+
+
+def test_deleting_every_pod_withdraws_every_route_and_keeps_the_vrf_instances(
+        deployment: Deployment) -> None:
+    """DEL never deletes a VRF instance; a live node's stays until its Node object goes."""
+    for pod in deployment.live():
+        deployment.remove(pod, f"DEL {pod.name.rsplit('-', 1)[-1]}")
+    deployment.settle("every Pod deleted")
+    assert advertisements_of(deployment.kube, deployment.vpc, ATT) == {}
+    for site in deployment.sites:
+        if not site.deleted:
+            name = naming.vrf_instance_name(deployment.vpc, site.node.name)
+            assert vrf_instance(deployment.kube, name) is not None, name
+
+
+def advertisement_requests(calls: list[str]) -> list[str]:
+    """The requests about BGPAdvertisements, in order."""
+    return [call for call in calls if " bgpadvertisements " in call]
+
+
+def _annotations(obj: dict[str, Any] | None) -> dict[str, str]:
+    return dict((obj or {}).get("metadata", {}).get("annotations") or {})

@@ -2,7 +2,8 @@
 announces it over BGP: a gobgpd collector peered with every node's router receives exactly the
 Pod's prefixes, with the VRF's RD, the VPC's route target and the published SRv6 SID, from the
 router of the node the Pod runs on only, and loses them after DEL. galactic's own ingress-sidecar
-code judges the EndpointSlices vpc-attach wrote (issue 21, items 1 and 4)."""
+code judges the EndpointSlices vpc-attach wrote (issue 21, items 1 and 4). Pods on several
+nodes, each announced by its own node's router only: e2e/test_galactic_nodes.py."""
 
 from __future__ import annotations
 
@@ -17,8 +18,7 @@ import pytest
 from cni_plugin.core import naming
 from cni_plugin.publish.endpointslice import slice_name
 from cni_plugin.publish.resources import ROUTERS
-from e2e.harness import plugin as plugin_module
-from e2e.harness.agentproc import AgentProcess
+from e2e.harness.agentproc import OwnAgents
 from e2e.harness.galactic.build import GalacticBuild, ensure_galactic_built
 from e2e.harness.galactic.fabric import (
     ASN,
@@ -31,7 +31,6 @@ from e2e.harness.galactic.fabric import (
 )
 from e2e.harness.galactic.rib import EvpnRoute, sorted_routes
 from e2e.harness.galactic.verdict import SidecarRoute, Verdict, judge
-from e2e.harness.kernel import temporary_netns
 from e2e.harness.kube import Kube
 from e2e.harness.nodes import api_port, in_node, node_namespace
 from e2e.harness.plugin import VIA_AGENT, Plugin, base_conf, host_local
@@ -46,7 +45,7 @@ from e2e.harness.publishing import (
 )
 from e2e.harness.wait import wait_until
 
-pytestmark = [pytest.mark.root, pytest.mark.cluster]
+pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.both_paths]
 LOCATOR = "2001:db8:ff01::/48"
 ROUTE_TIMEOUT_S = 90.0
 FAMILIES = ("IPv6", "IPv4")
@@ -77,21 +76,21 @@ class GalacticNode:
 
 
 def start_node(stack: contextlib.ExitStack, fabric: Fabric, index: int, kube: Kube,
-               cluster: Any, plugin: Plugin, tmp_path: Path) -> GalacticNode:
+               cluster: Any, cni_bin: Path, own_agents: OwnAgents,
+               tmp_path: Path) -> GalacticNode:
     """Node ``index``: a namespace linked to the fabric, its BGPRouter (SRv6 locator, node ID
     ``index``), galactic-router in it peered with the collector (a BGPPeer), and the plugin
-    running there (through its own agent when the run goes through the agent)."""
+    running there (through its own agent in the agent pass)."""
     netns = stack.enter_context(node_namespace(api_port(cluster.server)))
     address = fabric.link(index, netns)
     locks = tmp_path / f"locks-{index}"
     locks.mkdir()
-    node_plugin = Plugin(plugin.cni_bin, locks, prefix=in_node(netns))
+    node_plugin = Plugin(cni_bin, locks, prefix=in_node(netns))
     if VIA_AGENT:
         agent_dir = tmp_path / f"agent-{index}"
         agent_dir.mkdir()
-        agent = stack.enter_context(AgentProcess(agent_dir, prefix=in_node(netns)))
-        node_plugin.environ["VPC_ATTACH_AGENT_SOCKET"] = str(agent.socket)
-        plugin_module.OWN_AGENT_RUNS["count"] += 1
+        node_plugin.agent_socket = str(own_agents.enter(stack, agent_dir,
+                                                        prefix=in_node(netns)).socket)
     node = make_node(kube, cluster, node_plugin, locator=LOCATOR, node_id=index,
                      router_id=router_id(index))
     peer = create_peer(kube, BGP_NS, node.router, index)
@@ -190,11 +189,11 @@ def assert_ipv6_slice_accepted(kube: Kube, verdicts: dict[str, Verdict], name: s
 
 
 def test_one_node_router_announces_the_pod_with_rd_rt_sid_and_withdraws_it_after_del(
-        kube: Kube, cluster: Any, plugin: Plugin, galactic: GalacticBuild, netns: str, vpc: str,
-        tmp_path: Path) -> None:
+        kube: Kube, cluster: Any, cni_bin: Path, own_agents: OwnAgents, galactic: GalacticBuild,
+        netns: str, vpc: str, tmp_path: Path) -> None:
     with contextlib.ExitStack() as stack:
         fabric = stack.enter_context(running_fabric(galactic, tmp_path, nodes=1))
-        gnode = start_node(stack, fabric, 1, kube, cluster, plugin, tmp_path)
+        gnode = start_node(stack, fabric, 1, kube, cluster, cni_bin, own_agents, tmp_path)
         router = kube.get(ROUTERS.path(BGP_NS, gnode.node.router))
         assert (condition(router, "Ready") or {}).get("reason") == "RuntimeReady"
 
@@ -224,49 +223,6 @@ def test_one_node_router_announces_the_pod_with_rd_rt_sid_and_withdraws_it_after
         wait_until("the collector to lose the Pod's routes after DEL", lambda: not fabric.rib(),
                    ROUTE_TIMEOUT_S, alive=fabric.alive)
         assert gnode.address in fabric.established(), "withdrawn, not a dropped session"
-
-
-def test_two_nodes_each_pod_is_announced_by_its_own_nodes_router_only(
-        kube: Kube, cluster: Any, plugin: Plugin, galactic: GalacticBuild, vpc: str,
-        tmp_path: Path) -> None:
-    with contextlib.ExitStack() as stack:
-        fabric = stack.enter_context(running_fabric(galactic, tmp_path, nodes=2))
-        first = start_node(stack, fabric, 1, kube, cluster, plugin, tmp_path)
-        second = start_node(stack, fabric, 2, kube, cluster, plugin, tmp_path)
-        pod_netns = {i: stack.enter_context(temporary_netns("vpa-gpod")) for i in (1, 2)}
-
-        # One Pod per node, each its own attachment of the same VPC.
-        on_first = attach_pod(kube, first.node, "gal-a", vpc, "21", pod_netns[1],
-                              tmp_path / "ipam-1", "fd00:21:21::/64", "172.21.21.0/24",
-                              families=("IPv6",))
-        on_second = attach_pod(kube, second.node, "gal-b", vpc, "22", pod_netns[2],
-                               tmp_path / "ipam-2", "fd00:21:22::/64", "172.21.22.0/24",
-                               families=("IPv6",))
-        first_prefixes = {"172.21.21.2/32", "fd00:21:21::/64"}
-        second_prefixes = {"172.21.22.2/32", "fd00:21:22::/64"}
-        first_vrf = wait_announced(kube, fabric, first, vpc, "21", first_prefixes)
-        second_vrf = wait_announced(kube, fabric, second, vpc, "22", second_prefixes)
-
-        rib = fabric.rib()
-        for route in rib:
-            print(f"collector RIB: {route}")
-        assert rib == sorted_routes(expected_routes(first, vpc, first_vrf, first_prefixes)
-                                    + expected_routes(second, vpc, second_vrf, second_prefixes))
-        from_first = {r.prefix for r in rib if r.router == first.address}
-        assert not from_first & second_prefixes, "node 1's router announces node 2's Pod"
-
-        verdicts = judge_slices(kube, galactic, on_first.slices + on_second.slices)
-        for name in on_first.slices + on_second.slices:
-            assert_ipv6_slice_accepted(kube, verdicts, name, vpc)
-
-        detach_pod(second.node, on_second, pod_netns[2])
-        wait_until("node 2's routes withdrawn",
-                   lambda: not any(r.router == second.address for r in fabric.rib()),
-                   ROUTE_TIMEOUT_S, alive=fabric.alive)
-        assert fabric.rib() == expected_routes(first, vpc, first_vrf, first_prefixes)
-        detach_pod(first.node, on_first, pod_netns[1])
-        wait_until("node 1's routes withdrawn", lambda: not fabric.rib(), ROUTE_TIMEOUT_S,
-                   alive=fabric.alive)
 
 
 @pytest.mark.parametrize("family", ["IPv6", "IPv4"])

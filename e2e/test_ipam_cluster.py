@@ -23,7 +23,7 @@ from e2e.harness.plugin import VIA_AGENT, Answer, Plugin, base_conf
 from e2e.harness.rbac import identity_without
 from e2e.harness.wait import wait_until
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.both_paths]
 BLOCKS = IPAM_BLOCKS.path()
 CONCURRENT = 30  # invocations in flight at once, across the three nodes
 

@@ -12,7 +12,7 @@ from cni_plugin.core import naming
 from e2e.harness.kernel import links_in, run_ip
 from e2e.harness.plugin import Plugin, base_conf, with_prev
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.both_paths]
 
 
 def _records(data_dir: Path) -> list[str]:

@@ -212,6 +212,7 @@ def test_damaged_state_never_hands_out_a_held_address(tmp_path: Path) -> None:
     assert len(files.records) == 6 and files.index_sound() and files.temps == []
 
 
+@pytest.mark.both_paths
 @pytest.mark.parametrize(("resource", "room", "write"), [
     ("inodes", 0, "record"), ("inodes", 1, "record link"), ("inodes", 2, "index entry"),
     ("pages", 0, "record"), ("pages", 1, "index entry")])

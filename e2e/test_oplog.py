@@ -13,7 +13,7 @@ from e2e.harness.kube import Kube
 from e2e.harness.plugin import Plugin, base_conf, host_local
 from e2e.harness.publishing import create_pod, make_node
 
-pytestmark = [pytest.mark.root, pytest.mark.cluster]
+pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.both_paths]
 
 
 def test_each_verb_writes_one_json_line_without_credentials(

@@ -26,7 +26,7 @@ from e2e.harness.publishing import (
 )
 from e2e.harness.wait import wait_until
 
-pytestmark = [pytest.mark.root, pytest.mark.cluster]
+pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.both_paths]
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from e2e.harness.publishing import (
 )
 from e2e.harness.wait import wait_until
 
-pytestmark = [pytest.mark.root, pytest.mark.cluster]
+pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.both_paths]
 NPTV6 = {"publicPrefix": "2001:db8:aa::/48", "ulaPrefix": "fd00:aa::/48"}
 
 
@@ -150,7 +150,8 @@ def test_gc_finds_an_ipv4_slice_an_older_version_labelled_for_galactic_only(
 def test_only_this_nodes_stale_annotations_are_pruned(kube: Kube, node: Node, cluster: Any,
                                                       plugin: Plugin, netns: str, vpc: str,
                                                       tmp_path: Path) -> None:
-    other = make_node(kube, cluster, Plugin(plugin.cni_bin, plugin.lock_dir))
+    other = make_node(kube, cluster, Plugin(plugin.cni_bin, plugin.lock_dir,
+                                            agent_socket=plugin.agent_socket))
 
     def publish_only(on: Node, cid: str, address: str, pod_netns: str) -> None:
         prev = {"cniVersion": "1.1.0", "interfaces": [{"name": "eth0", "sandbox": pod_netns}],

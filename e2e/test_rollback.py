@@ -1,5 +1,9 @@
 """Created-only rollback (SPEC §7) with failures injected by the real API server: a
-ValidatingAdmissionPolicy refuses one kind of write at each publishing step."""
+ValidatingAdmissionPolicy refuses one kind of write at each publishing step, in each isolation
+mode. A refused EndpointSlice (the last step) is proven once per path elsewhere: in-process and
+through the agent by the fault matrix's `rb-*` rows (e2e/test_fault_matrix.py: the IPv4 slice
+refused, each write of the rollback faulted), through the CRI by e2e/test_containerd.py, under
+a kubelet by e2e/test_node.py, and with routers announcing by e2e/test_galactic_nodes.py."""
 
 from __future__ import annotations
 
@@ -10,10 +14,8 @@ from typing import Any
 import pytest
 
 from cni_plugin.core import naming
-from cni_plugin.publish.endpointslice import slice_name
 from cni_plugin.publish.resources import (
     ADVERTISEMENTS,
-    ENDPOINT_SLICES,
     GROUP,
     VERSION,
     VRF_INSTANCES,
@@ -27,25 +29,18 @@ from e2e.harness.publishing import (
     advertisement,
     create_pod,
     deny_writes,
-    endpoint_slice,
     make_node,
     vrf_instance,
     wait_denied,
 )
 
-pytestmark = [pytest.mark.root, pytest.mark.cluster]
+pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.both_paths]
 
 
 @pytest.fixture
 def node(kube: Kube, cluster: Any, plugin: Plugin) -> Node:
     """This node."""
     return make_node(kube, cluster, plugin)
-
-
-@pytest.fixture
-def other_node(kube: Kube, cluster: Any, plugin: Plugin) -> Node:
-    """Another node, with its own plugin settings."""
-    return make_node(kube, cluster, Plugin(plugin.cni_bin, plugin.lock_dir))
 
 
 def _conf(vpc: str, att: str, tmp_path: Path, isolation: str) -> dict[str, Any]:
@@ -55,18 +50,18 @@ def _conf(vpc: str, att: str, tmp_path: Path, isolation: str) -> dict[str, Any]:
     return conf
 
 
-def _publish_only(other: Node, kube: Kube, vpc: str, att: str, address: str) -> str:
-    """A container on node `other` publishing (vpc, att) without touching this kernel (its
+def _publish_only(on: Node, kube: Kube, vpc: str, att: str, address: str) -> str:
+    """A container on node `on` publishing (vpc, att) without touching this kernel (its
     netns is PID 1's, so no node prunes it)."""
-    uid = create_pod(kube, f"remote-{secrets.token_hex(3)}", other.name)
+    uid = create_pod(kube, f"remote-{secrets.token_hex(3)}", on.name)
     pod = f"remote-{uid[:6]}"
     prev = {"cniVersion": "1.1.0", "interfaces": [{"name": "eth0", "sandbox": "/proc/1/ns/net"}],
             "ips": [{"address": address, "interface": 0}]}
     conf = {"cniVersion": "1.1.0", "name": "remote", "type": "vpc-attach", "vpc": vpc,
             "vpcattachment": att, "attachment": "existing", "prevResult": prev,
             "publish": {"bgp": True, "endpointSlice": False}}
-    other.plugin.ok("ADD", conf, container_id="ctr-remote", netns="/proc/1/ns/net",
-                    CNI_ARGS=other.cni_args(pod))
+    on.plugin.ok("ADD", conf, container_id="ctr-remote", netns="/proc/1/ns/net",
+                 CNI_ARGS=on.cni_args(pod))
     return naming.annotation_cid("ctr-remote")
 
 
@@ -111,8 +106,7 @@ def test_denied_vrf_instance_create_leaves_nothing(kube: Kube, node: Node, netns
 
 
 def test_denied_advertisement_update_keeps_the_shared_objects_intact(
-        kube: Kube, node: Node, other_node: Node, netns: str, vpc: str, tmp_path: Path,
-        isolation: str) -> None:
+        kube: Kube, node: Node, netns: str, vpc: str, tmp_path: Path, isolation: str) -> None:
     # Pre-existing shared state: the VPC's instance on this node (another attachment) and
     # this node's advertisement of the attachment, which another container already uses.
     sibling_uid = create_pod(kube, "sibling", node.name)
@@ -143,37 +137,3 @@ def test_denied_advertisement_update_keeps_the_shared_objects_intact(
     assert instance_after is not None
     assert instance_after["metadata"]["uid"] == instance_before["metadata"]["uid"]
     assert instance_after["spec"] == instance_before["spec"]
-
-
-def test_denied_slice_create_withdraws_only_this_containers_state(
-        kube: Kube, node: Node, other_node: Node, netns: str, vpc: str, tmp_path: Path,
-        isolation: str) -> None:
-    remote_cid = _publish_only(other_node, kube, vpc, "7", "fd00:98::/96")
-    adv_name = naming.advertisement_name(vpc, "7", node.name)
-    uid = create_pod(kube, "deny-eps", node.name)
-    name = slice_name("deny-eps", vpc, "7", "IPv6")
-    remove = deny_writes(kube, f"deny-eps-{vpc.lower()}", "endpointslices", "discovery.k8s.io",
-                         ["CREATE"], "deny-eps-")
-    try:
-        wait_denied(lambda: _dry_run(kube, ENDPOINT_SLICES.path("default"), {
-            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": "deny-eps-probe"}, "addressType": "IPv6", "endpoints": []}))
-        answer = node.plugin.call("ADD", _conf(vpc, "7", tmp_path, isolation), container_id="ctr-f",
-                                  netns=netns, CNI_ARGS=node.cni_args("deny-eps", uid))
-        assert answer.code == 104 and "EndpointSlice" in answer.body["msg"], answer.stdout
-    finally:
-        remove()
-    _assert_nothing_kept(node.plugin, vpc, "7", netns, tmp_path)
-    assert endpoint_slice(kube, name) is None
-    # This ADD created this node's advertisement: withdrawn and gone; the other node's own
-    # advertisement of the attachment is untouched.
-    assert advertisement(kube, adv_name) is None
-    after = advertisement(kube, naming.advertisement_name(vpc, "7", other_node.name))
-    assert after is not None, "the other node's advertisement survives"
-    notes = after["metadata"]["annotations"]
-    assert f"galactic.datum.net/netns.{remote_cid}" in notes
-    assert not any(naming.annotation_cid("ctr-f") in key for key in notes)
-    assert after["spec"]["prefixes"] == ["fd00:98::/128"]  # published by address alone
-    assert after["spec"]["routerRef"] == {"name": other_node.router}
-    # This ADD created the instance (a new VPC on this node): with no user left, it is gone.
-    assert vrf_instance(kube, naming.vrf_instance_name(vpc, node.name)) is None

@@ -19,7 +19,7 @@ from e2e.harness.plugin import Plugin, base_conf, host_local, with_prev
 from e2e.harness.publishing import Node, create_pod, make_node, vrf_instance
 from e2e.harness.wait import wait_until
 
-pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.fullkernel]
+pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.fullkernel, pytest.mark.both_paths]
 LOCATOR = "2001:db8:ff01::/48"
 NODE_ID = 1
 UNDERLAY_HOST, UNDERLAY_REMOTE, REMOTE_V4 = "fd00:5e6::1", "fd00:5e6::2", "192.0.2.62"

@@ -30,7 +30,7 @@ from e2e.harness.plugin import Answer, Plugin, base_conf, host_local
 from e2e.harness.report import report
 from e2e.harness.victims import Listener, Victims, planted_victims
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.both_paths]
 
 # host-file key -> (its environment variable, what a tenant would set it to)
 HOST_KEYS: dict[str, tuple[str, Any]] = {

@@ -11,7 +11,7 @@ from cni_plugin.kernel.tap import IFF_MULTI_QUEUE, IFF_VNET_HDR
 from e2e.harness.kernel import links_in, run_ip, vpc_table_of
 from e2e.harness.plugin import Plugin, base_conf, with_prev
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.both_paths]
 
 
 def _tap_conf(vpc: str, **kw: object) -> dict[str, object]:

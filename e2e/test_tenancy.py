@@ -119,6 +119,7 @@ def _add(plugin: Plugin, node: Node, conf: dict[str, Any], pod: str, ns: str, ne
                        CNI_ARGS=node.cni_args(pod, None, ns), **extra)
 
 
+@pytest.mark.both_paths
 def test_a_namespace_without_a_binding_is_denied_before_anything_is_made(
         kube: Kube, cluster: Any, plugin: Plugin, netns: str, tenant_vpc: str,
         tmp_path: Path) -> None:
@@ -145,6 +146,7 @@ def test_a_namespace_without_a_binding_is_denied_before_anything_is_made(
         FIGURES["denied_add"] = {"msg": msg, "details": details, "event": event["note"]}
 
 
+@pytest.mark.both_paths
 def test_a_binding_admits_and_its_removal_stops_only_new_attachments(
         kube: Kube, cluster: Any, plugin: Plugin, tenant_vpc: str, tmp_path: Path) -> None:
     node = make_node(kube, cluster, plugin)
@@ -177,6 +179,7 @@ def test_a_binding_admits_and_its_removal_stops_only_new_attachments(
         assert advertisement(kube, naming.advertisement_name(tenant_vpc, "7", node.name)) is None
 
 
+@pytest.mark.both_paths
 @pytest.mark.parametrize("mode", ["audit", "off"])
 def test_audit_allows_and_reports_and_off_does_not_look(
         mode: str, kube: Kube, cluster: Any, plugin: Plugin, netns: str, tenant_vpc: str,
@@ -199,6 +202,7 @@ def test_audit_allows_and_reports_and_off_does_not_look(
                   CNI_ARGS=node.cni_args(pod, None, ns))
 
 
+@pytest.mark.both_paths
 def test_enforce_denies_an_add_that_names_no_pod_namespace(
         kube: Kube, cluster: Any, plugin: Plugin, netns: str, tenant_vpc: str,
         tmp_path: Path) -> None:
@@ -221,6 +225,7 @@ def _annotated_pod(kube: Kube, node: Node, ns: str, value: str | None) -> str:
     return name
 
 
+@pytest.mark.both_paths
 def test_pods_of_two_namespaces_choose_their_attachments_within_their_bindings(
         kube: Kube, cluster: Any, plugin: Plugin, tmp_path: Path) -> None:
     """One network config (`vpcFromPod`) for both tenants: each Pod gets the attachment its
@@ -262,6 +267,7 @@ def test_pods_of_two_namespaces_choose_their_attachments_within_their_bindings(
                    for vpc in vpcs)
 
 
+@pytest.mark.both_paths
 @pytest.mark.parametrize("value", [None, "no-slash", "a/b/c", "/7", "zzzzzzzzzzzz/1"])
 def test_a_missing_or_malformed_annotation_is_code_7_naming_it(
         value: str | None, kube: Kube, cluster: Any, plugin: Plugin, netns: str,
@@ -354,6 +360,7 @@ def test_the_crd_rejects_a_changed_vpc_and_malformed_specs(kube: Kube) -> None:
         kube.create(BINDINGS.path(), body, dry_run=True)
 
 
+@pytest.mark.both_paths
 def test_an_identity_that_cannot_read_bindings_fails_status_and_add_before_any_change(
         kube: Kube, cluster: Any, plugin: Plugin, netns: str, tenant_vpc: str,
         tmp_path: Path) -> None:
@@ -376,6 +383,7 @@ def test_an_identity_that_cannot_read_bindings_fails_status_and_add_before_any_c
         assert plugin.call("STATUS", conf, VPC_ATTACH_TENANCY="audit", **env).status == 0
 
 
+@pytest.mark.both_paths
 def test_gc_of_a_shared_network_collects_the_attachments_its_records_name(
         kube: Kube, cluster: Any, plugin: Plugin, tmp_path: Path) -> None:
     """GC of a `vpcFromPod` network: every attachment ADD recorded for it on this node is

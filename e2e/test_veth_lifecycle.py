@@ -12,7 +12,7 @@ from e2e.harness.kernel import links_in, run_ip, temporary_netns, vpc_table_of
 from e2e.harness.plugin import Plugin, base_conf, host_local, host_local_reservations, with_prev
 from e2e.harness.wait import wait_until
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.both_paths]
 
 
 def _conf(vpc: str, tmp_path: Path, **kw: object) -> dict[str, object]:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
 import signal
 import socket
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -130,3 +132,18 @@ class AgentProcess:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+@dataclass
+class OwnAgents:
+    """The agents tests start for nodes of their own (conftest's `own_agents`), counted: the
+    session's agent serving no invocation is then not taken for a misrouted agent pass."""
+
+    started: int = 0
+
+    def enter(self, stack: contextlib.ExitStack, directory: Path, prefix: list[str] | None = None,
+              env: dict[str, str] | None = None) -> AgentProcess:
+        """An agent for a test's node on `<directory>/agent.sock`, stopped when `stack` closes."""
+        agent = stack.enter_context(AgentProcess(directory, prefix=prefix, env=env))
+        self.started += 1
+        return agent

@@ -14,15 +14,11 @@ from typing import Any
 
 from netconf import base62
 
-# Which path the plugin takes (SPEC §11): VPC_ATTACH_E2E_VIA=agent runs the e2e suite through a
-# node agent; otherwise every invocation runs in-process (the socket named never exists).
+# Which path the plugin takes (SPEC §11): VPC_ATTACH_E2E_VIA=agent runs the e2e tests marked
+# `both_paths` through a node agent; otherwise every invocation runs in-process (the socket
+# named never exists).
 VIA_AGENT = os.environ.get("VPC_ATTACH_E2E_VIA") == "agent"
 NO_AGENT_SOCKET = "/nonexistent/vpc-attach-e2e/agent.sock"
-# The session's agent socket: set once by conftest's `agent` fixture, read by every Plugin.
-AGENT_SOCKET = {"path": NO_AGENT_SOCKET}
-# Tests that run their own agent inside a node netns (test_datapath.py) count themselves here,
-# so the session agent going unused is not taken for a misrouted run.
-OWN_AGENT_RUNS = {"count": 0}
 INVOKE_TIMEOUT_S = 60
 # The tests' node confines vpc-attach-ipam's dataDir (SPEC §14's ipamDataRoot) to the temporary
 # directory every test's dataDir is made in; e2e/test_stanza_host_settings.py checks the
@@ -47,12 +43,14 @@ class Answer:
 
 @dataclass
 class Plugin:
-    """Runs the real `vpc-attach` executable the way a runtime does."""
+    """Runs the real `vpc-attach` executable the way a runtime does: through the agent on
+    `agent_socket` when one listens there (`environ` may name another), else in-process."""
 
     cni_bin: Path
     lock_dir: Path
     environ: dict[str, str] = field(default_factory=dict)
     prefix: list[str] = field(default_factory=list)  # e.g. ip netns exec NODE
+    agent_socket: str = NO_AGENT_SOCKET  # the session's agent (conftest's `agent_socket`)
 
     def env(self, command: str, container_id: str, netns: str, ifname: str,
             **extra: str) -> dict[str, str]:
@@ -63,7 +61,7 @@ class Plugin:
             "CNI_IFNAME": ifname, "CNI_PATH": str(self.cni_bin),
             "VPC_ATTACH_HOST_CONFIG": str(self.lock_dir / "absent-host.json"),
             "VPC_ATTACH_LOCK_DIR": str(self.lock_dir),
-            "VPC_ATTACH_AGENT_SOCKET": AGENT_SOCKET["path"],
+            "VPC_ATTACH_AGENT_SOCKET": self.agent_socket,
             "VPC_ATTACH_IPAM_DATA_ROOT": IPAM_DATA_ROOT,
             **self.environ,
         }
