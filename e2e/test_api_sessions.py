@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from e2e.harness import plugin as plugin_module
 from e2e.harness.faults import ProxiedCluster, Seen, start_proxy
 from e2e.harness.kernel import temporary_netns
 from e2e.harness.kube import Kube
@@ -102,13 +103,14 @@ def _session_lines(log: Path, container: str) -> int:
 
 
 def test_each_verb_opens_one_api_client_and_a_warm_agent_no_connection(
-        kube: Kube, cluster: Any, plugin: Plugin, agent: str | None, vpc: str, tmp_path: Path,
+        kube: Kube, cluster: Any, plugin: Plugin, agent_socket: str, vpc: str, tmp_path: Path,
         pytestconfig: pytest.Config) -> None:
     proxied = start_proxy(cluster, tmp_path)
     try:
         node = make_node(kube, cluster, plugin)
         plugin.environ.update({"VPC_ATTACH_KUBECONFIG": str(proxied.kubeconfig),
                                "VPC_ATTACH_LOG_LEVEL": "debug"})
+        agent = agent_socket if plugin_module.VIA_AGENT else None
         if agent is None:
             log = tmp_path / "plugin.log"
             plugin.environ["VPC_ATTACH_LOG_FILE"] = str(log)
