@@ -3,8 +3,8 @@
 The guest sees the host's root filesystem read-only (9p) under a tmpfs overlay, so the
 repository and its .venv are at the same paths as on the host; a host directory (the
 `share`) is mounted read-write at its own path, and is where the job script, the exit
-status and anything a test leaves for the host go. One vCPU, emulation (TCG) unless KVM is
-asked for: see `accel()`.
+status and anything a test leaves for the host go. One vCPU (``VPC_ATTACH_VM_CPUS``),
+emulation (TCG) unless KVM is asked for: see `accel()`.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def qemu_command(image: BootImage, share: Path, memory_mib: int) -> list[str]:
     chosen = accel(image)
     return [
         QEMU, "-machine", f"pc,accel={chosen}", "-cpu", "max" if chosen == "tcg" else "host",
-        "-smp", "1", "-m", str(memory_mib),
+        "-smp", os.environ.get("VPC_ATTACH_VM_CPUS", "1"), "-m", str(memory_mib),
         "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
         "-serial", "stdio",
         "-kernel", str(image.kernel), "-initrd", str(image.initramfs), "-append", cmdline,
