@@ -3,8 +3,8 @@
 The guest sees the host's root filesystem read-only (9p) under a tmpfs overlay, so the
 repository and its .venv are at the same paths as on the host; a host directory (the
 `share`) is mounted read-write at its own path, and is where the job script, the exit
-status and anything a test leaves for the host go. One vCPU, emulation (TCG) unless KVM is
-asked for: see `accel()`.
+status and anything a test leaves for the host go. One vCPU (``VPC_ATTACH_VM_CPUS``),
+emulation (TCG) unless KVM is asked for: see `accel()`.
 """
 
 from __future__ import annotations
@@ -79,19 +79,21 @@ def _probe_kvm(image: BootImage) -> str:
 def run(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] | None = None,
         share: Path | None = None, timeout: float = 600.0,
         on_output: Callable[[str], object] | None = None,
-        memory_mib: int = DEFAULT_MEMORY_MIB) -> VMResult:
+        memory_mib: int = DEFAULT_MEMORY_MIB,
+        on_start: Callable[[subprocess.Popen[bytes]], object] | None = None) -> VMResult:
     """Boot, run ``argv`` as root in ``cwd`` (default: this process's cwd), power off.
 
     ``env`` is added to what the guest inherits (PASSED_ENV and VPC_ATTACH_* of this
     process). ``share`` (default: a fresh temporary directory, removed afterwards) is the
     read-write host directory, at the same path inside. What the console prints goes to
     ``on_output`` as it arrives. After ``timeout`` seconds the VM is killed (``timed_out``).
+    ``on_start`` gets the qemu process once it runs (a caller that must stop it early kills it).
     """
     image = ensure_image()
     if share is None:
         with tempfile.TemporaryDirectory(prefix="vpc-attach-vm-") as scratch:
             return run(argv, cwd=cwd, env=env, share=Path(scratch), timeout=timeout,
-                       on_output=on_output, memory_mib=memory_mib)
+                       on_output=on_output, memory_mib=memory_mib, on_start=on_start)
     share = share.resolve()
     guest_env = _guest_env(env)
     (share / "job.sh").write_text(job_script(argv, cwd or Path.cwd(), guest_env, share))
@@ -99,7 +101,7 @@ def run(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] 
     status_file.unlink(missing_ok=True)
     start = time.monotonic()
     console, ready_at, timed_out = _run_qemu(qemu_command(image, share, memory_mib), timeout,
-                                             on_output, start)
+                                             on_output, start, on_start)
     total = time.monotonic() - start
     status = status_file.read_text().strip() if status_file.exists() else ""
     boot = ready_at - start if ready_at is not None else total
@@ -148,7 +150,7 @@ def qemu_command(image: BootImage, share: Path, memory_mib: int) -> list[str]:
     chosen = accel(image)
     return [
         QEMU, "-machine", f"pc,accel={chosen}", "-cpu", "max" if chosen == "tcg" else "host",
-        "-smp", "1", "-m", str(memory_mib),
+        "-smp", os.environ.get("VPC_ATTACH_VM_CPUS", "1"), "-m", str(memory_mib),
         "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
         "-serial", "stdio",
         "-kernel", str(image.kernel), "-initrd", str(image.initramfs), "-append", cmdline,
@@ -161,12 +163,15 @@ def qemu_command(image: BootImage, share: Path, memory_mib: int) -> list[str]:
 
 
 def _run_qemu(command: list[str], timeout: float, on_output: Callable[[str], object] | None,
-              start: float) -> tuple[str, float | None, bool]:
+              start: float, on_start: Callable[[subprocess.Popen[bytes]], object] | None,
+              ) -> tuple[str, float | None, bool]:
     """Run qemu, feeding console chunks to ``on_output``; kill it after ``timeout``."""
     chunks: list[str] = []
     ready_at: list[float] = []
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT)
+    if on_start is not None:
+        on_start(process)
     reader = threading.Thread(target=_read_console,
                               args=(process.stdout, chunks, ready_at, on_output), daemon=True)
     reader.start()

@@ -3,11 +3,13 @@
 Loaded for every pytest run (pyproject's ``addopts``). Where the kernel under the tests has
 what they need (probed: a VRF device and an End.DT46 route into it, in a throwaway network
 namespace), marked tests run like any other. Where it does not, all marked tests of the session
-run last, in ONE boot of the full-kernel VM (`e2e.harness.vm.boot`): the first of them boots it
-with ``pytest <their node ids>`` inside, and each one then reports what it did in there (setup,
-call and teardown reports, carried back through the share as pytest's own
-serialised reports). A marked test that skips inside the VM fails: the VM has everything
-these tests need, so a skip there hides a missing piece.
+run in ONE boot of the full-kernel VM (`e2e.harness.vm.boot`), ``pytest <their node ids>``
+inside, started in the background when the test loop starts so that the VM (one emulated vCPU)
+and the native tests share the machine's time; the marked tests come last in the session, and
+each waits for the VM run and reports what it did in there (setup, call and teardown reports,
+carried back through the share as pytest's own serialised reports). A marked test that skips
+inside the VM fails: the VM has everything these tests need, so a skip there hides a missing
+piece.
 
 ``VPC_ATTACH_FULLKERNEL``: `native` (run marked tests here; set inside the VM), `vm` (always in
 the VM), unset = probe. ``VPC_ATTACH_VM_TIMEOUT``: seconds for the whole VM run (default
@@ -22,6 +24,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +55,8 @@ class _VMRun:
     share: Path | None = None
     boot_seconds: float = 0.0
     total_seconds: float = 0.0
+    thread: threading.Thread | None = None
+    qemu: subprocess.Popen[bytes] | None = None
 
     def failed(self) -> bool:
         """Whether the VM itself or any test in it failed (or skipped: a failure here)."""
@@ -102,13 +108,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = [item for item in items if item not in chosen] + marked
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtestloop(session: pytest.Session) -> Iterator[None]:
+    """Boot the VM with its tests in the background while the native tests run."""
+    vm_run = session.config.stash.get(_run_key, None)
+    if vm_run is not None and not session.config.option.collectonly and vm_run.items:
+        vm_run.thread = threading.Thread(target=_run_in_vm_noting_errors,
+                                         args=(session.config, vm_run), name="fullkernel-vm",
+                                         daemon=True)
+        vm_run.thread.start()
+    return (yield)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
     """Report a marked test from the VM run instead of running it here."""
     vm_run = item.config.stash.get(_run_key, None)
     if vm_run is None or item not in vm_run.items:
         return None
-    if not vm_run.done:
+    if vm_run.thread is not None:
+        vm_run.thread.join()
+    elif not vm_run.done:  # the loop did not start it (a plugin running the items itself)
         _run_in_vm(item.config, vm_run)
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     for report in _reports_for(item, vm_run):
@@ -130,10 +150,24 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """Remove the VM's share unless something failed (then its console log is worth keeping)."""
+    """Stop a VM still running (the session ended early: -x, an interrupt); remove the VM's
+    share unless something failed (then its console log is worth keeping)."""
     vm_run = config.stash.get(_run_key, None)
+    if vm_run is not None and vm_run.thread is not None and vm_run.thread.is_alive():
+        if vm_run.qemu is not None:
+            vm_run.qemu.kill()
+        vm_run.thread.join(timeout=30)
+        vm_run.failure = vm_run.failure or "the session ended before the VM run did"
     if vm_run is not None and vm_run.share is not None and not vm_run.failed():
         shutil.rmtree(vm_run.share, ignore_errors=True)
+
+
+def _run_in_vm_noting_errors(config: pytest.Config, vm_run: _VMRun) -> None:
+    """`_run_in_vm` in a thread: what went wrong is the marked tests' failure, not lost."""
+    try:
+        _run_in_vm(config, vm_run)
+    except Exception as exc:
+        vm_run.failure = f"the full-kernel VM run could not start: {type(exc).__name__}: {exc}"
 
 
 def _run_in_vm(config: pytest.Config, vm_run: _VMRun) -> None:
@@ -152,7 +186,7 @@ def _run_in_vm(config: pytest.Config, vm_run: _VMRun) -> None:
             console.flush()
 
         result = run(argv, cwd=config.rootpath, env=env, share=vm_run.share, timeout=timeout,
-                     on_output=to_log)
+                     on_output=to_log, on_start=lambda process: setattr(vm_run, "qemu", process))
     vm_run.boot_seconds, vm_run.total_seconds = result.boot_seconds, result.total_seconds
     if report_file.exists():
         for line in report_file.read_text().splitlines():
