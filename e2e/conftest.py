@@ -8,7 +8,9 @@ touched. Fixtures that need root skip with the reason when not run as root.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,8 +20,11 @@ from e2e.harness import cnibin, kernel, plugin
 from e2e.harness.agentproc import AgentProcess, OwnAgents
 from e2e.harness.cluster import Cluster
 from e2e.harness.kube import Kube
+from e2e.harness.nodes import api_port, relay
 from e2e.harness.plugin import Plugin
 from e2e.harness.standalone import build_standalone, outside_tmp
+from e2e.harness.vm.boot import HOST_ADDRESS
+from e2e.harness.vm.pytest_plugin import HOST_CLUSTER_ENV
 
 
 def _require_root() -> None:
@@ -125,12 +130,30 @@ def plugin_runner(cni_bin: Path, tmp_path: Path, agent_socket: str) -> Plugin:
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A real etcd + kube-apiserver + kube-controller-manager for the whole session."""
+    """A real etcd + kube-apiserver + kube-controller-manager for the whole session (in the
+    full-kernel VM: the one the host runs for it, see `e2e.harness.vm.pytest_plugin`)."""
+    host_cluster = os.environ.get(HOST_CLUSTER_ENV)
+    if host_cluster:
+        with _from_the_host(Cluster.attach(host_cluster)) as attached:
+            yield attached
+        return
     running = Cluster.up(tmp_path_factory.mktemp("cluster"))
     try:
         yield running
     finally:
         running.down()
+
+
+@contextlib.contextmanager
+def _from_the_host(cluster: Cluster) -> Iterator[Cluster]:
+    """In the VM: the host's API server at the same URL (its certificate names 127.0.0.1), by
+    a relay from this loopback to the host's over qemu's user-mode network."""
+    port = api_port(cluster.server)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    with relay(listener, (HOST_ADDRESS, port)):
+        yield cluster
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
         dst.shutdown(socket.SHUT_WR)
 
 
-def _serve(listener: socket.socket, port: int, stop: threading.Event) -> None:
+def _serve(listener: socket.socket, upstream: tuple[str, int], stop: threading.Event) -> None:
     listener.settimeout(0.2)
     while not stop.is_set():
         try:
@@ -38,10 +38,14 @@ def _serve(listener: socket.socket, port: int, stop: threading.Event) -> None:
             continue
         except OSError:
             return
-        upstream = socket.create_connection(("127.0.0.1", port), timeout=10)
-        upstream.settimeout(None)
+        try:
+            server = socket.create_connection(upstream, timeout=10)
+        except OSError:
+            client.close()
+            continue
+        server.settimeout(None)
         client.settimeout(None)
-        for a, b in ((client, upstream), (upstream, client)):
+        for a, b in ((client, server), (server, client)):
             threading.Thread(target=_pump, args=(a, b), daemon=True).start()
 
 
@@ -56,17 +60,26 @@ def node_namespace(api_port: int) -> Iterator[str]:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", api_port))
+    try:
+        with relay(listener, ("127.0.0.1", api_port)):
+            yield name
+    finally:
+        run_ip("netns", "del", name, check=False)
+
+
+@contextlib.contextmanager
+def relay(listener: socket.socket, upstream: tuple[str, int]) -> Iterator[None]:
+    """Relay every connection to ``listener`` (bound, not yet listening) to ``upstream``."""
     listener.listen(64)
     stop = threading.Event()
-    thread = threading.Thread(target=_serve, args=(listener, api_port, stop), daemon=True)
+    thread = threading.Thread(target=_serve, args=(listener, upstream, stop), daemon=True)
     thread.start()
     try:
-        yield name
+        yield
     finally:
         stop.set()
         listener.close()
         thread.join(timeout=2)
-        run_ip("netns", "del", name, check=False)
 
 
 def in_node(name: str) -> list[str]:

@@ -29,6 +29,8 @@ KVM_PROBE_SECONDS = 20.0
 DEFAULT_MEMORY_MIB = 2048
 # Printed by the job script right before the command starts: what "booted" means.
 READY_MARK = "vpcvm: ready"
+# qemu's user-mode network: the guest's address, and the host's loopback as the guest sees it.
+GUEST_ADDRESS, HOST_ADDRESS = "10.0.2.15", "10.0.2.2"
 # Host environment the guest inherits; everything else is left behind.
 PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "CI", "PYTHONPATH")
 PASSED_ENV_PREFIXES = ("VPC_ATTACH_",)
@@ -80,7 +82,8 @@ def run(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] 
         share: Path | None = None, timeout: float = 600.0,
         on_output: Callable[[str], object] | None = None,
         memory_mib: int = DEFAULT_MEMORY_MIB,
-        on_start: Callable[[subprocess.Popen[bytes]], object] | None = None) -> VMResult:
+        on_start: Callable[[subprocess.Popen[bytes]], object] | None = None,
+        host_network: bool = False) -> VMResult:
     """Boot, run ``argv`` as root in ``cwd`` (default: this process's cwd), power off.
 
     ``env`` is added to what the guest inherits (PASSED_ENV and VPC_ATTACH_* of this
@@ -88,19 +91,24 @@ def run(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] 
     read-write host directory, at the same path inside. What the console prints goes to
     ``on_output`` as it arrives. After ``timeout`` seconds the VM is killed (``timed_out``).
     ``on_start`` gets the qemu process once it runs (a caller that must stop it early kills it).
+    ``host_network``: the guest reaches the host's loopback at HOST_ADDRESS (qemu's user-mode
+    network, eth0 in the guest's root netns; nothing else is routed there).
     """
     image = ensure_image()
     if share is None:
         with tempfile.TemporaryDirectory(prefix="vpc-attach-vm-") as scratch:
             return run(argv, cwd=cwd, env=env, share=Path(scratch), timeout=timeout,
-                       on_output=on_output, memory_mib=memory_mib, on_start=on_start)
+                       on_output=on_output, memory_mib=memory_mib, on_start=on_start,
+                       host_network=host_network)
     share = share.resolve()
     guest_env = _guest_env(env)
-    (share / "job.sh").write_text(job_script(argv, cwd or Path.cwd(), guest_env, share))
+    (share / "job.sh").write_text(job_script(argv, cwd or Path.cwd(), guest_env, share,
+                                             host_network))
     status_file = share / "exit-status"
     status_file.unlink(missing_ok=True)
     start = time.monotonic()
-    console, ready_at, timed_out = _run_qemu(qemu_command(image, share, memory_mib), timeout,
+    console, ready_at, timed_out = _run_qemu(qemu_command(image, share, memory_mib,
+                                                          host_network), timeout,
                                              on_output, start, on_start)
     total = time.monotonic() - start
     status = status_file.read_text().strip() if status_file.exists() else ""
@@ -122,9 +130,15 @@ def _guest_env(extra: Mapping[str, str] | None) -> dict[str, str]:
     return {**inherited, "VPC_ATTACH_FULLKERNEL": "native", **(extra or {})}
 
 
-def job_script(argv: Sequence[str], cwd: Path, env: Mapping[str, str], share: Path) -> str:
+def job_script(argv: Sequence[str], cwd: Path, env: Mapping[str, str], share: Path,
+               host_network: bool = False) -> str:
     """The guest's PID 1 after switch_root: set the node up, run ``argv``, power off."""
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
+    network = ("modprobe virtio_net\n"
+               "ip link set eth0 up\n"
+               f"ip addr add {GUEST_ADDRESS}/32 dev eth0\n"
+               f"ip route add {HOST_ADDRESS}/32 dev eth0 src {GUEST_ADDRESS}\n"
+               if host_network else "")
     status = shlex.quote(str(share / "exit-status"))
     return (
         "#!/bin/sh\n"
@@ -133,6 +147,7 @@ def job_script(argv: Sequence[str], cwd: Path, env: Mapping[str, str], share: Pa
         "hostname vpcvm\n"
         "ip link set lo up\n"
         "modprobe tun 2>/dev/null\n"
+        f"{network}"
         f"cd {shlex.quote(str(cwd))} || exit 1\n"
         f"echo {shlex.quote(READY_MARK)}\n"
         f"{shlex.join(argv)} </dev/null 2>&1\n"
@@ -143,8 +158,12 @@ def job_script(argv: Sequence[str], cwd: Path, env: Mapping[str, str], share: Pa
     )
 
 
-def qemu_command(image: BootImage, share: Path, memory_mib: int) -> list[str]:
-    """qemu with the direct-boot kernel, the host's root read-only and ``share`` read-write."""
+def qemu_command(image: BootImage, share: Path, memory_mib: int,
+                 host_network: bool = False) -> list[str]:
+    """qemu with the direct-boot kernel, the host's root read-only and ``share`` read-write
+    (and, asked for, a user-mode network to the host's loopback)."""
+    network = ["-netdev", "user,id=host", "-device", "virtio-net-pci,netdev=host"] \
+        if host_network else []
     cmdline = ("console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init mitigations=off "
                f"tsc=reliable no_timer_check net.ifnames=0 vpcvm_share={share}")
     chosen = accel(image)
@@ -159,6 +178,7 @@ def qemu_command(image: BootImage, share: Path, memory_mib: int) -> list[str]:
         "-device", "virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot",
         "-fsdev", f"local,id=vmshare,path={share},security_model=passthrough",
         "-device", "virtio-9p-pci,fsdev=vmshare,mount_tag=vmshare",
+        *network,
     ]
 
 

@@ -18,6 +18,7 @@ the VM), unset = probe. ``VPC_ATTACH_VM_TIMEOUT``: seconds for the whole VM run 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -33,6 +34,9 @@ from typing import Any
 import pytest
 
 MARK = "fullkernel"
+# In the VM: the state dir of a control plane the host runs for the VM's tests (see
+# `host_cluster`), reached over qemu's user-mode network instead of one started under emulation.
+HOST_CLUSTER_ENV = "VPC_ATTACH_VM_HOST_CLUSTER"
 MODE_ENV = "VPC_ATTACH_FULLKERNEL"
 REPORT_ENV = "VPC_ATTACH_VM_REPORT"
 SHARE_ENV = "VPC_ATTACH_VM_SHARE"
@@ -179,14 +183,19 @@ def _run_in_vm(config: pytest.Config, vm_run: _VMRun) -> None:
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--durations=20",
             *(item.nodeid for item in vm_run.items)]
     env = {REPORT_ENV: str(report_file), SHARE_ENV: str(vm_run.share)}
-    with open(vm_run.share / "console.log", "w") as console:
+    needs_cluster = any("cluster" in getattr(item, "fixturenames", ()) for item in vm_run.items)
+    with open(vm_run.share / "console.log", "w") as console, \
+            _host_cluster(vm_run.share, needs_cluster) as cluster_dir:
 
         def to_log(text: str) -> None:  # flushed: someone may be tailing it
             console.write(text)
             console.flush()
 
+        if cluster_dir is not None:
+            env[HOST_CLUSTER_ENV] = str(cluster_dir)
         result = run(argv, cwd=config.rootpath, env=env, share=vm_run.share, timeout=timeout,
-                     on_output=to_log, on_start=lambda process: setattr(vm_run, "qemu", process))
+                     on_output=to_log, on_start=lambda process: setattr(vm_run, "qemu", process),
+                     host_network=cluster_dir is not None)
     vm_run.boot_seconds, vm_run.total_seconds = result.boot_seconds, result.total_seconds
     if report_file.exists():
         for line in report_file.read_text().splitlines():
@@ -196,6 +205,22 @@ def _run_in_vm(config: pytest.Config, vm_run: _VMRun) -> None:
         tail = "".join(result.console.splitlines(keepends=True)[-60:])
         vm_run.failure = (f"the full-kernel VM run ended with status {result.returncode}"
                           f"{' (timed out)' if result.timed_out else ''}; console tail:\n{tail}")
+
+
+@contextlib.contextmanager
+def _host_cluster(share: Path, needed: bool) -> Iterator[Path | None]:
+    """A control plane on the host for the VM's tests, when one of them uses it: emulated, the
+    API server, etcd and the controller manager would take most of the VM's one vCPU. Its own,
+    not the native tests' (those run meanwhile and count objects cluster-wide)."""
+    if not needed:
+        yield None
+        return
+    from e2e.harness.cluster import Cluster
+    cluster = Cluster.up(share / "cluster")
+    try:
+        yield cluster.state_dir
+    finally:
+        cluster.down()
 
 
 def _reports_for(item: pytest.Item, vm_run: _VMRun) -> list[pytest.TestReport]:
