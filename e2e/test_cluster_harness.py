@@ -6,6 +6,7 @@ One cluster is started through the CLI for the module (proving the CLI contract)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -505,6 +506,38 @@ def test_build_fills_the_cache_atomically_and_reuses_it(
     assert sorted(p.name for p in cache.iterdir()) == [".hello-v1.0.0.lock", "hello-v1.0.0"]
     monkeypatch.setenv("PATH", "")  # a cache hit must not need go at all
     assert build.ensure_built(component) == built
+
+
+def test_a_build_of_some_binaries_leaves_the_others_to_a_later_build_beside_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As the demo's control plane (kube-apiserver, kube-controller-manager) and then a node
+    # (kubelet, ...) build the binaries of one Kubernetes version.
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("VPC_ATTACH_CACHE", str(cache))
+    hello = fake_component(tmp_path, HELLO)
+    bye = hello.module_dir / "hello" / "bye"
+    bye.mkdir()
+    (bye / "main.go").write_text('package main\n\nfunc main() { println("bye") }\n')
+    component = dataclasses.replace(
+        hello, packages={**hello.packages, "bye": "example.invalid/hello/bye"}
+    )
+
+    built = build.ensure_built(component, ["hello", "not-ours"])
+
+    assert sorted(p.name for p in built.iterdir()) == ["BUILD-INFO.json", "hello"]
+    assert build.is_cached(component, ["hello"]) and not build.is_cached(component)
+    first = (built / "hello").stat()
+    assert build.ensure_built(component) == built
+    assert sorted(p.name for p in built.iterdir()) == ["BUILD-INFO.json", "bye", "hello"]
+    assert (built / "hello").stat().st_ino == first.st_ino  # not rebuilt
+    assert (
+        subprocess.run([built / "bye"], capture_output=True, text=True, timeout=10).stderr
+        == "bye\n"
+    )
+    info = json.loads((built / "BUILD-INFO.json").read_text())
+    assert [b["binaries"] for b in info["builds"]] == [["hello"], ["bye"]]
+    assert sorted(p.name for p in cache.iterdir()) == [".hello-v1.0.0.lock", "hello-v1.0.0"]
 
 
 def test_failed_build_leaves_no_cache_entry(
