@@ -3,10 +3,10 @@
 # everything is there). One part and those before it:
 #   setup.sh demo   what scripts/demo.sh's first part uses: Debian packages for the plugin's kernel
 #                   work and the Go builds, a virtualenv with the project and its e2e extra, the
-#                   Go reference CNI plugins and the control plane (etcd, kube-apiserver,
-#                   kube-controller-manager)
+#                   control plane (etcd, kube-apiserver, kube-controller-manager)
 #   setup.sh node   what a node (e2e/node, the demo's second part) runs besides: kubelet,
-#                   kube-scheduler, kubectl, containerd, runc, and the C toolchain they need
+#                   kube-scheduler, kubectl, containerd, runc, the reference CNI plugins, and the
+#                   C toolchain runc and the pause image need
 #   setup.sh [all]  what the tests use besides (scripts/test.sh): the test and bench extras,
 #                   cnitool, the CRI e2e's containerd and pause image, galactic-router and gobgp,
 #                   the full-kernel VM's packages
@@ -91,17 +91,23 @@ if [ ! -e "$stamp" ]; then
 fi
 
 # Go builds, cached outside the repository keyed by version (a cache hit runs no go at all).
-# The reference CNI plugins (and cnitool for the tests) build while the control plane (and the
-# node's binaries) do: on 2 cores one go build leaves a core idle while it downloads modules or
-# links.
-tools=(build)
-cluster=(build)
-[ $level -ge 3 ] || tools+=(--plugins)
-[ $level -ge 2 ] || cluster+=(--control-plane)
-.venv/bin/python -m e2e.harness.tools "${tools[@]}" >&2 &
-tools_pid=$!
-.venv/bin/python -m e2e.harness.cluster "${cluster[@]}" >&2 || { kill "$tools_pid" 2>/dev/null; exit 1; }
-wait "$tools_pid"
+# The demo's first part runs only the control plane; a node also chains reference CNI plugins
+# (and the tests run cnitool), built while the cluster's binaries are: on 2 cores one go build
+# leaves a core idle while it downloads modules or links.
+cluster=(build --control-plane)
+tools_pid=
+if [ $level -ge 2 ]; then
+  cluster=(build)
+  tools=(build --plugins)
+  if [ $level -ge 3 ]; then tools=(build); fi
+  .venv/bin/python -m e2e.harness.tools "${tools[@]}" >&2 &
+  tools_pid=$!
+fi
+if ! .venv/bin/python -m e2e.harness.cluster "${cluster[@]}" >&2; then
+  if [ -n "$tools_pid" ]; then kill "$tools_pid" 2>/dev/null || true; fi
+  exit 1
+fi
+if [ -n "$tools_pid" ]; then wait "$tools_pid"; fi
 if [ $level -ge 3 ]; then
   # The CRI API stubs and the local pause image for the containerd e2e.
   .venv/bin/python -m e2e.harness.cri build >&2
