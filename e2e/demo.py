@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from e2e.harness import cnibin
-from e2e.harness.tools.gotools import reference_plugins_dir
 
 NETNS = "vpa-demo-pod"
 CONTAINER_ID = "demo-container-1"
@@ -80,7 +79,8 @@ def main() -> int:
             "ipam": {"type": "vpc-attach-ipam", "dataDir": str(work / "ipam"),
                      "ipv6_subnet": "fd00:21:ff01::/48", "ipv4_subnet": "172.21.1.0/24"},
         }
-        cni_bin = cnibin.populate(work / "bin", reference_plugins_dir())
+        # The network is vpc-attach with vpc-attach-ipam alone: no reference plugin to build.
+        cni_bin = cnibin.populate(work / "bin", None)
         plugin = [str(cni_bin / "vpc-attach")]  # as a runtime runs it: from CNI_PATH
         _run(["ip", "netns", "add", NETNS])
         env = {**os.environ, "CNI_CONTAINERID": CONTAINER_ID,

@@ -461,13 +461,17 @@ def process_alive(pid: int) -> bool:
 # The binary cache, exercised with a tiny offline Go module instead of Kubernetes. ----------
 
 
-def fake_component(tmp_path: Path, source: str) -> build.GoComponent:
-    """A wrapper module requiring example.invalid/hello v1.0.0 (replaced by a local dir)."""
+def fake_component(tmp_path: Path, source: str, **more: str) -> build.GoComponent:
+    """A wrapper module requiring example.invalid/hello v1.0.0 (replaced by a local dir): the
+    program ``hello`` of ``source`` and one more per keyword (name=source, a package below)."""
     module_dir = tmp_path / "wrapper"
     hello = module_dir / "hello"
     hello.mkdir(parents=True)
     (hello / "go.mod").write_text("module example.invalid/hello\n\ngo 1.22\n")
     (hello / "main.go").write_text(source)
+    for name, program in more.items():
+        (hello / name).mkdir()
+        (hello / name / "main.go").write_text(program)
     (module_dir / "go.mod").write_text(
         "module example.invalid/wrapper\n\ngo 1.22\n\n"
         "require example.invalid/hello v1.0.0\n\n"
@@ -477,18 +481,24 @@ def fake_component(tmp_path: Path, source: str) -> build.GoComponent:
         name="hello",
         module_dir=module_dir,
         upstream_module="example.invalid/hello",
-        packages={"hello": "example.invalid/hello"},
+        packages={"hello": "example.invalid/hello",
+                  **{name: f"example.invalid/hello/{name}" for name in more}},
     )
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty binary cache of this test's own (VPC_ATTACH_CACHE)."""
+    monkeypatch.setenv("VPC_ATTACH_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
 
 
 HELLO = 'package main\n\nfunc main() { println("hello") }\n'
 
 
 def test_build_fills_the_cache_atomically_and_reuses_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("VPC_ATTACH_CACHE", str(cache))
     component = fake_component(tmp_path, HELLO)
     interrupted = cache / ".hello-v1.0.0.build-leftover"
     interrupted.mkdir(parents=True)
@@ -507,11 +517,32 @@ def test_build_fills_the_cache_atomically_and_reuses_it(
     assert build.ensure_built(component) == built
 
 
-def test_failed_build_leaves_no_cache_entry(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_build_of_some_binaries_leaves_the_others_to_a_later_build_beside_them(
+    tmp_path: Path, cache: Path
 ) -> None:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("VPC_ATTACH_CACHE", str(cache))
+    # As the demo's control plane (kube-apiserver, kube-controller-manager) and then a node
+    # (kubelet, ...) build the binaries of one Kubernetes version.
+    bye = 'package main\n\nfunc main() { println("bye") }\n'
+    component = fake_component(tmp_path, HELLO, bye=bye)
+
+    built = build.ensure_built(component, ["hello", "not-ours"])
+
+    assert sorted(p.name for p in built.iterdir()) == ["BUILD-INFO.json", "hello"]
+    assert build.is_cached(component, ["hello"]) and not build.is_cached(component)
+    first = (built / "hello").stat()
+    assert build.ensure_built(component) == built
+    assert sorted(p.name for p in built.iterdir()) == ["BUILD-INFO.json", "bye", "hello"]
+    assert (built / "hello").stat().st_ino == first.st_ino  # not rebuilt
+    assert (
+        subprocess.run([built / "bye"], capture_output=True, text=True, timeout=10).stderr
+        == "bye\n"
+    )
+    info = json.loads((built / "BUILD-INFO.json").read_text())
+    assert [b["binaries"] for b in info["builds"]] == [["hello"], ["bye"]]
+    assert sorted(p.name for p in cache.iterdir()) == [".hello-v1.0.0.lock", "hello-v1.0.0"]
+
+
+def test_failed_build_leaves_no_cache_entry(tmp_path: Path, cache: Path) -> None:
     component = fake_component(tmp_path, "package main\n\nfunc main() { undefined() }\n")
 
     with pytest.raises(BuildError, match="undefined: undefined"):

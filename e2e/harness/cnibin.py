@@ -29,12 +29,13 @@ def installed(executable: str) -> str:
     return found
 
 
-def populate(directory: Path, reference_plugins: Path, ours: Path | None = None) -> Path:
-    """Fill directory (created if needed) with links to the reference plugins, and our two
-    executables: launchers for this environment, or links to those in ours (a standalone
-    build; nothing to add when ours is directory itself, where the installer staged them)."""
+def populate(directory: Path, reference_plugins: Path | None, ours: Path | None = None) -> Path:
+    """Fill directory (created if needed) with links to the reference plugins (none for None:
+    a conflist of ours alone, as the demo's), and our two executables: launchers for this
+    environment, or links to those in ours (a standalone build; nothing to add when ours is
+    directory itself, where the installer staged them)."""
     directory.mkdir(parents=True, exist_ok=True)
-    for plugin in reference_plugins.iterdir():
+    for plugin in reference_plugins.iterdir() if reference_plugins is not None else ():
         if not os.path.lexists(directory / plugin.name):
             (directory / plugin.name).symlink_to(plugin)
     if ours is None:

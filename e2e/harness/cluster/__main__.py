@@ -24,11 +24,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.harness.cluster", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser(
+    build_parser = commands.add_parser(
         "build",
         help="build (if needed) and cache the control plane (etcd, kube-apiserver, "
         "kube-controller-manager) and the node (kubelet, kube-scheduler, kubectl, containerd, "
         "containerd-shim-runc-v2, ctr, runc)",
+    )
+    build_parser.add_argument(
+        "--control-plane",
+        action="store_true",
+        help="only the control plane (what Cluster.up and the demo's first part run)",
     )
     pin_parser = commands.add_parser(
         "pin-kubernetes",
@@ -53,7 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         if args.command == "build":
-            for name, path in build.ensure_all_built().items():
+            built = (
+                build.ensure_control_plane_built()
+                if args.control_plane
+                else build.ensure_all_built()
+            )
+            for name, path in built.items():
                 print(f"{name}: {path}", file=sys.stderr)
         elif args.command == "pin-kubernetes":
             print(build.pin_kubernetes(args.version, args.module_dir), file=sys.stderr)

@@ -15,8 +15,11 @@ from . import gotools
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.harness.tools", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser(
+    build = sub.add_parser(
         "build", help="build (or find cached) reference CNI plugins and cnitool; print JSON"
+    )
+    build.add_argument(
+        "--plugins", action="store_true", help="only the reference plugins (no cnitool)"
     )
     args = parser.parse_args(argv)
     if args.cmd == "build":
@@ -24,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         start = time.monotonic()
         try:
-            paths = gotools.build_all()
+            paths = gotools.build_plugins() if args.plugins else gotools.build_all()
         except gotools.GoToolsError as exc:
             print(f"build failed: {exc}", file=sys.stderr)
             return 1

@@ -45,6 +45,7 @@ __all__ = [
     "PLUGINS_VERSION",
     "GoToolsError",
     "build_all",
+    "build_plugins",
     "cache_root",
     "cnitool_command",
     "cnitool_env",
@@ -341,12 +342,19 @@ def cnitool_command(
     ]
 
 
-def build_all() -> dict[str, str]:
-    """Ensure everything is built; return the paths (for the CLI / fixtures)."""
+def build_plugins() -> dict[str, str]:
+    """Ensure the reference plugins are built (all a CNI bin dir needs); return their paths."""
     return {
         "cache": str(cache_root()),
         "plugins_dir": str(reference_plugins_dir()),
         "plugins_version": f"{PLUGINS_MODULE}@{PLUGINS_VERSION}",
+    }
+
+
+def build_all() -> dict[str, str]:
+    """Ensure everything is built; return the paths (for the CLI / fixtures)."""
+    return {
+        **build_plugins(),
         "cnitool": str(cnitool_path()),
         "cnitool_version": f"{CNI_MODULE}@{CNI_VERSION}",
     }

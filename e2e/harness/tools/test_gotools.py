@@ -58,6 +58,13 @@ def test_cnitool_is_executable(cnitool: pathlib.Path) -> None:
     assert proc.returncode == 0 and "status" in proc.stdout
 
 
+def test_build_plugins_builds_no_cnitool(plugins_dir: pathlib.Path) -> None:
+    # What the demo's set-up asks for (python -m e2e.harness.tools build --plugins).
+    paths = gotools.build_plugins()
+    assert paths["plugins_dir"] == str(plugins_dir) and "cnitool" not in paths
+    assert gotools.build_all().items() >= paths.items()
+
+
 def test_second_call_is_cached(plugins_dir: pathlib.Path, cnitool: pathlib.Path) -> None:
     # Fast path must not need go at all.
     env_path = os.environ.get("PATH", "")
