@@ -139,7 +139,7 @@ class VerbCluster:
         if self._session is None:
             if not self.kubeconfig:
                 raise CniError(INVALID_CONFIG, "reaching the Kubernetes API needs a kubeconfig")
-            # Tests count these lines: one per verb that reaches the API (e2e/test_sessions.py).
+            # Tests count these lines: one per verb that reaches the API (e2e/test_api_sessions.py).
             log.debug("cluster session opened for container %s", self._container_id)
             self._session = self._source.session(self.kubeconfig)
         return self._session
