@@ -6,7 +6,6 @@ from __future__ import annotations
 import http.server
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import pytest
 
 from cni_plugin.core.deadline import Deadline
+from cni_plugin.kube import client as kube_client
 from cni_plugin.kube.client import (
     CREATED_BY_ANNOTATION,
     KubeClient,
@@ -114,7 +114,7 @@ def test_retry_after_is_honoured_when_it_fits_in_the_deadline(
         serve: Callable[[list[Action]], tuple[Scripted, KubeClient]],
         monkeypatch: pytest.MonkeyPatch) -> None:
     waits: list[float] = []
-    monkeypatch.setattr(time, "sleep", waits.append)
+    monkeypatch.setattr(kube_client, "pause_between_tries", waits.append)
     _, client = serve([(429, {"Retry-After": "3"}, {}), (200, {}, {"ok": True})])
     assert client.request("GET", "/api/v1/pods", Deadline(10)) == {"ok": True}
     assert waits == [3.0]
@@ -124,7 +124,7 @@ def test_retry_after_beyond_the_deadline_fails_now_with_code_11(
         serve: Callable[[list[Action]], tuple[Scripted, KubeClient]],
         monkeypatch: pytest.MonkeyPatch) -> None:
     waits: list[float] = []
-    monkeypatch.setattr(time, "sleep", waits.append)
+    monkeypatch.setattr(kube_client, "pause_between_tries", waits.append)
     server, client = serve([(503, {"Retry-After": "60"}, {})])
     with pytest.raises(CniError) as caught:
         client.request("GET", "/api/v1/pods", Deadline(5))
@@ -135,7 +135,7 @@ def test_retry_after_beyond_the_deadline_fails_now_with_code_11(
 def test_an_unmarked_write_refused_with_429_is_repeated_the_server_did_not_act(
         serve: Callable[[list[Action]], tuple[Scripted, KubeClient]],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(time, "sleep", lambda _: None)
+    monkeypatch.setattr(kube_client, "pause_between_tries", lambda _: None)
     server, client = serve([(429, {}, {}), (201, {}, {"done": 1})])
     assert client.request("POST", "/api/v1/namespaces/a/configmaps", Deadline(10),
                           body={"metadata": {"name": "x"}}) == {"done": 1}
@@ -184,7 +184,7 @@ def test_an_update_from_the_callers_read_writes_without_reading_again(
 def test_a_stale_read_costs_a_conflict_and_a_fresh_read(
         serve: Callable[[list[Action]], tuple[Scripted, KubeClient]],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(time, "sleep", lambda _: None)
+    monkeypatch.setattr(kube_client, "pause_between_tries", lambda _: None)
     server, client = serve([(409, {}, {}), (200, {}, _versioned("7", other="x")),
                             (200, {}, _versioned("8", other="x", mine="1"))])
     update_with_retry(client, MAPS, "m", namespace="a", deadline=Deadline(10),

@@ -28,6 +28,9 @@ REQUEST_TIMEOUT_CAP = 10.0
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 NOT_PROCESSED_STATUS = frozenset({429, 503})  # the server says it did not act on the request
 CONFLICT_PAUSE_CAP = 0.5  # seconds: longest pause between two conflicting writes
+# Every pause between two tries goes through this name, so a test can record the pauses without
+# replacing time.sleep for the threads beside it (the VM harness sleeps on one of its own).
+pause_between_tries: Callable[[float], None] = time.sleep
 # Every object vpc-attach creates records which invocation created it (SPEC §7), so a create
 # whose answer was lost can be repeated: its 409 is recognised as our own.
 CREATED_BY_ANNOTATION = "vpc-attach.datum.net/created-by"
@@ -227,7 +230,7 @@ class KubeClient:
                     if retry_after else ""
                 raise CniError(TRY_AGAIN_LATER, f"Kubernetes API unavailable: {method} {path}",
                                f"{last} after {attempt} attempt(s) within the deadline{asked}")
-            time.sleep(wait)
+            pause_between_tries(wait)
 
     def watch(self, resource: Resource, query: Mapping[str, str], timeout: float, *,
               namespace: str | None = None) -> Iterator[dict[str, Any]]:
@@ -389,4 +392,4 @@ def update_with_retry(client: KubeClient, resource: Resource, name: str, *,
         if deadline.remaining(floor=0) <= pause:
             raise CniError(TRY_AGAIN_LATER, f"too many update conflicts on {target.path()}",
                            f"{conflicts} conflicting writes within the deadline")
-        time.sleep(pause)
+        pause_between_tries(pause)
