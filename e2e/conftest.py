@@ -25,6 +25,7 @@ from e2e.harness.plugin import Plugin
 from e2e.harness.standalone import build_standalone, outside_tmp
 from e2e.harness.vm.boot import HOST_ADDRESS
 from e2e.harness.vm.pytest_plugin import HOST_CLUSTER_ENV
+from e2e.harness.wait import wait_until
 
 
 def _require_root() -> None:
@@ -144,6 +145,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         running.down()
 
 
+RELAY_READY_S = 120.0  # the emulated guest on a busy machine: its first handshakes are slow
+
+
 @contextlib.contextmanager
 def _from_the_host(cluster: Cluster) -> Iterator[Cluster]:
     """In the VM: the host's API server at the same URL (its certificate names 127.0.0.1), by
@@ -153,6 +157,9 @@ def _from_the_host(cluster: Cluster) -> Iterator[Cluster]:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", port))
     with relay(listener, (HOST_ADDRESS, port)):
+        with cluster.admin() as admin:  # the whole path answers, TLS included, before a test
+            wait_until("the host's kube-apiserver through the relay",
+                       lambda: admin.get_text("/readyz")[0] == 200, RELAY_READY_S, interval=0.5)
         yield cluster
 
 

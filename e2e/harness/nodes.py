@@ -29,7 +29,21 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
         dst.shutdown(socket.SHUT_WR)
 
 
+def _join(client: socket.socket, upstream: tuple[str, int]) -> None:
+    try:
+        server = socket.create_connection(upstream, timeout=10)
+    except OSError:
+        client.close()
+        return
+    server.settimeout(None)
+    client.settimeout(None)
+    threading.Thread(target=_pump, args=(server, client), daemon=True).start()
+    _pump(client, server)
+
+
 def _serve(listener: socket.socket, upstream: tuple[str, int], stop: threading.Event) -> None:
+    """Accept until stopped; each connection is joined to upstream on a thread of its own, so a
+    slow connect (qemu's user-mode network on a busy machine) holds up no other connection."""
     listener.settimeout(0.2)
     while not stop.is_set():
         try:
@@ -38,15 +52,7 @@ def _serve(listener: socket.socket, upstream: tuple[str, int], stop: threading.E
             continue
         except OSError:
             return
-        try:
-            server = socket.create_connection(upstream, timeout=10)
-        except OSError:
-            client.close()
-            continue
-        server.settimeout(None)
-        client.settimeout(None)
-        for a, b in ((client, server), (server, client)):
-            threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+        threading.Thread(target=_join, args=(client, upstream), daemon=True).start()
 
 
 @contextlib.contextmanager
