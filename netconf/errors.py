@@ -47,3 +47,10 @@ class CniError(Exception):
 
     def __repr__(self) -> str:
         return f"CniError({self.code}, {self.msg!r}, {self.details!r})"
+
+
+def quoted(name: str) -> str:
+    """A key name as messages show it: repr's quoting, but always in single quotes (repr switches
+    to double quotes for a name with a quote in it, and tests and users look for 'key')."""
+    shown = repr(name)
+    return shown if shown[0] == "'" else "'" + shown[1:-1].replace("'", "\\'") + "'"

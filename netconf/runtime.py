@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from netconf.errors import INVALID_ENV, UNSUPPORTED_FIELD, CniError
+from netconf.errors import INVALID_ENV, UNSUPPORTED_FIELD, CniError, quoted
 
 CONTAINER_ID_PATTERN = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
 IFNAME_MAX = 15
@@ -74,7 +74,7 @@ def check_known_args(args: Mapping[str, str]) -> None:
         return
     unknown = sorted(set(args) - KNOWN_CNI_ARGS)
     if unknown:
-        raise CniError(UNSUPPORTED_FIELD, f"unknown CNI_ARGS key {unknown[0]!r}",
+        raise CniError(UNSUPPORTED_FIELD, f"unknown CNI_ARGS key {quoted(unknown[0])}",
                        f"unknown keys: {', '.join(unknown)}; set IgnoreUnknown=1 to ignore them")
 
 

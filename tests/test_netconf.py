@@ -421,3 +421,9 @@ def test_malformed_prev_result_is_code_6() -> None:
     with pytest.raises(CniError) as info:
         parsed.prev()
     assert info.value.code == DECODE_FAILURE
+
+
+@pytest.mark.parametrize("key", ["publish", "tap"])
+def test_an_unknown_key_with_a_quote_in_its_name_is_named_in_single_quotes(key: str) -> None:
+    err = rejected(conf(**{key: {"it's": 1}}))
+    assert err.code == INVALID_CONFIG and err.msg == f"unknown config key '{key}.it\\'s'"
