@@ -35,7 +35,10 @@ class NewLinks:
 
     def ensure_vpc_table(self, *, keeps_table: bool) -> isolation.VpcTable:
         """The VPC's VRF or table, created if missing (kernel, under the host lock)."""
-        return ensure_vpc_table(self.host_rtnl, self.inv, keeps_table=keeps_table)
+        inv = self.inv
+        return ensure_vpc_table(self.host_rtnl, inv.conf.vpc, inv.conf.isolation,
+                                lock_dir=inv.host.lock_dir, node_env=inv.node_env,
+                                deadline=inv.deadline, keeps_table=keeps_table)
 
     def mtu(self, *, encapsulated: bool) -> int | None:
         """The MTU to make the links with (`link_mtu`)."""

@@ -51,7 +51,8 @@ def _add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborators) ->
             with publisher.api_settle_instance_thread(rollback) as publication:
                 publication.api_publish(Addressing.from_result(result))
             return result
-        with lock_attachment(inv), open_links(inv) as kernel:
+        with lock_attachment(inv.conf.vpc, inv.conf.vpcattachment, lock_dir=inv.host.lock_dir,
+                             deadline=inv.deadline), open_links(inv) as kernel:
             ipam: delegate.PendingAdd = start_ipam_add(inv, rollback)
             # The VRF exists before galactic-router can read the VPC's instance: it resolves
             # the VPC's table through it once (SPEC §15).

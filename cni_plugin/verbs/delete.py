@@ -63,11 +63,16 @@ def _undo_add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborator
     _best_effort(failures, "withdraw published objects",
                  lambda: unpublish(inv, cluster))
     if inv.conf.attachment != "existing":
+        vpc, lock_dir, deadline = inv.conf.vpc, inv.host.lock_dir, inv.deadline
+
         def remove_links() -> None:
-            with lock_attachment(inv):
+            with lock_attachment(vpc, inv.conf.vpcattachment, lock_dir=lock_dir,
+                                 deadline=deadline):
                 unregister_datapath(inv)  # galactic's rows first, then the links
                 detach(inv, collaborators.delete_retired_later)
-            release_unused_vpc(inv)  # the VPC's table/VRF if this was its last link
+            # The VPC's table/VRF if this was its last link.
+            release_unused_vpc(vpc, inv.conf.isolation, lock_dir=lock_dir,
+                               node_env=inv.node_env, deadline=deadline)
         _best_effort(failures, "remove links", remove_links)
     if failures:
         raise failures[0]
