@@ -115,7 +115,8 @@ def _collect_links(ipr: Rtnl, inv: Invocation, valid: set[tuple[str, str]]) -> N
 
 
 def _collect_registrations(inv: Invocation, valid: set[tuple[str, str]]) -> None:
-    for collected in collect_registrations(inv, valid):
+    for collected in collect_registrations(inv.conf.name, valid, lock_dir=inv.host.lock_dir,
+                                           node_env=inv.node_env, deadline=inv.deadline):
         log.info("GC: removed the rows of %s from galactic's datapath", collected)
 
 
