@@ -17,7 +17,7 @@ class AttachmentRef:
     network: str  # the network config's name: galactic's registrations are kept per network
     vpc: str
     vpcattachment: str
-    kind: str  # veth or tap
+    kind: str  # the stanza's attachment: veth or tap (no kernel step runs for existing)
     container_id: str  # CNI_CONTAINERID
     ifname: str  # CNI_IFNAME, the pod end's name (veth)
     netns: str  # CNI_NETNS ("" when the runtime sent none)

@@ -35,15 +35,18 @@ def check(inv: Invocation, collaborators: Collaborators) -> None:
                        f"{inv.env.container_id!r} on {inv.env.ifname}")
     inv = chosen
     addressing = Addressing.from_result(prev)
+    attachment = attachment_of(inv)  # what the kernel steps read of the request
     diffs: list[str] = []
     if inv.conf.attachment != "existing":
-        diffs.extend(attachment_differences(inv, prev, addressing))
+        diffs.extend(attachment_differences(attachment, prev, addressing,
+                                            mode=inv.conf.isolation, mtu=inv.conf.mtu,
+                                            deadline=inv.deadline))
     with collaborators.verb_cluster(inv) as cluster:  # one API client for CHECK
         diffs.extend(published_differences(inv, cluster, addressing))
         if inv.conf.attachment != "existing" and inv.conf.isolation == "vrf":
             settled = published_sid(inv, cluster)
             if settled is not None and settled.sid and settled.locator and settled.node_id:
-                diffs.extend(sid_differences(attachment_of(inv), VpcSid(
+                diffs.extend(sid_differences(attachment, VpcSid(
                     settled.sid, settled.locator, settled.node_id, settled.vrf_id), addressing,
                     node_env=inv.node_env, deadline=inv.deadline))
     if diffs:

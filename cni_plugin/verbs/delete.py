@@ -73,7 +73,8 @@ def _undo_add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborator
                 # galactic's rows first, then the links
                 unregister_datapath(attachment.owner, lock_dir=lock_dir, node_env=node_env,
                                     deadline=deadline)
-                detach(inv, collaborators.delete_retired_later)
+                detach(attachment, deadline=deadline,
+                       delete_later=collaborators.delete_retired_later)
             # The VPC's table/VRF if this was its last link.
             release_unused_vpc(attachment.vpc, inv.conf.isolation, lock_dir=lock_dir,
                                node_env=node_env, deadline=deadline)
