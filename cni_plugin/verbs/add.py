@@ -21,7 +21,7 @@ from cni_plugin.publish import Publication, Publisher
 from cni_plugin.publish.source import VerbCluster
 from cni_plugin.tenancy import admit, choice
 from cni_plugin.verbs.collaborators import Collaborators
-from cni_plugin.verbs.facts import attachment_of
+from cni_plugin.verbs.facts import attachment_of, link_options_of
 from netconf.errors import INVALID_CONFIG, CniError
 from netconf.result import Result
 
@@ -54,15 +54,17 @@ def _add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborators) ->
                 publication.api_publish(Addressing.from_result(result))
             return result
         attachment = attachment_of(inv)  # what the kernel steps read of the request
-        with lock_attachment(attachment.vpc, attachment.vpcattachment,
-                             lock_dir=inv.host.lock_dir, deadline=inv.deadline), \
-                open_links(inv) as kernel:
+        lock_dir, node_env = inv.host.lock_dir, inv.node_env
+        with lock_attachment(attachment.vpc, attachment.vpcattachment, lock_dir=lock_dir,
+                             deadline=inv.deadline), \
+                open_links(attachment, link_options_of(inv), lock_dir=lock_dir,
+                           node_env=node_env, deadline=inv.deadline) as kernel:
             ipam: delegate.PendingAdd = start_ipam_add(inv, rollback)
             # The VRF exists before galactic-router can read the VPC's instance: it resolves
             # the VPC's table through it once (SPEC §15).
             vpc_table = kernel.ensure_vpc_table(keeps_table=publisher.publishes_instance)
             mtu = kernel.mtu(encapsulated=publisher.announces_sids and
-                             sid.galactic_datapath(inv.node_env))
+                             sid.galactic_datapath(node_env))
             with publisher.api_settle_instance_thread(rollback) as publication:
                 created = kernel.create(rollback, vpc_table, mtu)
                 addressing = Addressing.from_result(ipam.result())  # waits for the delegate
