@@ -28,7 +28,7 @@ class TapLinks(NewLinks):
                mtu: int | None) -> CreatedTap:
         """Make the tap with its owner mark and MTU."""
         rtnl, name, owner = self.host_rtnl, self.name, self.owner
-        options = self.inv.conf.tap_options
+        options = self.options.tap
         claim_host_link(rtnl, name, owner)
         create_tap(name, owner=options.owner, group=options.group,
                    multi_queue=options.multi_queue, vnet_hdr=options.vnet_hdr)

@@ -20,7 +20,7 @@ from functools import cached_property
 from typing import Any
 
 from cni_plugin.core.deadline import Deadline
-from cni_plugin.core.locks import file_lock
+from cni_plugin.core.locks import file_lock, lock_path
 from netconf.config import NetConf, decode_json, lookup_ci, parse_netconf
 from netconf.errors import INVALID_CONFIG, INVALID_ENV, CniError
 from netconf.host import HostSettings, resolve_host_settings
@@ -129,7 +129,7 @@ class Invocation:
 
     def lock_path(self, name: str) -> str:
         """Lock file for a host object name (a host link, or 'host' for shared state)."""
-        return os.path.join(self.host.lock_dir, f"{name}.lock")
+        return lock_path(self.host.lock_dir, name)
 
     def container_lock(self) -> AbstractContextManager[None]:
         """The lock of this (container, ifname), held for a whole ADD or DEL (SPEC §9), so the
