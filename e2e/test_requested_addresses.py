@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import ipaddress
 import json
 import os
 import subprocess
@@ -22,6 +21,7 @@ import pytest
 
 from cni_plugin.core import naming
 from cni_plugin.ipam.plugin.kubeblocks import IPAM_BLOCKS
+from e2e.harness.ipam_files import IpamFiles
 from e2e.harness.kernel import links_in, run_ip, temporary_netns
 from e2e.harness.kube import Kube
 from e2e.harness.nodes import node_objects
@@ -34,16 +34,7 @@ CAPABILITIES = {"ips": True, "mac": True}
 
 def records(data_dir: Path) -> dict[str, str]:
     """address -> 'containerID@ifname' of every vpc-attach-ipam record under data_dir."""
-    found = {}
-    for path in data_dir.rglob("*"):
-        try:
-            ipaddress.ip_address(path.name)
-        except ValueError:
-            continue
-        if path.is_file():
-            body = json.loads(path.read_text())
-            found[path.name] = f"{body['containerID']}@{body['ifname']}"
-    return found
+    return IpamFiles.read(data_dir).holders()
 
 
 def pod_link(netns: str, ifname: str = "eth0") -> dict[str, Any]:

@@ -6,7 +6,6 @@ real API server and kernel in e2e/test_requested_addresses.py. No root."""
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import tempfile
 from pathlib import Path
@@ -20,6 +19,7 @@ from cni_plugin import dispatch
 from cni_plugin.core.request import Request
 from cni_plugin.ipam.plugin.config import IpamConfig, parse_ipam
 from cni_plugin.ipam.plugin.requests import match_pools
+from e2e.harness.ipam_files import IpamFiles
 from netconf.capabilities import requested_ips
 from netconf.errors import INVALID_CONFIG, IPAM_EXHAUSTED, CniError
 from netconf.host import IPAM_DATA_ROOT_ENV
@@ -61,17 +61,8 @@ def refused(conf: dict[str, Any], container_id: str = "c2", **env: str) -> dict[
 
 
 def records(data_dir: Path) -> dict[str, str]:
-    """address -> 'containerID@ifname' of every allocation record under data_dir."""
-    found = {}
-    for path in data_dir.rglob("*"):
-        try:
-            ipaddress.ip_address(path.name)
-        except ValueError:
-            continue
-        if path.is_file():
-            body = json.loads(path.read_text())
-            found[path.name] = f"{body['containerID']}@{body['ifname']}"
-    return found
+    """address -> 'containerID@ifname' of every vpc-attach-ipam record under data_dir."""
+    return IpamFiles.read(data_dir).holders()
 
 
 # --- node pools: the three outcomes ---------------------------------------------------------------
