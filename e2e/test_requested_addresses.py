@@ -257,7 +257,7 @@ def test_host_local_gets_the_request_unchanged_and_honours_it(plugin: Plugin, vp
     stanza = base_conf(vpc, "50", capabilities=CAPABILITIES,
                        ipam=host_local(data_dir, "fd00:50::/64", "10.50.0.0/24"))
     tool = Cnitool(plugin, tmp_path, stanza)
-    with netnses(3) as (first, second, third):
+    with netnses(4) as (first, second, third, fourth):
         result = tool.add(first, cap_args={"ips": ["10.50.0.9/24", "fd00:50::9"], "mac": MAC})
         assert sorted(ip["address"] for ip in result["ips"]) == ["10.50.0.9/32",
                                                                  "fd00:50::9/64"]
@@ -269,6 +269,11 @@ def test_host_local_gets_the_request_unchanged_and_honours_it(plugin: Plugin, vp
                           name=tool.network)
         got = plugin.ok("ADD", other, container_id="c2", netns=second, CNI_ARGS="IP=10.50.0.11")
         assert [ip["address"] for ip in got["ips"]] == ["10.50.0.11/32"]
+        in_args = base_conf(vpc, "53", ipam=host_local(data_dir, "10.50.0.0/24"),
+                            name=tool.network, args={"cni": {"ips": ["10.50.0.12"]}})
+        got = plugin.ok("ADD", in_args, container_id="c4", netns=fourth)
+        assert [ip["address"] for ip in got["ips"]] == ["10.50.0.12/32"]
+        plugin.ok("DEL", in_args, container_id="c4", netns=fourth)
         taken = plugin.call("ADD", base_conf(vpc, "52", ipam=host_local(data_dir, "10.50.0.0/24"),
                                              name=tool.network,
                                              runtimeConfig={"ips": ["10.50.0.9"]}),
