@@ -35,6 +35,9 @@ class TapLinks(NewLinks):
         link = require_link(links.find(rtnl, name), name)
         link = links.configure(rtnl, link, alias=owner.alias, mtu=mtu)
         rollback.created(f"tap {name}", undo_link(name, owner))
+        if self.options.mac:  # the `mac` capability, on the VM's link as the `tap` plugin sets it
+            links.set_mac(rtnl, link, self.options.mac)
+            link = require_link(links.by_index(rtnl, link.index), name)
         return CreatedTap(rtnl, vpc_table, link, mtu)
 
 

@@ -61,7 +61,7 @@ class VethLinks(NewLinks):
         host_link = links.configure(host_rtnl, fresh, name=name, alias=owner.alias)
         rollback.created(f"veth {name}", undo_link(name, owner))
         pod_link = require_link(links.find(pod_rtnl, guest), guest)
-        mac = self.options.mac
+        mac = self.options.mac  # the `mac` capability: runtimeConfig, args.cni or CNI_ARGS
         if mac:
             links.set_mac(pod_rtnl, pod_link, mac)
         pod_link = links.configure(pod_rtnl, pod_link, name=ifname, alias=owner.alias, up=True)
@@ -80,7 +80,7 @@ class CreatedVeth:
     vpc_table: isolation.VpcTable
     host_link: Link
     pod_link: Link
-    mac: str | None  # runtimeConfig's, set on the pod end
+    mac: str | None  # the requested one, set on the pod end
     mtu: int | None  # of both ends (None: the kernel's default)
 
     def configure(self, addressing: Addressing) -> Result:

@@ -18,8 +18,6 @@ def attachment_of(inv: Invocation) -> AttachmentRef:
 
 def link_options_of(inv: Invocation) -> LinkOptions:
     """What ADD makes the links with: the isolation mode, the stanza's MTU and tap settings,
-    and runtimeConfig's MAC (matched case-insensitively; empty means none)."""
-    mac = inv.runtime_value("mac")
-    return LinkOptions(mode=inv.conf.isolation, mtu=inv.conf.mtu,
-                       mac=mac if isinstance(mac, str) and mac else None,
+    and the `mac` capability's MAC (runtimeConfig, args.cni or CNI_ARGS, validated once)."""
+    return LinkOptions(mode=inv.conf.isolation, mtu=inv.conf.mtu, mac=inv.mac,
                        tap=inv.conf.tap_options)
