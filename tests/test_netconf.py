@@ -19,7 +19,7 @@ from netconf.config import (
     lookup_ci,
     parse_netconf,
 )
-from netconf.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, INVALID_CONFIG, CniError
+from netconf.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, INVALID_CONFIG, CniError, quoted
 from netconf.versions import SUPPORTED_VERSIONS
 
 BASE: dict[str, Any] = {
@@ -211,7 +211,7 @@ def test_every_unknown_top_level_key_is_rejected_by_name(key: str) -> None:
     assume(key.lower() not in {k.lower() for k in KNOWN_KEYS})
     err = rejected({**conf(), key: 1})
     assert err.code == INVALID_CONFIG
-    assert repr(key) in err.msg
+    assert quoted(key) in err.msg
 
 
 # --- per-key type and range errors -------------------------------------------------------------
