@@ -252,6 +252,8 @@ ALLOWED = [
     *[("", "pods", verb) for verb in ("get", "list", "watch")],
     *[("vpc-attach.datum.net", "ipamblocks", verb) for verb in ("get", "list", "create", "delete")],
     ("", "nodes", "get"),  # a cluster pool's IPAMBlock is owned by its Node (SPEC §6)
+    *[("k8s.cni.cncf.io", "ipamclaims", verb) for verb in ("get", "list", "watch")],
+    ("k8s.cni.cncf.io", "ipamclaims/status", "update"),  # SPEC §16
     ("authorization.k8s.io", "selfsubjectaccessreviews", "create"),
 ]
 DENIED = [
@@ -265,15 +267,20 @@ DENIED = [
     ("", "secrets", "get"),
     ("", "nodes", "list"),
     ("vpc-attach.datum.net", "ipamblocks", "update"),
+    *[("k8s.cni.cncf.io", "ipamclaims", verb)
+      for verb in ("create", "update", "patch", "delete")],  # kubevirt's, not ours
+    ("k8s.cni.cncf.io", "ipamclaims/status", "patch"),
     ("", "serviceaccounts", "create"),
 ]
 
 
 def plugin_may(plugin: client.ApiClient, group: str, resource: str, verb: str) -> bool:
+    resource, _, subresource = resource.partition("/")
     review = client.V1SelfSubjectAccessReview(
         spec=client.V1SelfSubjectAccessReviewSpec(
             resource_attributes=client.V1ResourceAttributes(
-                group=group, resource=resource, verb=verb, namespace=BGP_NAMESPACE
+                group=group, resource=resource, subresource=subresource or None, verb=verb,
+                namespace=BGP_NAMESPACE,
             )
         )
     )

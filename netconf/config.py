@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from netconf.base62 import ATTACHMENT_LIMIT, VPC_LIMIT, decode_base62
-from netconf.errors import DECODE_FAILURE, INVALID_CONFIG, CniError
+from netconf.errors import DECODE_FAILURE, INVALID_CONFIG, CniError, quoted
 from netconf.result import Result
 from netconf.versions import require_supported
 
@@ -32,7 +32,7 @@ def canonical_keys(data: Mapping[str, Any], known: tuple[str, ...]) -> dict[str,
     for key, value in data.items():
         canonical = by_lower.get(key.lower(), key) if isinstance(key, str) else key
         if canonical in out:
-            raise CniError(INVALID_CONFIG, f"duplicate config key {key!r}",
+            raise CniError(INVALID_CONFIG, f"duplicate config key {quoted(key)}",
                            f"{canonical!r} is given more than once (keys ignore case)")
         out[canonical] = value
     return out
@@ -169,11 +169,11 @@ class NetConf(_Strict):
         # Raised directly (not ValueError) so the message names the key, not "top level".
         for key in ("vpc", "vpcattachment"):
             if self.vpc_from_pod and getattr(self, key):
-                raise CniError(INVALID_CONFIG, f"invalid config key {key!r}",
+                raise CniError(INVALID_CONFIG, f"invalid config key {quoted(key)}",
                                "with vpcFromPod the Pod's annotation "
                                "vpc-attach.datum.net/attachment names the VPC and attachment")
             if not self.vpc_from_pod and not getattr(self, key):
-                raise CniError(INVALID_CONFIG, f"missing config key {key!r}",
+                raise CniError(INVALID_CONFIG, f"missing config key {quoted(key)}",
                                "or set vpcFromPod: true to take it from the Pod's annotation")
         if self.attachment == "veth" and self.ipam is None:
             raise CniError(INVALID_CONFIG, "missing config key 'ipam'",
@@ -248,11 +248,11 @@ def validation_error(exc: ValidationError, what: str = "config") -> CniError:
     err = exc.errors()[0]
     where = ".".join(str(p) for p in err["loc"]) or "(top level)"
     if err["type"] == "extra_forbidden":
-        return CniError(INVALID_CONFIG, f"unknown {what} key {where!r}")
+        return CniError(INVALID_CONFIG, f"unknown {what} key {quoted(where)}")
     if err["type"] == "missing":
-        return CniError(INVALID_CONFIG, f"missing {what} key {where!r}")
+        return CniError(INVALID_CONFIG, f"missing {what} key {quoted(where)}")
     message = err["msg"].removeprefix("Value error, ")
-    return CniError(INVALID_CONFIG, f"invalid {what} key {where!r}: {message}")
+    return CniError(INVALID_CONFIG, f"invalid {what} key {quoted(where)}: {message}")
 
 
 def parse_netconf(data: Mapping[str, Any]) -> NetConf:

@@ -22,7 +22,7 @@ STATUS_LIMITED = 51
 # Plugin-specific codes.
 KERNEL_FAILURE = 100  # a netlink/sysctl operation failed
 IPAM_FAILURE = 101  # reserved: a failing IPAM delegate's own code is passed through instead
-IPAM_EXHAUSTED = 102  # vpc-attach-ipam: no free address left in the pool
+IPAM_EXHAUSTED = 102  # vpc-attach-ipam: no free address in the pool, or not the requested one
 CHECK_MISMATCH = 103  # CHECK found a difference from prevResult
 PUBLISH_FAILURE = 104  # the API server refused for a non-transient reason (401 is code 11)
 INTERFACE_CONFLICT = 105  # the interface exists and belongs to nobody we know
@@ -47,3 +47,10 @@ class CniError(Exception):
 
     def __repr__(self) -> str:
         return f"CniError({self.code}, {self.msg!r}, {self.details!r})"
+
+
+def quoted(name: str) -> str:
+    """A key name as messages show it: repr's quoting, but always in single quotes (repr switches
+    to double quotes for a name with a quote in it, and tests and users look for 'key')."""
+    shown = repr(name)
+    return shown if shown[0] == "'" else "'" + shown[1:-1].replace("'", "\\'") + "'"

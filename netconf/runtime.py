@@ -7,14 +7,16 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from netconf.errors import INVALID_ENV, UNSUPPORTED_FIELD, CniError
+from netconf.errors import INVALID_ENV, UNSUPPORTED_FIELD, CniError, quoted
 
 CONTAINER_ID_PATTERN = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
 IFNAME_MAX = 15
 KNOWN_CNI_ARGS = frozenset({
     "IgnoreUnknown", "K8S_POD_NAMESPACE", "K8S_POD_NAME", "K8S_POD_INFRA_CONTAINER_ID",
-    "K8S_POD_UID",
+    "K8S_POD_UID", "IP", "MAC",
 })
+# `args.cni` spells the ips and mac capabilities in lower case (CONVENTIONS.md).
+KNOWN_CONFIG_ARGS = (KNOWN_CNI_ARGS - {"IP", "MAC"}) | {"ips", "mac"}
 COMMANDS = ("ADD", "DEL", "CHECK", "STATUS", "GC", "VERSION")
 # Which CNI_* variables each verb cannot do without (SPEC §3, as libcni's skel checks them).
 _REQUIRED_ENV: dict[str, tuple[str, ...]] = {
@@ -68,13 +70,17 @@ def ignore_unknown(args: Mapping[str, str]) -> bool:
     return args.get("IgnoreUnknown", "").lower() in ("1", "true")
 
 
-def check_known_args(args: Mapping[str, str]) -> None:
-    """Reject CNI_ARGS keys we do not understand unless IgnoreUnknown is set (code 2)."""
-    if ignore_unknown(args):
+def check_known_args(args: Mapping[str, str],
+                     config_args: Mapping[str, object] | None = None) -> None:
+    """Reject CNI_ARGS keys (args) and config `args.cni` keys (config_args, which win for the
+    same key) we do not understand unless IgnoreUnknown is set (code 2)."""
+    config_args = config_args or {}
+    if ignore_unknown({**args, **{k: str(v) for k, v in config_args.items()}}):
         return
-    unknown = sorted(set(args) - KNOWN_CNI_ARGS)
+    unknown = sorted((set(args) - set(config_args) - KNOWN_CNI_ARGS)
+                     | (set(config_args) - KNOWN_CONFIG_ARGS))
     if unknown:
-        raise CniError(UNSUPPORTED_FIELD, f"unknown CNI_ARGS key {unknown[0]!r}",
+        raise CniError(UNSUPPORTED_FIELD, f"unknown CNI_ARGS key {quoted(unknown[0])}",
                        f"unknown keys: {', '.join(unknown)}; set IgnoreUnknown=1 to ignore them")
 
 

@@ -34,7 +34,9 @@ from cni_plugin.ipam.plugin.blocks import (
 from cni_plugin.ipam.plugin.config import IpamConfig, parse_ipam
 from cni_plugin.ipam.plugin.kubeblocks import block_object
 from cni_plugin.ipam.plugin.pool import Pool
+from cni_plugin.ipam.plugin.requests import match_pools
 from cni_plugin.ipam.plugin.store import Attachment, BlockRecord
+from netconf.capabilities import requested_ips
 from netconf.errors import (
     INVALID_CONFIG,
     IO_FAILURE,
@@ -480,3 +482,98 @@ def test_after_every_del_a_node_keeps_at_most_one_empty_block(tmp_path: Path,
         for container in owners[number]:
             allocator.release(conf, Attachment(container, "eth0"), api)
     assert len(state.blocks()) == 1 and len(api.store.objects) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Requested addresses (the ips capability; node pools: tests/test_ipam_requested.py)
+
+def allocate_requested(conf: IpamConfig, api: FakeApi, container: str, *ips: str,
+                       ) -> list[str]:
+    requested = match_pools(conf, requested_ips({"runtimeConfig": {"ips": list(ips)}}, {}))
+    return [a.address for a in
+            allocator.allocate_all(conf, Attachment(container, "eth0"), api, requested)]
+
+
+def test_cluster_request_in_an_unclaimed_block_claims_that_block(tmp_path: Path) -> None:
+    conf = cluster_conf(tmp_path, ipv4_subnet="172.27.0.0/24")  # blocks of 16
+    api = FakeApi(FakeBlocks(), "node-a")
+    assert allocate_requested(conf, api, "c1", "172.27.0.200") == ["172.27.0.200/32"]
+    (claimed,) = api.store.objects.values()
+    assert claimed["spec"]["cidr"] == "172.27.0.192/28" and claimed["spec"]["node"] == "node-a"
+    assert api.calls == {"get": 1, "get node": 1, "create": 1}
+    before = api.requests()
+    assert allocate_requested(conf, api, "c2", "172.27.0.201") == ["172.27.0.201/32"]
+    assert allocate_requested(conf, api, "c1", "172.27.0.200") == ["172.27.0.200/32"], \
+        "a repeated ADD"
+    assert api.requests() == before, "a request inside a held block asks the API nothing"
+
+
+def test_cluster_request_taken_on_this_node_names_the_container(tmp_path: Path) -> None:
+    conf = cluster_conf(tmp_path, ipv4_subnet="172.27.0.0/24")
+    api = FakeApi(FakeBlocks(), "node-a")
+    allocate_requested(conf, api, "holder", "172.27.0.200")
+    with pytest.raises(CniError) as info:
+        allocate_requested(conf, api, "other", "172.27.0.200")
+    assert info.value.code == IPAM_EXHAUSTED and "'holder'" in info.value.msg
+
+
+def test_cluster_request_in_another_nodes_block_is_code_102_naming_that_node(
+        tmp_path: Path) -> None:
+    store = FakeBlocks()
+    conf_a = cluster_conf(tmp_path / "a", ipv4_subnet="172.27.0.0/24")
+    conf_b = cluster_conf(tmp_path / "b", ipv4_subnet="172.27.0.0/24")
+    a, b = FakeApi(store, "node-a"), FakeApi(store, "node-b")
+    allocate_requested(conf_a, a, "on-a", "172.27.0.200")
+    for address in ("172.27.0.200", "172.27.0.201"):  # taken there, and free there
+        with pytest.raises(CniError) as info:
+            allocate_requested(conf_b, b, "on-b", address)
+        assert info.value.code == IPAM_EXHAUSTED and "'node-a'" in info.value.msg
+        assert "172.27.0.192/28" in info.value.msg
+    assert not [p for p in (tmp_path / "b").rglob("172.27.0.*") if p.is_file()], \
+        "no record on node b"
+    assert not list((tmp_path / "b").rglob("blocks/*")), "no claim record left on node b"
+
+
+def test_cluster_request_racing_another_nodes_claim_is_refused(tmp_path: Path) -> None:
+    store = FakeBlocks()
+    conf_b = cluster_conf(tmp_path / "b", ipv4_subnet="172.27.0.0/24")
+    a, b = FakeApi(store, "node-a"), FakeApi(store, "node-b")
+    (pool,) = conf_b.pools
+    racing = block_of_index(NETWORK, pool, pool.index_containing(
+        ipaddress.ip_address("172.27.0.200")) or 0)
+    real_get = b.get
+
+    def get_after_a_won(name: str) -> dict[str, Any] | None:
+        if name == racing.name and name not in store.objects:
+            a.create(racing, "uid-node-a")  # node a creates it between b's GET and b's POST
+            return None
+        return real_get(name)
+
+    b.get = get_after_a_won  # type: ignore[method-assign]
+    with pytest.raises(CniError) as info:
+        allocate_requested(conf_b, b, "on-b", "172.27.0.200")
+    assert info.value.code == IPAM_EXHAUSTED and "'node-a'" in info.value.msg
+    assert not list((tmp_path / "b").rglob("blocks/*"))
+
+
+def test_cluster_request_adopts_this_nodes_block_without_a_local_record(tmp_path: Path) -> None:
+    store = FakeBlocks()
+    conf = cluster_conf(tmp_path, ipv4_subnet="172.27.0.0/24")
+    api = FakeApi(store, "node-a")
+    allocate_requested(conf, api, "c1", "172.27.0.200")
+    for path in tmp_path.rglob("blocks/*"):
+        path.unlink()  # a lost local record: the object still names this node
+    assert allocate_requested(conf, api, "c2", "172.27.0.201") == ["172.27.0.201/32"]
+    assert len(store.objects) == 1
+
+
+def test_cluster_del_gives_back_a_block_claimed_for_a_request(tmp_path: Path) -> None:
+    conf = cluster_conf(tmp_path, ipv4_subnet="172.27.0.0/24")
+    api = FakeApi(FakeBlocks(), "node-a")
+    allocate(conf, api, "c1")  # the node's first block, by the usual claim
+    allocate_requested(conf, api, "c2", "172.27.0.70")
+    allocate_requested(conf, api, "c3", "172.27.0.200")
+    assert len(api.store.objects) == 3
+    allocator.release(conf, Attachment("c2", "eth0"), api)
+    cidrs = sorted(o["spec"]["cidr"] for o in api.store.objects.values())
+    assert "172.27.0.64/28" not in cidrs, "emptied, and the other blocks have a block's room"

@@ -18,6 +18,7 @@ from cni_plugin.kube.client import (
     CREATED_BY_ANNOTATION,
     KubeClient,
     Resource,
+    Target,
     repeatable,
     update_with_retry,
 )
@@ -198,3 +199,22 @@ def test_a_read_of_an_object_deleted_since_ends_in_none(
     assert update_with_retry(client, MAPS, "m", namespace="a", deadline=Deadline(10),
                              mutate=_add_key, read=_versioned("5")) is None
     assert [method for method, _ in server.seen] == ["PUT", "GET"]
+
+
+def test_a_subresource_update_writes_there_and_rereads_the_object_after_a_conflict(
+        serve: Callable[[list[Action]], tuple[Scripted, KubeClient]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kube_client, "pause_between_tries", lambda _: None)
+    server, client = serve([(409, {}, {}), (200, {}, _versioned("7")),
+                            (200, {}, _versioned("8", mine="1"))])
+    update_with_retry(client, MAPS, "m", namespace="a", deadline=Deadline(10),
+                      mutate=_add_key, read=_versioned("5"), subresource="status")
+    assert server.seen == [("PUT", "/api/v1/namespaces/a/configmaps/m/status"),
+                           ("GET", "/api/v1/namespaces/a/configmaps/m"),
+                           ("PUT", "/api/v1/namespaces/a/configmaps/m/status")]
+
+
+def test_a_subresource_target_names_it_in_errors() -> None:
+    target = Target(MAPS, "a", "m", "status")
+    assert target.path() == "/api/v1/namespaces/a/configmaps/m/status"
+    assert target.describe("PUT") == "update ConfigMap a/m/status"

@@ -3,8 +3,9 @@
 netconf ← cni_plugin.core ← domain (kernel, kube, ipam, publish, galactic, attachment, tenancy)
 ← verbs
 ← dispatch ← transports (cli, ipam_cli, agent, install, doctor). Every import counts, including
-the ones inside functions and under TYPE_CHECKING. `python tests/test_layers.py [ROOT]` prints
-the graph.
+the ones inside functions and under TYPE_CHECKING. The kernel's steps (kernel, galactic,
+attachment) never import the request: they take the facts they read. `python
+tests/test_layers.py [ROOT]` prints the graph.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ DOMAIN_USES: dict[str, set[str]] = {
     # Tenancy reads the cluster through publishing's ClusterSource and resources.
     "cni_plugin.tenancy": {"cni_plugin.kube", "cni_plugin.publish"},
 }
+# The kernel's steps take the names, tables and paths they read, never the whole request: the
+# verbs pick those out of the Invocation once (cni_plugin/verbs/facts.py).
+REQUEST = "cni_plugin.core.request"
+REQUEST_FREE = ("cni_plugin.kernel", "cni_plugin.galactic", "cni_plugin.attachment")
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -120,6 +125,12 @@ def upward_imports(edges: dict[str, set[str]]) -> list[str]:
     return wrong
 
 
+def request_readers(edges: dict[str, set[str]]) -> list[str]:
+    """Modules of REQUEST_FREE that import the request (and with it the Invocation)."""
+    return sorted(source for source, targets in edges.items() if REQUEST in targets and
+                  any(source == free or source.startswith(f"{free}.") for free in REQUEST_FREE))
+
+
 def circles(edges: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected groups of more than one module (Tarjan)."""
     index: dict[str, int] = {}
@@ -167,13 +178,21 @@ def test_no_import_circle() -> None:
     assert circles(graph(REPO)) == []
 
 
+def test_kernel_steps_never_import_the_request() -> None:
+    assert request_readers(graph(REPO)) == []
+
+
 def test_the_checks_catch_what_they_look_for() -> None:
-    # The checks themselves, on a made-up graph with one upward import and one circle.
+    # The checks themselves, on made-up graphs: one upward import and one circle; one kernel
+    # step that imports the request.
     edges = {"cni_plugin.core.request": {"cni_plugin.verbs.add"},
              "cni_plugin.verbs.add": {"cni_plugin.core.request"},
              "cni_plugin.publish.bgp": {"cni_plugin.attachment"}}
     assert circles(edges) == [["cni_plugin.core.request", "cni_plugin.verbs.add"]]
     assert len(upward_imports(edges)) == 2
+    assert request_readers({"cni_plugin.attachment.node": {"cni_plugin.core.request"},
+                            "cni_plugin.verbs.add": {"cni_plugin.core.request"}}) == [
+        "cni_plugin.attachment.node"]
 
 
 def report(root: Path) -> str:
@@ -192,6 +211,9 @@ def report(root: Path) -> str:
     wrong = upward_imports(edges)
     lines.append(f"upward imports: {len(wrong)}")
     lines.extend(f"  {line}" for line in wrong)
+    readers = request_readers(edges)
+    lines.append(f"kernel steps importing the request: {len(readers)}")
+    lines.extend(f"  {reader}" for reader in readers)
     return "\n".join(lines)
 
 

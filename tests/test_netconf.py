@@ -19,7 +19,7 @@ from netconf.config import (
     lookup_ci,
     parse_netconf,
 )
-from netconf.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, INVALID_CONFIG, CniError
+from netconf.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, INVALID_CONFIG, CniError, quoted
 from netconf.versions import SUPPORTED_VERSIONS
 
 BASE: dict[str, Any] = {
@@ -211,7 +211,7 @@ def test_every_unknown_top_level_key_is_rejected_by_name(key: str) -> None:
     assume(key.lower() not in {k.lower() for k in KNOWN_KEYS})
     err = rejected({**conf(), key: 1})
     assert err.code == INVALID_CONFIG
-    assert repr(key) in err.msg
+    assert quoted(key) in err.msg
 
 
 # --- per-key type and range errors -------------------------------------------------------------
@@ -421,3 +421,9 @@ def test_malformed_prev_result_is_code_6() -> None:
     with pytest.raises(CniError) as info:
         parsed.prev()
     assert info.value.code == DECODE_FAILURE
+
+
+@pytest.mark.parametrize("key", ["publish", "tap"])
+def test_an_unknown_key_with_a_quote_in_its_name_is_named_in_single_quotes(key: str) -> None:
+    err = rejected(conf(**{key: {"it's": 1}}))
+    assert err.code == INVALID_CONFIG and err.msg == f"unknown config key '{key}.it\\'s'"

@@ -12,7 +12,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from cni_plugin.core.request import Invocation, Request
-from netconf.errors import INVALID_ENV, UNSUPPORTED_FIELD, CniError
+from netconf.errors import INVALID_CONFIG, INVALID_ENV, UNSUPPORTED_FIELD, CniError
 from netconf.runtime import (
     COMMANDS,
     KNOWN_CNI_ARGS,
@@ -183,6 +183,30 @@ def test_unknown_key_in_config_args_cni_is_code_2(isolated_environ: dict[str, st
     with pytest.raises(CniError) as info:
         invocation(isolated_environ, args={"cni": {"MYSTERY": "1"}})
     assert info.value.code == UNSUPPORTED_FIELD and "'MYSTERY'" in info.value.msg
+
+
+def test_invocation_carries_the_mac_of_the_first_form_present(
+        isolated_environ: dict[str, str]) -> None:
+    environ = {**isolated_environ, "CNI_ARGS": "MAC=0A:58:00:00:00:03"}
+    assert invocation(environ).mac == "0a:58:00:00:00:03"
+    assert invocation(environ, args={"cni": {"mac": "0a:58:00:00:00:02"}}).mac == \
+        "0a:58:00:00:00:02"
+    assert invocation(environ, args={"cni": {"mac": "0a:58:00:00:00:02"}},
+                      runtimeConfig={"mac": "0a:58:00:00:00:01"}).mac == "0a:58:00:00:00:01"
+    assert invocation(isolated_environ).mac is None
+
+
+def test_a_malformed_mac_in_cni_args_is_code_7_naming_it(
+        isolated_environ: dict[str, str]) -> None:
+    with pytest.raises(CniError) as info:
+        invocation({**isolated_environ, "CNI_ARGS": "MAC=0a:58:00:00:00"})
+    assert info.value.code == INVALID_CONFIG and "CNI_ARGS 'MAC'" in info.value.msg
+
+
+def test_requested_ips_in_cni_args_and_config_args_are_not_unknown_keys(
+        isolated_environ: dict[str, str]) -> None:
+    # Passed through to the IPAM delegate unread: no IgnoreUnknown needed for them.
+    invocation({**isolated_environ, "CNI_ARGS": "IP=10.1.0.5"}, args={"cni": {"ips": ["fd00::5"]}})
 
 
 @pytest.mark.parametrize("netns", ["var/run/netns/p", "p", "./p"])

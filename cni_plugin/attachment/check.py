@@ -5,35 +5,37 @@ from __future__ import annotations
 
 from cni_plugin.attachment.host_side import host_route
 from cni_plugin.attachment.node import host_netlink
+from cni_plugin.attachment.ref import AttachmentRef
 from cni_plugin.attachment.veth import pod_routes
 from cni_plugin.core import naming
 from cni_plugin.core.addressing import Addressing
-from cni_plugin.core.request import Invocation
+from cni_plugin.core.deadline import Deadline
 from cni_plugin.kernel import addresses, isolation, links, netns
-from cni_plugin.kernel.links import Link, Owner
+from cni_plugin.kernel.links import Link
 from cni_plugin.kernel.rtnl import Rtnl
 from netconf.result import Result
 
 
-def attachment_differences(inv: Invocation, prev: Result,
-                           addressing: Addressing) -> list[str]:
+def attachment_differences(attachment: AttachmentRef, prev: Result, addressing: Addressing, *,
+                           mode: str, mtu: int | None, deadline: Deadline) -> list[str]:
     """Everything ADD is responsible for in the kernel that no longer matches prevResult (and
-    the addressing read from it)."""
-    name = naming.host_link_name(inv.conf.vpc, inv.conf.vpcattachment)
+    the addressing read from it), in isolation mode `vrf` or `table`, at the stanza's mtu."""
+    name = attachment.host_link
     diffs: list[str] = []
-    with host_netlink(inv.deadline) as rtnl:
+    with host_netlink(deadline) as rtnl:
         host_link = links.find(rtnl, name)
         if host_link is None:
             return [f"host link {name!r} is missing"]
-        if host_link.owner != Owner(inv.env.container_id, inv.env.ifname):
+        if host_link.owner != attachment.owner:
             diffs.append(f"host link {name!r} belongs to {host_link.alias!r}")
         pod_mac: str | None = None
-        if inv.conf.attachment == "veth":
-            pod_mac, pod_diffs = _pod_differences(inv, prev, addressing)
+        if attachment.kind == "veth":
+            pod_mac, pod_diffs = _pod_differences(attachment.netns, attachment.ifname, prev,
+                                                  addressing, mtu, deadline)
             diffs.extend(pod_diffs)
-        diffs.extend(_link_differences(host_link, prev, inv.conf.mtu, "host link"))
-        diffs.extend(_host_differences(rtnl, inv.conf.vpc, inv.conf.isolation, host_link,
-                                       addressing, pod_mac))
+        diffs.extend(_link_differences(host_link, prev, mtu, "host link"))
+        diffs.extend(_host_differences(rtnl, attachment.vpc, mode, host_link, addressing,
+                                       pod_mac))
     return diffs
 
 
@@ -53,14 +55,13 @@ def _link_differences(link: Link, prev: Result, mtu: int | None, what: str) -> l
     return diffs
 
 
-def _pod_differences(inv: Invocation, prev: Result,
-                     addressing: Addressing) -> tuple[str | None, list[str]]:
-    ifname = inv.env.ifname
-    with netns.open_netlink(inv.env.netns, deadline=inv.deadline) as pod_rtnl:
+def _pod_differences(pod_netns: str, ifname: str, prev: Result, addressing: Addressing,
+                     mtu: int | None, deadline: Deadline) -> tuple[str | None, list[str]]:
+    with netns.open_netlink(pod_netns, deadline=deadline) as pod_rtnl:
         pod_link = links.find(pod_rtnl, ifname)
         if pod_link is None:
-            return None, [f"interface {ifname!r} is missing in netns {inv.env.netns!r}"]
-        diffs = _link_differences(pod_link, prev, inv.conf.mtu, "interface")
+            return None, [f"interface {ifname!r} is missing in netns {pod_netns!r}"]
+        diffs = _link_differences(pod_link, prev, mtu, "interface")
         present = set(addresses.addresses(pod_rtnl, pod_link.index))
         for workload in addressing.workload:
             if workload not in present:

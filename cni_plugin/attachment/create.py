@@ -4,26 +4,31 @@ whose `create` makes them (each recorded for rollback) and returns the `CreatedV
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 
+from cni_plugin.attachment.host_side import LinkOptions
 from cni_plugin.attachment.node import host_netlink
+from cni_plugin.attachment.ref import AttachmentRef
 from cni_plugin.attachment.tap import CreatedTap, TapLinks
 from cni_plugin.attachment.veth import CreatedVeth, VethLinks
-from cni_plugin.core.request import Invocation
+from cni_plugin.core.deadline import Deadline
 from cni_plugin.kernel import netns
 
 Created = CreatedVeth | CreatedTap  # what `configure` and answering the SID take
 
 
 @contextmanager
-def open_links(inv: Invocation) -> Iterator[VethLinks | TapLinks]:
+def open_links(attachment: AttachmentRef, options: LinkOptions, *, lock_dir: str,
+               node_env: Mapping[str, str], deadline: Deadline) -> Iterator[VethLinks | TapLinks]:
     """The attachment's links to make, with netlink sockets in the host (and pod) netns until
     exit; only what their `create` returns can be configured."""
     with ExitStack() as stack:
-        host_rtnl = stack.enter_context(host_netlink(inv.deadline))
-        if inv.conf.attachment == "tap":
-            yield TapLinks(inv, host_rtnl)
+        host_rtnl = stack.enter_context(host_netlink(deadline))
+        if attachment.kind == "tap":
+            yield TapLinks(attachment, options, host_rtnl, lock_dir=lock_dir, node_env=node_env,
+                           deadline=deadline)
         else:
-            yield VethLinks(inv, host_rtnl, stack.enter_context(
-                netns.open_netlink(inv.env.netns, deadline=inv.deadline)))
+            pod_rtnl = stack.enter_context(netns.open_netlink(attachment.netns, deadline=deadline))
+            yield VethLinks(attachment, options, host_rtnl, pod_rtnl, lock_dir=lock_dir,
+                            node_env=node_env, deadline=deadline)

@@ -4,14 +4,12 @@ and the VPC's state released once nothing of it is left."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 
 from cni_plugin.core import naming
 from cni_plugin.core.deadline import Deadline
-from cni_plugin.core.locks import file_lock
-from cni_plugin.core.request import Invocation
+from cni_plugin.core.locks import file_lock, lock_path
 from cni_plugin.galactic import registration
 from cni_plugin.kernel import hostfilter, isolation, links, netns, tableids
 from cni_plugin.kernel.rtnl import Rtnl
@@ -32,21 +30,22 @@ def host_lock(lock_dir: str, deadline: Deadline) -> AbstractContextManager[None]
 
 
 def _host_lock_path(lock_dir: str) -> str:
-    return os.path.join(lock_dir, "host.lock")
+    return lock_path(lock_dir, "host")
 
 
-def _vpc_lock_path(inv: Invocation) -> str:
+def _vpc_lock_path(lock_dir: str, vpc: str) -> str:
     """Held shared by every ADD of the VPC, exclusively by whoever removes its state."""
-    return inv.lock_path(naming.vrf_name(inv.conf.vpc))
+    return lock_path(lock_dir, naming.vrf_name(vpc))
 
 
 @contextmanager
-def lock_attachment(inv: Invocation) -> Iterator[None]:
-    """Hold the lock of this attachment's host link, and the VPC's shared (code 11 when the
+def lock_attachment(vpc: str, vpcattachment: str, *, lock_dir: str,
+                    deadline: Deadline) -> Iterator[None]:
+    """Hold the lock of the attachment's host link, and the VPC's shared (code 11 when the
     deadline runs out)."""
-    name = naming.host_link_name(inv.conf.vpc, inv.conf.vpcattachment)
-    with file_lock(inv.lock_path(name), inv.deadline.remaining()), \
-            file_lock(_vpc_lock_path(inv), inv.deadline.remaining(), shared=True):
+    name = naming.host_link_name(vpc, vpcattachment)
+    with file_lock(lock_path(lock_dir, name), deadline.remaining()), \
+            file_lock(_vpc_lock_path(lock_dir, vpc), deadline.remaining(), shared=True):
         yield
 
 
@@ -57,35 +56,37 @@ def vpc_owners(rtnl: Rtnl, vpc: str) -> set[tuple[str, str]]:
             if link.owner is not None and naming.is_host_link_of(link.name, vpc)}
 
 
-def ensure_vpc_table(rtnl: Rtnl, inv: Invocation, *, keeps_table: bool) -> isolation.VpcTable:
-    """The VPC's isolation (shared, created once under the host-wide lock), and the node's host
-    protection, installed here if neither the agent nor `vpc-attach install` did.
+def ensure_vpc_table(rtnl: Rtnl, vpc: str, mode: str, *, lock_dir: str,
+                     node_env: Mapping[str, str], deadline: Deadline,
+                     keeps_table: bool) -> isolation.VpcTable:
+    """The VPC's isolation in mode `vrf` or `table` (shared, created once under the host-wide
+    lock), and the node's host protection, installed here if neither the agent nor
+    `vpc-attach install` did.
 
     `keeps_table`: the VPC publishes a BGPVRFInstance on this node, so its VRF keeps its table
     id until GC forgets it (`tableids`): galactic-router keys the VPC's routes by it."""
-    lock_dir = inv.host.lock_dir
-    with host_lock(lock_dir, inv.deadline):
-        hostfilter.ensure(lambda: resolve_datapath_settings(inv.node_env), inv.deadline)
+    with host_lock(lock_dir, deadline):
+        hostfilter.ensure(lambda: resolve_datapath_settings(node_env), deadline)
         kept = tableids.kept(lock_dir)
-        if inv.conf.isolation != "vrf":
-            return isolation.ensure_table(rtnl, inv.conf.vpc, lambda: set(kept.values()))
-        pin_dir = resolve_galactic_settings(inv.node_env).pin_dir
-        vpc_table = isolation.ensure_vrf(rtnl, inv.conf.vpc, kept,
+        if mode != "vrf":
+            return isolation.ensure_table(rtnl, vpc, lambda: set(kept.values()))
+        pin_dir = resolve_galactic_settings(node_env).pin_dir
+        vpc_table = isolation.ensure_vrf(rtnl, vpc, kept,
                                          lambda: registration.route_table_ids(pin_dir))
-        vrf = naming.vrf_name(inv.conf.vpc)
+        vrf = naming.vrf_name(vpc)
         if keeps_table and kept.get(vrf) != vpc_table.table:
             tableids.keep(lock_dir, vrf, vpc_table.table)
         return vpc_table
 
 
-def forget_kept_table(inv: Invocation) -> bool:
+def forget_kept_table(vpc: str, *, lock_dir: str, deadline: Deadline) -> bool:
     """GC, once the VPC's BGPVRFInstance on this node is gone: its table id is free again
     unless its VRF still exists (then the next GC decides); whether it was forgotten."""
-    with host_lock(inv.host.lock_dir, inv.deadline), host_netlink(inv.deadline) as rtnl:
-        vrf = naming.vrf_name(inv.conf.vpc)
+    with host_lock(lock_dir, deadline), host_netlink(deadline) as rtnl:
+        vrf = naming.vrf_name(vpc)
         if links.find(rtnl, vrf) is not None:
             return False
-        return tableids.forget(inv.host.lock_dir, vrf)
+        return tableids.forget(lock_dir, vrf)
 
 
 def set_up_node(settings: DatapathSettings, lock_dir: str, timeout: float) -> list[str]:
@@ -97,19 +98,20 @@ def set_up_node(settings: DatapathSettings, lock_dir: str, timeout: float) -> li
             return isolation.adopt_legacy(rtnl)
 
 
-def release_unused_vpc(inv: Invocation) -> int | None:
-    """The VPC's per-node state removed when no host link of it is left and no ADD of it runs
-    (DEL, GC); the table released, if any."""
+def release_unused_vpc(vpc: str, mode: str, *, lock_dir: str, node_env: Mapping[str, str],
+                       deadline: Deadline) -> int | None:
+    """The VPC's per-node state (isolation mode `vrf` or `table`) removed when no host link of
+    it is left and no ADD of it runs (DEL, GC); the table released, if any."""
     with ExitStack() as stack:
         try:
-            stack.enter_context(file_lock(_vpc_lock_path(inv), 0.0))
+            stack.enter_context(file_lock(_vpc_lock_path(lock_dir, vpc), 0.0))
         except CniError:
             return None  # an ADD of the VPC is running: the state is about to be used
-        stack.enter_context(host_lock(inv.host.lock_dir, inv.deadline))
-        with host_netlink(inv.deadline) as rtnl:
-            table = isolation.release(rtnl, inv.conf.vpc)
-        if table is not None and inv.conf.isolation == "vrf":  # its SID's rows go with it
-            settings = resolve_galactic_settings(inv.node_env)
+        stack.enter_context(host_lock(lock_dir, deadline))
+        with host_netlink(deadline) as rtnl:
+            table = isolation.release(rtnl, vpc)
+        if table is not None and mode == "vrf":  # its SID's rows go with it
+            settings = resolve_galactic_settings(node_env)
             registration.release_vpc(settings.pin_dir, table, settings.nat66_shard_sids)
         return table
     return None

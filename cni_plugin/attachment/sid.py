@@ -9,13 +9,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cni_plugin.attachment.node import host_lock, host_netlink
+from cni_plugin.attachment.ref import AttachmentRef
 from cni_plugin.core import naming
 from cni_plugin.core.addressing import Addressing
-from cni_plugin.core.request import Invocation
+from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.rollback import Rollback
 from cni_plugin.galactic import layout, pins, registration, underlay
 from cni_plugin.kernel import isolation, links, srv6
-from cni_plugin.kernel.links import Link
+from cni_plugin.kernel.links import Link, Owner
 from cni_plugin.kernel.rtnl import Rtnl
 from netconf.host import resolve_galactic_settings
 
@@ -56,29 +57,30 @@ def link_mtu(rtnl: Rtnl, node_env: Mapping[str, str], configured: int | None, li
     return configured
 
 
-def answer_sid(inv: Invocation, host_link: Link, table: int, vpc_sid: VpcSid,
-               addressing: Addressing, rollback: Rollback) -> None:
+def answer_sid(attachment: AttachmentRef, host_link: Link, table: int, vpc_sid: VpcSid,
+               addressing: Addressing, rollback: Rollback, *, lock_dir: str,
+               node_env: Mapping[str, str], deadline: Deadline) -> None:
     """The node answers the VPC's SID before it is announced: End.DT46 into the VPC's VRF in
     the kernel (shared per-VPC state; never undone: it goes with the VRF), and where galactic's
     datapath is pinned, the attachment registered in it (undone by the rollback)."""
-    settings = resolve_galactic_settings(inv.node_env)
-    with host_lock(inv.host.lock_dir, inv.deadline), host_netlink(inv.deadline) as rtnl:
-        srv6.ensure_decap(rtnl, inv.conf.vpc, vpc_sid.sid)
+    settings = resolve_galactic_settings(node_env)
+    with host_lock(lock_dir, deadline), host_netlink(deadline) as rtnl:
+        srv6.ensure_decap(rtnl, attachment.vpc, vpc_sid.sid)
         with pins.opened(settings.pin_dir) as datapath:
             if datapath is None:
                 return
             registration.register(
                 datapath, rtnl, registration.Registration(
-                    network=inv.conf.name, container_id=inv.env.container_id,
-                    ifname=inv.env.ifname, host_link=host_link.name,
+                    network=attachment.network, container_id=attachment.container_id,
+                    ifname=attachment.ifname, host_link=host_link.name,
                     host_ifindex=host_link.index,
-                    egress_kind=_egress_kind(rtnl, inv.conf.vpc,
-                                             tap=inv.conf.attachment == "tap"),
+                    egress_kind=_egress_kind(rtnl, attachment.vpc,
+                                             tap=attachment.kind == "tap"),
                     locator=vpc_sid.locator, node_id=vpc_sid.node_id, argument=vpc_sid.vrf_id,
                     table_id=table, prefixes=addressing.advertised(host_only=False),
                     nat66_shard_sids=settings.nat66_shard_sids),
-                rollback, inv.host.lock_dir, settings.underlay_interfaces,
-                lambda deadline: host_lock(inv.host.lock_dir, deadline))
+                rollback, lock_dir, settings.underlay_interfaces,
+                lambda undo_deadline: host_lock(lock_dir, undo_deadline))
 
 
 def _egress_kind(rtnl: Rtnl, vpc: str, *, tap: bool) -> int:
@@ -93,27 +95,27 @@ def _egress_kind(rtnl: Rtnl, vpc: str, *, tap: bool) -> int:
     return layout.EGRESS_KIND_TAP if any(taps) else layout.EGRESS_KIND_VETH
 
 
-def unregister_datapath(inv: Invocation) -> None:
-    """DEL: this attachment's rows in galactic's datapath, if it registered any."""
-    settings = resolve_galactic_settings(inv.node_env)
-    with host_lock(inv.host.lock_dir, inv.deadline):
-        registration.unregister(settings.pin_dir, inv.host.lock_dir, inv.env.container_id,
-                                inv.env.ifname)
+def unregister_datapath(owner: Owner, *, lock_dir: str, node_env: Mapping[str, str],
+                        deadline: Deadline) -> None:
+    """DEL: the rows owner's attachment registered in galactic's datapath, if any."""
+    settings = resolve_galactic_settings(node_env)
+    with host_lock(lock_dir, deadline):
+        registration.unregister(settings.pin_dir, lock_dir, owner.container_id, owner.ifname)
 
 
-def collect_registrations(inv: Invocation, valid: set[tuple[str, str]]) -> list[str]:
-    """GC: the rows of this network's attachments the runtime no longer runs; their
+def collect_registrations(network: str, valid: set[tuple[str, str]], *, lock_dir: str,
+                          node_env: Mapping[str, str], deadline: Deadline) -> list[str]:
+    """GC: the rows of the network's attachments the runtime no longer runs; their
     (containerID/ifname)."""
-    settings = resolve_galactic_settings(inv.node_env)
+    settings = resolve_galactic_settings(node_env)
     collected = []
-    with host_lock(inv.host.lock_dir, inv.deadline):
-        for container_id, ifname in list(registration.records_of(inv.host.lock_dir,
-                                                                 inv.conf.name)):
+    with host_lock(lock_dir, deadline):
+        for container_id, ifname in list(registration.records_of(lock_dir, network)):
             if (container_id, ifname) in valid:
                 continue
-            registration.unregister(settings.pin_dir, inv.host.lock_dir, container_id, ifname)
+            registration.unregister(settings.pin_dir, lock_dir, container_id, ifname)
             collected.append(f"{container_id}/{ifname}")
-        with host_netlink(inv.deadline) as rtnl:
+        with host_netlink(deadline) as rtnl:
             live = {link.index for link in rtnl.links()}
             orphans = registration.collect_orphans(settings.pin_dir, live)
         if orphans:
@@ -121,20 +123,21 @@ def collect_registrations(inv: Invocation, valid: set[tuple[str, str]]) -> list[
     return collected
 
 
-def sid_differences(inv: Invocation, vpc_sid: VpcSid, addressing: Addressing) -> list[str]:
+def sid_differences(attachment: AttachmentRef, vpc_sid: VpcSid, addressing: Addressing, *,
+                    node_env: Mapping[str, str], deadline: Deadline) -> list[str]:
     """What CHECK finds wrong with the answer to the VPC's SID: its decapsulation in the
     kernel and, where galactic's datapath is pinned, the attachment's registration in it."""
-    settings = resolve_galactic_settings(inv.node_env)
-    with host_netlink(inv.deadline) as rtnl:
-        diffs = srv6.decap_differences(rtnl, inv.conf.vpc, vpc_sid.sid)
+    settings = resolve_galactic_settings(node_env)
+    with host_netlink(deadline) as rtnl:
+        diffs = srv6.decap_differences(rtnl, attachment.vpc, vpc_sid.sid)
         with pins.opened(settings.pin_dir) as datapath:
-            link = links.find(rtnl, naming.host_link_name(inv.conf.vpc, inv.conf.vpcattachment))
-            table = isolation.find_vpc_table(rtnl, inv.conf.vpc, "vrf")
+            link = links.find(rtnl, attachment.host_link)
+            table = isolation.find_vpc_table(rtnl, attachment.vpc, "vrf")
             if datapath is None or link is None or table is None:
                 return diffs  # nothing registered to compare, or reported already
             return diffs + registration.differences(datapath, rtnl, registration.Registration(
-                network=inv.conf.name, container_id=inv.env.container_id,
-                ifname=inv.env.ifname, host_link=link.name, host_ifindex=link.index,
+                network=attachment.network, container_id=attachment.container_id,
+                ifname=attachment.ifname, host_link=link.name, host_ifindex=link.index,
                 egress_kind=layout.EGRESS_KIND_VETH, locator=vpc_sid.locator,
                 node_id=vpc_sid.node_id, argument=vpc_sid.vrf_id, table_id=table,
                 prefixes=addressing.advertised(host_only=False)))

@@ -28,13 +28,16 @@ class TapLinks(NewLinks):
                mtu: int | None) -> CreatedTap:
         """Make the tap with its owner mark and MTU."""
         rtnl, name, owner = self.host_rtnl, self.name, self.owner
-        options = self.inv.conf.tap_options
+        options = self.options.tap
         claim_host_link(rtnl, name, owner)
         create_tap(name, owner=options.owner, group=options.group,
                    multi_queue=options.multi_queue, vnet_hdr=options.vnet_hdr)
         link = require_link(links.find(rtnl, name), name)
         link = links.configure(rtnl, link, alias=owner.alias, mtu=mtu)
         rollback.created(f"tap {name}", undo_link(name, owner))
+        if self.options.mac:  # the `mac` capability, on the VM's link as the `tap` plugin sets it
+            links.set_mac(rtnl, link, self.options.mac)
+            link = require_link(links.by_index(rtnl, link.index), name)
         return CreatedTap(rtnl, vpc_table, link, mtu)
 
 

@@ -4,9 +4,11 @@ the pod netns with the workload's addresses and an on-link default route per fam
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cni_plugin.attachment.host_side import (
+    LinkOptions,
     NewLinks,
     claim_host_link,
     require_link,
@@ -14,10 +16,10 @@ from cni_plugin.attachment.host_side import (
     undo_link,
 )
 from cni_plugin.attachment.node import host_netlink
+from cni_plugin.attachment.ref import AttachmentRef
 from cni_plugin.core import naming
 from cni_plugin.core.addressing import DEFAULT_DST, Addressing
 from cni_plugin.core.deadline import Deadline
-from cni_plugin.core.request import Invocation
 from cni_plugin.core.rollback import Rollback, Undo
 from cni_plugin.kernel import addresses, isolation, links, netns
 from cni_plugin.kernel.addresses import RouteSpec
@@ -31,39 +33,40 @@ class VethLinks(NewLinks):
     """A veth pair to make: host end G…H in the VPC's table, container end CNI_IFNAME in the
     pod."""
 
-    def __init__(self, inv: Invocation, host_rtnl: Rtnl, pod_rtnl: Rtnl) -> None:
-        super().__init__(inv, host_rtnl)
+    def __init__(self, attachment: AttachmentRef, options: LinkOptions, host_rtnl: Rtnl,
+                 pod_rtnl: Rtnl, *, lock_dir: str, node_env: Mapping[str, str],
+                 deadline: Deadline) -> None:
+        super().__init__(attachment, options, host_rtnl, lock_dir=lock_dir, node_env=node_env,
+                         deadline=deadline)
         self.pod_rtnl = pod_rtnl
 
     def create(self, rollback: Rollback, vpc_table: isolation.VpcTable,
                mtu: int | None) -> CreatedVeth:
         """Make the pair, name both ends with their owner mark and bring the pod end up."""
-        inv, host_rtnl, pod_rtnl = self.inv, self.host_rtnl, self.pod_rtnl
-        name, owner = self.name, self.owner
-        claim_pod_ifname(pod_rtnl, inv.env.ifname, inv.env.netns, owner)
+        attachment, host_rtnl, pod_rtnl = self.attachment, self.host_rtnl, self.pod_rtnl
+        name, owner, ifname, pod_netns = self.name, self.owner, attachment.ifname, attachment.netns
+        claim_pod_ifname(pod_rtnl, ifname, pod_netns, owner)
         claim_host_link(host_rtnl, name, owner)
-        guest = naming.guest_link_name(inv.conf.vpc, inv.conf.vpcattachment)
+        guest = naming.guest_link_name(attachment.vpc, attachment.vpcattachment)
         stale = links.find(pod_rtnl, guest)
         if stale is not None:  # a killed ADD's half-made pair: the G…G name is ours alone
             links.delete(pod_rtnl, stale)
         # The host end starts under a temporary name and becomes G…H together with its owner
         # mark in one request, so a G…H without its owner never exists, even if we are killed.
         temporary = f"vpa{secrets.token_hex(5)}"
-        with netns.opened(inv.env.netns) as fd:
+        with netns.opened(pod_netns) as fd:
             links.create_veth(host_rtnl, temporary, guest, fd, mtu)
         rollback.created(f"veth {temporary}", _undo_temporary(temporary))
         fresh = require_link(links.find(host_rtnl, temporary), temporary)
         host_link = links.configure(host_rtnl, fresh, name=name, alias=owner.alias)
         rollback.created(f"veth {name}", undo_link(name, owner))
         pod_link = require_link(links.find(pod_rtnl, guest), guest)
-        runtime_mac = inv.runtime_value("mac")
-        mac = runtime_mac if isinstance(runtime_mac, str) and runtime_mac else None
+        mac = self.options.mac  # the `mac` capability: runtimeConfig, args.cni or CNI_ARGS
         if mac:
             links.set_mac(pod_rtnl, pod_link, mac)
-        pod_link = links.configure(pod_rtnl, pod_link, name=inv.env.ifname, alias=owner.alias,
-                                   up=True)
-        return CreatedVeth(inv.env.ifname, inv.env.netns, host_rtnl, pod_rtnl, vpc_table,
-                           host_link, pod_link, mac, mtu)
+        pod_link = links.configure(pod_rtnl, pod_link, name=ifname, alias=owner.alias, up=True)
+        return CreatedVeth(ifname, pod_netns, host_rtnl, pod_rtnl, vpc_table, host_link,
+                           pod_link, mac, mtu)
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ class CreatedVeth:
     vpc_table: isolation.VpcTable
     host_link: Link
     pod_link: Link
-    mac: str | None  # runtimeConfig's, set on the pod end
+    mac: str | None  # the requested one, set on the pod end
     mtu: int | None  # of both ends (None: the kernel's default)
 
     def configure(self, addressing: Addressing) -> Result:

@@ -35,6 +35,11 @@ def acquire(fd: int, timeout: float, *, shared: bool = False) -> bool:
         delay = min(delay * 2, _MAX_POLL_SECONDS)
 
 
+def lock_path(lock_dir: str, name: str) -> str:
+    """The lock file of a host object name in lock_dir (a host link, a VRF, 'host', …)."""
+    return os.path.join(lock_dir, f"{name}.lock")
+
+
 @contextmanager
 def file_lock(path: str, timeout: float, *, shared: bool = False) -> Iterator[None]:
     """Hold an exclusive flock on path (shared: with other shared holders only); code 11 if

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import secrets
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
@@ -20,9 +19,10 @@ from functools import cached_property
 from typing import Any
 
 from cni_plugin.core.deadline import Deadline
-from cni_plugin.core.locks import file_lock
+from cni_plugin.core.locks import file_lock, lock_path
+from netconf.capabilities import requested_mac
 from netconf.config import NetConf, decode_json, lookup_ci, parse_netconf
-from netconf.errors import INVALID_CONFIG, INVALID_ENV, CniError
+from netconf.errors import INVALID_ENV, CniError
 from netconf.host import HostSettings, resolve_host_settings
 from netconf.runtime import CniArgs, RuntimeEnv, check_known_args
 
@@ -32,7 +32,6 @@ from netconf.runtime import CniArgs, RuntimeEnv, check_known_args
 STATUS_TIMEOUT_S = 4.0
 
 NODE_ENV_PREFIX = "VPC_ATTACH_"
-MAC_PATTERN = re.compile(r"^([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}$")
 
 
 @dataclass(frozen=True)
@@ -96,6 +95,8 @@ class Invocation:
     attempt: str = field(compare=False)  # random token of this invocation (created-by)
     # The request's VPC_ATTACH_* settings (the node's): an IPAM delegate gets them too.
     node_env: Mapping[str, str] = field(default_factory=dict, compare=False)
+    # The workload link's MAC the runtime asked for (the `mac` capability), validated.
+    mac: str | None = None
 
     @classmethod
     def parse(cls, request: Request) -> Invocation:
@@ -106,10 +107,10 @@ class Invocation:
         host = resolve_host_settings(raw, request.environ)
         conf = parse_netconf(raw)
         args = {**env.cni_args, **conf.cni_args()}  # config args.cni wins (SPEC §3)
-        check_known_args(args)
+        check_known_args(env.cni_args, conf.cni_args())
         if env.netns and env.command in ("ADD", "CHECK"):
             _check_netns(env.netns, veth=conf.attachment == "veth")
-        _check_runtime_mac(conf)
+        mac = requested_mac(raw, env.cni_args)
         pod = PodRef(args.get("K8S_POD_NAMESPACE"), args.get("K8S_POD_NAME"),
                      args.get("K8S_POD_UID"), args.get("K8S_POD_INFRA_CONTAINER_ID"))
         seconds = host.timeout_seconds
@@ -120,7 +121,7 @@ class Invocation:
         return cls(env=env, conf=conf, raw=raw, stdin=request.stdin, host=host, pod=pod,
                    deadline=forward, final_deadline=final, attempt=secrets.token_hex(6),
                    node_env={k: v for k, v in request.environ.items()
-                             if k.startswith(NODE_ENV_PREFIX)})
+                             if k.startswith(NODE_ENV_PREFIX)}, mac=mac)
 
     @property
     def namespace(self) -> str:
@@ -129,7 +130,7 @@ class Invocation:
 
     def lock_path(self, name: str) -> str:
         """Lock file for a host object name (a host link, or 'host' for shared state)."""
-        return os.path.join(self.host.lock_dir, f"{name}.lock")
+        return lock_path(self.host.lock_dir, name)
 
     def container_lock(self) -> AbstractContextManager[None]:
         """The lock of this (container, ifname), held for a whole ADD or DEL (SPEC §9), so the
@@ -162,11 +163,4 @@ def _same_file(path: str, other: str) -> bool:
     except OSError:
         return False  # a netns that does not exist is reported where it is opened
     return (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)
-
-
-def _check_runtime_mac(conf: NetConf) -> None:
-    mac = lookup_ci(conf.runtime_config, "mac")
-    if mac is not None and not (isinstance(mac, str) and MAC_PATTERN.match(mac)):
-        raise CniError(INVALID_CONFIG, f"invalid config key 'runtimeConfig.mac': {mac!r}",
-                       "expected a MAC address like 0a:58:0a:00:00:05")
 

@@ -65,6 +65,8 @@ CLUSTER_ROLE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("", "namespaces", ("get", "list", "watch")),
     ("vpc-attach.datum.net", "ipamblocks", ("get", "list", "create", "delete")),
     ("", "nodes", ("get",)),
+    ("k8s.cni.cncf.io", "ipamclaims", ("get", "list", "watch")),
+    ("k8s.cni.cncf.io", "ipamclaims/status", ("update",)),
     ("events.k8s.io", "events", ("create", "patch")),
     ("authorization.k8s.io", "selfsubjectaccessreviews", ("create",)),
 )
@@ -432,7 +434,8 @@ def rbac(node: Node) -> list[Finding]:
 
 def _allowed(client: KubeClient, group: str, resource: str, verb: str,
              namespace: str | None) -> bool:
-    attrs = {"group": group, "resource": resource, "verb": verb}
+    resource, _, subresource = resource.partition("/")  # e.g. ipamclaims/status
+    attrs = {"group": group, "resource": resource, "subresource": subresource, "verb": verb}
     if namespace:
         attrs["namespace"] = namespace
     body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",

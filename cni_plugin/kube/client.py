@@ -106,20 +106,23 @@ NODES = Resource("", "v1", "nodes", "Node", namespaced=False)  # owners of node-
 @dataclass(frozen=True)
 class Target:
     """What a request is about: a resource's collection (in a namespace, if given), or one
-    object of it by name."""
+    object of it by name, or a subresource of that object (e.g. `status`)."""
 
     resource: Resource
     namespace: str | None = None
     name: str | None = None
+    subresource: str | None = None
 
     def path(self) -> str:
-        """The URL path of the collection or object."""
-        return self.resource.path(self.namespace, self.name)
+        """The URL path of the collection, object or subresource."""
+        path = self.resource.path(self.namespace, self.name)
+        return f"{path}/{self.subresource}" if self.name and self.subresource else path
 
     def describe(self, method: str) -> str:
-        """E.g. 'update BGPAdvertisement galactic-system/3e-3e', 'list Pod'."""
+        """E.g. 'update BGPAdvertisement galactic-system/3e-3e', 'list Pod',
+        'update IPAMClaim vms/vm-a.blue/status'."""
         namespace = self.namespace if self.resource.namespaced else None
-        where = "/".join(p for p in (namespace, self.name) if p)
+        where = "/".join(p for p in (namespace, self.name, self.subresource) if p)
         verb = "list" if method == "GET" and not self.name else _VERBS.get(method, "")
         return " ".join(p for p in (verb, self.resource.kind, where) if p)
 
@@ -360,7 +363,8 @@ def _api_error(status: int, data: bytes, method: str, path: str,
 def update_with_retry(client: KubeClient, resource: Resource, name: str, *,
                       namespace: str | None = None, deadline: Deadline,
                       mutate: Callable[[dict[str, Any]], bool],
-                      read: dict[str, Any] | None = None) -> dict[str, Any] | None:
+                      read: dict[str, Any] | None = None,
+                      subresource: str | None = None) -> dict[str, Any] | None:
     """Read-modify-write with re-read on 409 until the deadline; None if the object does not
     exist.
 
@@ -368,8 +372,9 @@ def update_with_retry(client: KubeClient, resource: Resource, name: str, *,
     the object as the caller read it a moment ago, used (a copy) instead of the first GET; the
     PUT carries its resourceVersion, so a stale read costs a conflict and a re-read. Between
     conflicts a short random pause spreads writers that keep colliding (many nodes merging
-    into one shared object at once)."""
-    target = Target(resource, namespace, name)
+    into one shared object at once). `subresource` (e.g. "status"): the PUT goes there, so
+    only what that subresource owns changes; the object is still read whole."""
+    target = Target(resource, namespace, name, subresource)
     conflicts = 0
     first = copy.deepcopy(read) if read is not None else None
     while True:

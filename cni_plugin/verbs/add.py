@@ -11,6 +11,7 @@ from __future__ import annotations
 from cni_plugin.attachment import sid
 from cni_plugin.attachment.create import Created, open_links
 from cni_plugin.attachment.node import lock_attachment
+from cni_plugin.attachment.ref import AttachmentRef
 from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Invocation
@@ -20,6 +21,7 @@ from cni_plugin.publish import Publication, Publisher
 from cni_plugin.publish.source import VerbCluster
 from cni_plugin.tenancy import admit, choice
 from cni_plugin.verbs.collaborators import Collaborators
+from cni_plugin.verbs.facts import attachment_of, link_options_of
 from netconf.errors import INVALID_CONFIG, CniError
 from netconf.result import Result
 
@@ -51,33 +53,39 @@ def _add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborators) ->
             with publisher.api_settle_instance_thread(rollback) as publication:
                 publication.api_publish(Addressing.from_result(result))
             return result
-        with lock_attachment(inv), open_links(inv) as kernel:
+        attachment = attachment_of(inv)  # what the kernel steps read of the request
+        lock_dir, node_env = inv.host.lock_dir, inv.node_env
+        with lock_attachment(attachment.vpc, attachment.vpcattachment, lock_dir=lock_dir,
+                             deadline=inv.deadline), \
+                open_links(attachment, link_options_of(inv), lock_dir=lock_dir,
+                           node_env=node_env, deadline=inv.deadline) as kernel:
             ipam: delegate.PendingAdd = start_ipam_add(inv, rollback)
             # The VRF exists before galactic-router can read the VPC's instance: it resolves
             # the VPC's table through it once (SPEC §15).
             vpc_table = kernel.ensure_vpc_table(keeps_table=publisher.publishes_instance)
             mtu = kernel.mtu(encapsulated=publisher.announces_sids and
-                             sid.galactic_datapath(inv.node_env))
+                             sid.galactic_datapath(node_env))
             with publisher.api_settle_instance_thread(rollback) as publication:
                 created = kernel.create(rollback, vpc_table, mtu)
                 addressing = Addressing.from_result(ipam.result())  # waits for the delegate
                 result = chain(prev, created.configure(addressing))
-                answer_sid(inv, publication, created, addressing, rollback)
+                answer_sid(inv, attachment, publication, created, addressing, rollback)
                 publication.api_publish(addressing)
     return result
 
 
-def answer_sid(inv: Invocation, publication: Publication, created: Created,
-               addressing: Addressing, rollback: Rollback) -> None:
+def answer_sid(inv: Invocation, attachment: AttachmentRef, publication: Publication,
+               created: Created, addressing: Addressing, rollback: Rollback) -> None:
     """Before the attachment is announced, the node answers the VPC's SID, where it has one
     (VRF isolation, a router with a locator and node ID)."""
     settled = publication.settled()
     if settled is None or settled.sid is None or inv.conf.isolation != "vrf":
         return
     assert settled.locator is not None and settled.node_id is not None  # they made the SID
-    sid.answer_sid(inv, created.host_link, created.vpc_table.table,
+    sid.answer_sid(attachment, created.host_link, created.vpc_table.table,
                    sid.VpcSid(settled.sid, settled.locator, settled.node_id, settled.vrf_id),
-                   addressing, rollback)
+                   addressing, rollback, lock_dir=inv.host.lock_dir, node_env=inv.node_env,
+                   deadline=inv.deadline)
 
 
 def start_ipam_add(inv: Invocation, rollback: Rollback) -> delegate.PendingAdd:

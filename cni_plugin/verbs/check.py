@@ -10,6 +10,7 @@ from cni_plugin.ipam import delegate
 from cni_plugin.publish import published_differences, published_sid
 from cni_plugin.tenancy import resolve_recorded
 from cni_plugin.verbs.collaborators import Collaborators
+from cni_plugin.verbs.facts import attachment_of
 from netconf.errors import (
     CHECK_MISMATCH,
     INCOMPATIBLE_VERSION,
@@ -34,16 +35,20 @@ def check(inv: Invocation, collaborators: Collaborators) -> None:
                        f"{inv.env.container_id!r} on {inv.env.ifname}")
     inv = chosen
     addressing = Addressing.from_result(prev)
+    attachment = attachment_of(inv)  # what the kernel steps read of the request
     diffs: list[str] = []
     if inv.conf.attachment != "existing":
-        diffs.extend(attachment_differences(inv, prev, addressing))
+        diffs.extend(attachment_differences(attachment, prev, addressing,
+                                            mode=inv.conf.isolation, mtu=inv.conf.mtu,
+                                            deadline=inv.deadline))
     with collaborators.verb_cluster(inv) as cluster:  # one API client for CHECK
         diffs.extend(published_differences(inv, cluster, addressing))
         if inv.conf.attachment != "existing" and inv.conf.isolation == "vrf":
             settled = published_sid(inv, cluster)
             if settled is not None and settled.sid and settled.locator and settled.node_id:
-                diffs.extend(sid_differences(inv, VpcSid(
-                    settled.sid, settled.locator, settled.node_id, settled.vrf_id), addressing))
+                diffs.extend(sid_differences(attachment, VpcSid(
+                    settled.sid, settled.locator, settled.node_id, settled.vrf_id), addressing,
+                    node_env=inv.node_env, deadline=inv.deadline))
     if diffs:
         raise CniError(CHECK_MISMATCH, f"CHECK found {len(diffs)} difference(s): {diffs[0]}",
                        "; ".join(diffs))

@@ -14,6 +14,7 @@ from cni_plugin.publish import unpublish
 from cni_plugin.publish.source import VerbCluster
 from cni_plugin.tenancy import choice, resolve_recorded
 from cni_plugin.verbs.collaborators import Collaborators
+from cni_plugin.verbs.facts import attachment_of
 from netconf.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, INVALID_CONFIG, CniError
 
 log = logging.getLogger(__name__)
@@ -63,11 +64,20 @@ def _undo_add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborator
     _best_effort(failures, "withdraw published objects",
                  lambda: unpublish(inv, cluster))
     if inv.conf.attachment != "existing":
+        attachment = attachment_of(inv)  # what the kernel steps read of the request
+        lock_dir, node_env, deadline = inv.host.lock_dir, inv.node_env, inv.deadline
+
         def remove_links() -> None:
-            with lock_attachment(inv):
-                unregister_datapath(inv)  # galactic's rows first, then the links
-                detach(inv, collaborators.delete_retired_later)
-            release_unused_vpc(inv)  # the VPC's table/VRF if this was its last link
+            with lock_attachment(attachment.vpc, attachment.vpcattachment, lock_dir=lock_dir,
+                                 deadline=deadline):
+                # galactic's rows first, then the links
+                unregister_datapath(attachment.owner, lock_dir=lock_dir, node_env=node_env,
+                                    deadline=deadline)
+                detach(attachment, deadline=deadline,
+                       delete_later=collaborators.delete_retired_later)
+            # The VPC's table/VRF if this was its last link.
+            release_unused_vpc(attachment.vpc, inv.conf.isolation, lock_dir=lock_dir,
+                               node_env=node_env, deadline=deadline)
         _best_effort(failures, "remove links", remove_links)
     if failures:
         raise failures[0]

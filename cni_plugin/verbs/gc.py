@@ -115,7 +115,8 @@ def _collect_links(ipr: Rtnl, inv: Invocation, valid: set[tuple[str, str]]) -> N
 
 
 def _collect_registrations(inv: Invocation, valid: set[tuple[str, str]]) -> None:
-    for collected in collect_registrations(inv, valid):
+    for collected in collect_registrations(inv.conf.name, valid, lock_dir=inv.host.lock_dir,
+                                           node_env=inv.node_env, deadline=inv.deadline):
         log.info("GC: removed the rows of %s from galactic's datapath", collected)
 
 
@@ -124,14 +125,17 @@ def _collect_instance(inv: Invocation, cluster: VerbCluster,
     """The VPC's BGPVRFInstance if unused; once it is gone, the VPC's table id is free again."""
     gone = collect_unused_instance(inv, cluster, valid, attached)
     if gone and inv.conf.isolation == "vrf" and inv.conf.attachment != "existing" \
-            and forget_kept_table(inv):
+            and forget_kept_table(inv.conf.vpc, lock_dir=inv.host.lock_dir,
+                                  deadline=inv.deadline):
         log.info("GC: VPC %s keeps no table id any more (its BGPVRFInstance is gone)",
                  inv.conf.vpc)
 
 
 def _release_vpc(inv: Invocation) -> None:
     if inv.conf.attachment != "existing":
-        table = release_unused_vpc(inv)
+        table = release_unused_vpc(inv.conf.vpc, inv.conf.isolation,
+                                   lock_dir=inv.host.lock_dir, node_env=inv.node_env,
+                                   deadline=inv.deadline)
         if table is not None:
             log.info("GC: removed table %d of VPC %s (no attachment left)", table, inv.conf.vpc)
 

@@ -67,6 +67,12 @@ class IpamFiles:
         """The addresses (record names) this attachment holds."""
         return sorted(key.split("/", 1)[1] for key in self.held_by(container_id, ifname))
 
+    def holders(self) -> dict[str, str]:
+        """address -> `containerID@ifname` of every readable record (addresses are unique
+        per pool; a test with one pool per family reads each once)."""
+        return {key.split("/", 1)[1]: f"{owner[0]}@{owner[1]}"
+                for key, owner in self.records.items() if owner is not None}
+
     def index_sound(self) -> bool:
         """Whether every index entry names a record of its own attachment."""
         for key, name in self.index.items():

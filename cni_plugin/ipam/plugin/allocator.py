@@ -6,12 +6,17 @@ configured pools, so records survive no config change unreleased.
 
 A pool of `scope: cluster` allocates only inside the cluster blocks this node holds and claims
 another block through the API (`claims.py`, under the same lock) only when they are full.
+
+A requested address (`requests.py`) is reserved under the same lock, so two containers asking
+for it at once cannot both get it; in a cluster pool only inside a block this node holds or
+claims for it, never in another node's.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cni_plugin.ipam.plugin import claims
@@ -19,7 +24,9 @@ from cni_plugin.ipam.plugin.blocks import pool_hash
 from cni_plugin.ipam.plugin.claims import BlockApi
 from cni_plugin.ipam.plugin.config import IpamConfig
 from cni_plugin.ipam.plugin.pool import Pool
+from cni_plugin.ipam.plugin.requests import PoolRequest
 from cni_plugin.ipam.plugin.store import Attachment, PoolState, Record, io_error
+from netconf.capabilities import invalid_request
 from netconf.errors import INTERNAL_ERROR, IPAM_EXHAUSTED, CniError
 
 log = logging.getLogger(__name__)
@@ -45,18 +52,28 @@ def pool_state(conf: IpamConfig, pool: Pool) -> PoolState:
 
 
 def allocate(conf: IpamConfig, pool: Pool, attachment: Attachment,
-             blocks: BlockApi | None = None) -> Allocation:
-    """The block `attachment` holds in `pool`, reserving the next free one if none (code 102).
-    blocks: the cluster's IPAMBlocks, for a pool of `scope: cluster`."""
+             blocks: BlockApi | None = None, requested: PoolRequest | None = None,
+             ) -> Allocation:
+    """The block `attachment` holds in `pool`, reserving the requested one, else the next
+    free one, if none (code 102). blocks: the cluster's IPAMBlocks, for a pool of `scope:
+    cluster`."""
     with pool_state(conf, pool).locked() as state:
         held = state.lookup(attachment)
         if held is None and (held := state.find(attachment)) is not None:
             state.reindex(attachment, held)  # its entry was lost: a crash or damage
         index = pool.index_of_name(held) if held is not None else None
         if index is not None:
+            if requested is not None and requested.index != index:
+                raise invalid_request(requested.source, f"{requested.requested.text} was "
+                                      f"requested, but container {attachment.container_id!r} "
+                                      f"interface {attachment.ifname!r} holds "
+                                      f"{pool.answer(index)} in pool {pool.subnet}",
+                                      "a repeated ADD keeps the address it has; DEL first")
             return Allocation(pool, index, created=False)
         name: str | None
-        if conf.scope == "cluster":
+        if requested is not None:
+            name = _reserve_requested(conf, state, attachment, blocks, requested)
+        elif conf.scope == "cluster":
             name = _reserve_in_cluster(conf, pool, state, attachment, blocks)
         else:
             after = pool.index_of_name(state.cursor() or "")
@@ -84,13 +101,38 @@ def _reserve_in_cluster(conf: IpamConfig, pool: Pool, state: PoolState, attachme
     return name
 
 
+def _reserve_requested(conf: IpamConfig, state: PoolState, attachment: Attachment,
+                       blocks: BlockApi | None, requested: PoolRequest) -> str:
+    """The requested allocation, reserved for attachment; code 102 naming who holds it (in a
+    cluster pool: the node holding its block, or the container on this node)."""
+    pool, index = requested.pool, requested.index
+    if conf.scope == "cluster":
+        if blocks is None:
+            raise CniError(INTERNAL_ERROR, f"pool {pool.subnet} has scope 'cluster' but no "
+                           "API was given to claim a block")
+        claims.hold_block_of(state, conf.network, pool, index, blocks)
+    name = pool.record_name(index)
+    if state.reserve(attachment, [name]) is not None:
+        return name
+    record = state.read_record(name)
+    holder = record.attachment if record is not None else None
+    who = (f"container {holder.container_id!r} interface {holder.ifname!r}" if holder
+           else "an unreadable record (the next GC removes it)")
+    raise CniError(IPAM_EXHAUSTED, f"requested address {pool.answer(index)} of pool "
+                   f"{pool.subnet} is taken: {who} holds it",
+                   f"network {conf.network!r}; requested by {requested.source}")
+
+
 def allocate_all(conf: IpamConfig, attachment: Attachment,
-                 blocks: BlockApi | None = None) -> list[Allocation]:
-    """One block per active pool; what this call reserved is released if a later pool fails."""
+                 blocks: BlockApi | None = None,
+                 requested: Mapping[Pool, PoolRequest] | None = None) -> list[Allocation]:
+    """One block per active pool, the requested one where a request names it; what this call
+    reserved is released if a later pool fails."""
     allocations: list[Allocation] = []
     try:
         for pool in conf.pools:
-            allocations.append(allocate(conf, pool, attachment, blocks))
+            allocations.append(allocate(conf, pool, attachment, blocks,
+                                        (requested or {}).get(pool)))
     except CniError:
         for done in reversed(allocations):
             if done.created:

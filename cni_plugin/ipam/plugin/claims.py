@@ -30,7 +30,7 @@ from cni_plugin.ipam.plugin.blocks import (
 )
 from cni_plugin.ipam.plugin.pool import Pool
 from cni_plugin.ipam.plugin.store import Attachment, BlockRecord, PoolState
-from netconf.errors import IPAM_EXHAUSTED, CniError
+from netconf.errors import IPAM_EXHAUSTED, TRY_AGAIN_LATER, CniError
 
 log = logging.getLogger(__name__)
 CLAIMING, HELD = "claiming", "held"
@@ -121,28 +121,68 @@ def claim(state: PoolState, network: str, pool: Pool, api: BlockApi) -> ClusterB
                                               HELD))
                 return block
             continue
-        state.write_block(BlockRecord(block.name, str(block.cidr), None, CLAIMING))
-        try:
-            created = api.create(block, node_uid)
-            if created is None:  # another node won the race, or our own answer was lost
-                current = api.get(block.name)
-                created = current if current is not None and node_of(current) == api.node \
-                    else None
-        except BaseException:
-            _forget(state, block.name)
-            raise
-        if created is None:
-            _forget(state, block.name)
-            continue
-        state.write_block(BlockRecord(block.name, str(block.cidr), uid_of(created), HELD))
-        log.info("claimed IPAM block %s (%s) of pool %s for node %s", block.name, block.cidr,
-                 pool.subnet, api.node)
-        return block
+        if _create_claim(state, pool, block, api, node_uid):
+            return block
     mine = sum(1 for o in listed.values() if node_of(o) == api.node)
     raise CniError(IPAM_EXHAUSTED, f"pool {pool.subnet} of network {network!r} is exhausted "
                    "across the cluster",
                    f"all {count} blocks of {block_size_text(pool)} are claimed, {mine} by this "
                    f"node ({api.node}) and full; other nodes' blocks are not borrowed")
+
+
+def _create_claim(state: PoolState, pool: Pool, block: ClusterBlock, api: BlockApi,
+                  node_uid: str) -> bool:
+    """Create block's IPAMBlock for this node, its local record written `claiming` first and
+    `held` after; False (and no record) when another node has it."""
+    state.write_block(BlockRecord(block.name, str(block.cidr), None, CLAIMING))
+    try:
+        created = api.create(block, node_uid)
+        if created is None:  # another node won the race, or our own answer was lost
+            current = api.get(block.name)
+            created = current if current is not None and node_of(current) == api.node \
+                else None
+    except BaseException:
+        _forget(state, block.name)
+        raise
+    if created is None:
+        _forget(state, block.name)
+        return False
+    state.write_block(BlockRecord(block.name, str(block.cidr), uid_of(created), HELD))
+    log.info("claimed IPAM block %s (%s) of pool %s for node %s", block.name, block.cidr,
+             pool.subnet, api.node)
+    return True
+
+
+def hold_block_of(state: PoolState, network: str, pool: Pool, index: int,
+                  api: BlockApi) -> None:
+    """Make sure this node holds the cluster block of allocation `index` (a requested
+    address): held already, adopted, or claimed now; code 102 naming the node that holds it
+    otherwise (addresses are not lent across nodes)."""
+    block = block_of_index(network, pool, index)
+
+    def held() -> bool:
+        return any(record.name == block.name for record, _ in held_blocks(state, network, pool))
+
+    if held():  # the common case of a request: asks the API nothing
+        return
+    settle(state, network, pool, api)
+    if held():
+        return
+    current = api.get(block.name)
+    if current is None:
+        if _create_claim(state, pool, block, api, api.node_uid()):
+            return
+        current = api.get(block.name)
+    if current is not None and node_of(current) == api.node:  # ours without a local record
+        state.write_block(BlockRecord(block.name, str(block.cidr), uid_of(current), HELD))
+        return
+    if current is None:  # deleted between our create and our read: ask again
+        raise CniError(TRY_AGAIN_LATER, f"IPAM block {block.name} ({block.cidr}) changed "
+                       "while it was being claimed")
+    raise CniError(IPAM_EXHAUSTED, f"requested address {pool.answer(index)} of pool "
+                   f"{pool.subnet} is in IPAM block {block.name} ({block.cidr}), held by node "
+                   f"{node_of(current)!r}", f"network {network!r}: this node ({api.node}) "
+                   "allocates only in blocks it holds; addresses are not lent across nodes")
 
 
 def reassert(state: PoolState, network: str, pool: Pool, api: BlockApi,

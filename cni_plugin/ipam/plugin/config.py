@@ -18,7 +18,7 @@ from pydantic import Field, ValidationError
 
 from cni_plugin.ipam.plugin.pool import DEFAULT_IPV6_BLOCK_PREFIX, IPAddress, IPNetwork, Pool
 from netconf.config import _Strict, config_version, lookup_ci
-from netconf.errors import INVALID_CONFIG, CniError
+from netconf.errors import INVALID_CONFIG, CniError, quoted
 from netconf.host import IPAM_DATA_ROOT_ENV, IPAM_DATA_ROOT_KEY, ipam_data_root, read_host_file
 from netconf.result import Route
 
@@ -179,11 +179,11 @@ def _shape_error(exc: ValidationError) -> CniError:
     err = exc.errors()[0]
     where = ".".join(["ipam", *(str(p) for p in err["loc"])])
     if err["type"] == "extra_forbidden":
-        return CniError(INVALID_CONFIG, f"unknown config key {where!r}")
+        return CniError(INVALID_CONFIG, f"unknown config key {quoted(where)}")
     if err["type"] == "missing":
-        return CniError(INVALID_CONFIG, f"missing config key {where!r}")
+        return CniError(INVALID_CONFIG, f"missing config key {quoted(where)}")
     message = err["msg"].removeprefix("Value error, ")
-    return CniError(INVALID_CONFIG, f"invalid config key {where!r}: {message}")
+    return CniError(INVALID_CONFIG, f"invalid config key {quoted(where)}: {message}")
 
 
 def _blank(value: str | None) -> bool:

@@ -85,6 +85,12 @@ class Pool:
     def _index_of(self, address: IPAddress) -> int:
         return (int(address) - int(self.subnet.network_address)) >> self._block_bits
 
+    def index_containing(self, address: IPAddress) -> int | None:
+        """The block `address` lies in; None outside the subnet (or of the other family)."""
+        if address.version != self.family or address not in self.subnet:
+            return None
+        return self._index_of(address)
+
     def record_name(self, index: int) -> str:
         """The name of block `index` on disk: its first address, e.g. `fd00::1:0:0`."""
         return str(self.block(index).network_address)

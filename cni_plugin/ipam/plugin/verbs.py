@@ -20,7 +20,10 @@ from cni_plugin.ipam.plugin.config import (
     parse_network,
 )
 from cni_plugin.ipam.plugin.kubeblocks import KubeBlockApi, block_api, node_settings
+from cni_plugin.ipam.plugin.pool import Pool
+from cni_plugin.ipam.plugin.requests import PoolRequest, match_pools
 from cni_plugin.ipam.plugin.store import Attachment
+from netconf.capabilities import requested_ips
 from netconf.config import lookup_ci
 from netconf.errors import (
     CHECK_MISMATCH,
@@ -46,6 +49,7 @@ class IpamInvocation:
     conf: IpamConfig
     raw: dict[str, Any]
     environ: Mapping[str, str]  # the node's settings (VPC_ATTACH_*) come from here
+    requested: Mapping[Pool, PoolRequest]  # the `ips` capability, by the pool it names
 
     @classmethod
     def parse(cls, request: Request) -> IpamInvocation:
@@ -53,9 +57,12 @@ class IpamInvocation:
         env = RuntimeEnv.from_environ(request.environ, request.cni_args)
         raw = request.config()
         conf = parse_network(raw)
-        check_known_args({**env.cni_args, **_config_cni_args(raw)})  # args.cni wins (SPEC §3)
+        check_known_args(env.cni_args, _config_cni_args(raw))  # args.cni wins (SPEC §3)
         conf = confine_data_dir(conf, request.environ)  # before anything touches the disk
-        return cls(env=env, conf=conf, raw=raw, environ=request.environ)
+        requested: Mapping[Pool, PoolRequest] = {}
+        if env.command in ("ADD", "CHECK"):  # DEL and GC release whatever is held
+            requested = match_pools(conf, requested_ips(raw, env.cni_args))
+        return cls(env=env, conf=conf, raw=raw, environ=request.environ, requested=requested)
 
     @property
     def attachment(self) -> Attachment:
@@ -92,7 +99,7 @@ def add(request: Request) -> Result:
         return Result(ips=[_fixed_ip(fixed) for fixed in conf.fixed], routes=list(conf.routes))
     blocks = inv.blocks(required=True)  # code 7 before any change without a node identity
     try:
-        allocations = allocator.allocate_all(conf, inv.attachment, blocks)
+        allocations = allocator.allocate_all(conf, inv.attachment, blocks, inv.requested)
     finally:
         if blocks is not None:
             blocks.close()
@@ -131,11 +138,15 @@ def check(request: Request) -> None:
     expected: list[str] = [str(fixed.address) for fixed in inv.conf.fixed]
     for pool in inv.conf.pools:
         held = allocator.held(inv.conf, pool, inv.attachment)
+        requested = inv.requested.get(pool)
         if held is None:
             diffs.append(f"no allocation for container {inv.env.container_id!r} ifname "
                          f"{inv.env.ifname!r} in pool {pool.subnet}")
         else:
             expected.append(held.address)
+            if requested is not None and requested.index != held.index:
+                diffs.append(f"{held.address} is held in pool {pool.subnet}, "
+                             f"{requested.requested.text} was requested")
     if listed is not None:
         diffs.extend(f"address {address} is missing from prevResult" for address in expected
                      if ipaddress.ip_interface(address).ip not in listed)

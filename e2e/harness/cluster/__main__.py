@@ -13,6 +13,7 @@ import logging
 import sys
 from pathlib import Path
 
+from e2e.harness import ipamclaims
 from e2e.harness.cluster import build
 from e2e.harness.cluster.cluster import Cluster, ClusterError, down
 from e2e.harness.cluster.processes import ProcessExited
@@ -65,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             for name, path in built.items():
                 print(f"{name}: {path}", file=sys.stderr)
+            # What `up` applies besides packaging/: fetched now, so `up` needs no network.
+            print(f"ipamclaims: {ipamclaims.module_dir()}", file=sys.stderr)
         elif args.command == "pin-kubernetes":
             print(build.pin_kubernetes(args.version, args.module_dir), file=sys.stderr)
         elif args.command == "up":
@@ -80,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         else:
             down(args.state_dir)
-    except (build.BuildError, ClusterError, ApiError, ProcessExited, TimeoutError, OSError) as exc:
+    except (build.BuildError, ClusterError, ApiError, ProcessExited, TimeoutError, OSError,
+            ipamclaims.ModuleError) as exc:
         logging.getLogger("e2e.harness.cluster").error("%s failed: %s", args.command, exc)
         return 1
     return 0

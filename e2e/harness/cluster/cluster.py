@@ -18,7 +18,7 @@ import signal
 import socket
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -28,6 +28,7 @@ import yaml
 from e2e.harness.cluster import build, processes
 from e2e.harness.cluster.kubeconfig import write_cert_kubeconfig, write_token_kubeconfig
 from e2e.harness.cluster.pki import Pki, create_pki
+from e2e.harness.ipamclaims import ipamclaim_crd
 from e2e.harness.kube import JsonObject, Kube, crd_established
 from e2e.harness.wait import wait_until
 
@@ -120,7 +121,8 @@ class Cluster:
                 (*CONTROLLERS, *extra_controllers),
             )
             with admin:
-                _apply_manifests(admin, manifest_dirs)
+                # Beside ours, the IPAMClaim CRD: read by the plugin, shipped by its own module.
+                _apply_manifests(admin, [*load_manifests(manifest_dirs), ipamclaim_crd()])
                 _wait_default_service_account(admin)
                 token = _mint_plugin_token(admin)
                 _wait_plugin_authorized(server, pki, token)
@@ -529,10 +531,10 @@ def load_manifests(directories: tuple[Path, ...]) -> Iterator[JsonObject]:
                     yield document
 
 
-def _apply_manifests(admin: Kube, manifest_dirs: tuple[Path, ...]) -> None:
+def _apply_manifests(admin: Kube, manifests: Iterable[JsonObject]) -> None:
     admin.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": BGP_NAMESPACE}})
     crds = []
-    for manifest in load_manifests(manifest_dirs):
+    for manifest in manifests:
         log.info("applying %s %s", manifest["kind"], manifest["metadata"]["name"])
         admin.apply(manifest)
         if manifest["kind"] == "CustomResourceDefinition":
