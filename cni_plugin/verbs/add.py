@@ -98,7 +98,11 @@ def start_ipam_add(inv: Invocation, rollback: Rollback) -> delegate.PendingAdd:
 
     def release(deadline: Deadline) -> None:
         pending.settle(deadline)
-        if not pending.failed:  # an ADD it refused allocated nothing
+        if pending.failed:  # an ADD it refused allocated nothing
+            return
+        if pending.undo is not None:  # in-process: exactly what it did, nothing more
+            pending.undo()
+        else:
             ipam.run("DEL", inv.stdin, deadline)
 
     rollback.created(f"IPAM allocation ({ipam.plugin_type})", release)
