@@ -367,6 +367,7 @@ class WarmSession:
         self._cluster = cluster
         self._kubeconfig = kubeconfig
         self._client: KubeClient | None = None
+        self._pods: dict[tuple[str, str], dict[str, Any]] = {}
 
     def client(self) -> KubeClient:
         """The borrowed client."""
@@ -388,8 +389,14 @@ class WarmSession:
         return self._cluster.watch_instances(self._kubeconfig, namespace, router).items()
 
     def pod(self, node: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """A Pod from the watch of this node's Pods."""
-        return self._cluster.watch_pods(self._kubeconfig, node).get(namespace, name)
+        """A Pod from the watch of this node's Pods, else as this verb read it."""
+        cached = self._cluster.watch_pods(self._kubeconfig, node).get(namespace, name)
+        return cached if cached is not None else self._pods.get((namespace, name))
+
+    def remember_pod(self, pod: dict[str, Any]) -> None:
+        """Kept for this verb only (the watch had not seen it yet)."""
+        meta = pod.get("metadata") or {}
+        self._pods[(str(meta.get("namespace")), str(meta.get("name")))] = pod
 
     def shared_may_hold(self, namespace: str, name: str, node: str,
                         deadline: Deadline) -> bool:

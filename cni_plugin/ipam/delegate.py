@@ -26,11 +26,10 @@ from typing import Any, Protocol
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Invocation, Request
 from cni_plugin.ipam.plugin.store import ClaimOwner
+from netconf.config import OWN_IPAM
 from netconf.errors import INVALID_CONFIG, IO_FAILURE, TRY_AGAIN_LATER, CniError
 from netconf.result import Result
 from netconf.runtime import RuntimeEnv
-
-OWN_IPAM = "vpc-attach-ipam"
 
 
 def find_plugin(plugin_type: str, cni_path: tuple[str, ...]) -> str:
@@ -203,8 +202,11 @@ class InProcessIpam:
         return Request(environ=_environ(self.env, command, self.node_env), stdin=stdin)
 
     def _as_delegate(self, exc: CniError, command: str) -> CniError:
-        # What the executable's error answer would have become.
-        return CniError(exc.code, f"IPAM plugin {self.plugin_type!r}: {exc.msg}", exc.details)
+        # What the executable's error answer would have become; the original stays its cause
+        # (an IPAMClaim's failed condition tells a taken address from an exhausted pool).
+        answer = CniError(exc.code, f"IPAM plugin {self.plugin_type!r}: {exc.msg}", exc.details)
+        answer.__cause__ = exc
+        return answer
 
 
 class FinishedAdd:

@@ -16,11 +16,15 @@ import json
 import re
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from e2e.harness.kube import Kube
+from e2e.harness.tenancy import namespace as fresh_namespace
 from e2e.harness.tools.gotools import go_binary, go_env
 
 MODULE = "github.com/k8snetworkplumbingwg/ipamclaims"
@@ -94,3 +98,21 @@ def kubevirt_claim(namespace: str, vm: str, vm_uid: str, network: str,
         },
         "spec": {"network": network_config, "interface": ""},
     }
+
+
+def claims_path(namespace: str, name: str = "") -> str:
+    """The API path of a namespace's IPAMClaims (or one of them)."""
+    path = f"/apis/k8s.cni.cncf.io/v1alpha1/namespaces/{namespace}/ipamclaims"
+    return f"{path}/{name}" if name else path
+
+
+@contextmanager
+def claims_namespace(kube: Kube) -> Iterator[str]:
+    """A namespace of the test's own; the claims in it lose kubevirt's finalizer first (as
+    ipam-extensions' cleanup does once the VM is gone), so the namespace can go."""
+    with fresh_namespace(kube) as name:
+        yield name
+        for claim in kube.list(claims_path(name)):
+            kube.request("PATCH", claims_path(name, claim["metadata"]["name"]),
+                         {"metadata": {"finalizers": None}},
+                         content_type="application/merge-patch+json")

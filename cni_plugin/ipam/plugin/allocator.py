@@ -43,6 +43,11 @@ from netconf.errors import INTERNAL_ERROR, IPAM_EXHAUSTED, CniError
 log = logging.getLogger(__name__)
 
 
+class AddressTaken(CniError):
+    """Code 102 for a requested address another attachment or claim holds (an exhausted pool
+    is plain 102): an IPAMClaim's failed condition says IPAddressConflict for it."""
+
+
 @dataclass(frozen=True)
 class Allocation:
     """A block of a pool held by an attachment; `created` when this call reserved it,
@@ -149,7 +154,7 @@ def _reserve_requested(conf: IpamConfig, state: PoolState, attachment: Attachmen
     if state.reserve(attachment, [name], claim) is not None:
         return name
     record = state.read_record(name)
-    raise CniError(IPAM_EXHAUSTED, f"requested address {pool.answer(index)} of pool "
+    raise AddressTaken(IPAM_EXHAUSTED, f"requested address {pool.answer(index)} of pool "
                    f"{pool.subnet} is taken: {_holder(record)} holds it",
                    f"network {conf.network!r}; requested by {requested.source}")
 
