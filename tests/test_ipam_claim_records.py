@@ -8,7 +8,6 @@ independent reader. No root."""
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from e2e.harness.ipam_files import IpamFiles
 from netconf.errors import INVALID_CONFIG, IPAM_EXHAUSTED, CniError
 from netconf.host import IPAM_DATA_ROOT_ENV
 
-DATA_ROOT = tempfile.gettempdir()  # this node's ipamDataRoot: every tmp_path is below it
 CLAIM = ClaimOwner("vms", "vm1.net1", "uid-1")
 OTHER_CLAIM = ClaimOwner("vms", "vm2.net1", "uid-2")
 
@@ -33,10 +31,12 @@ def network(data_dir: Path, **extra: Any) -> dict[str, Any]:
                      "ipv6_subnet": "fd00:9::/64", "ipv4_subnet": "10.9.0.0/24"}, **extra}
 
 
-def request(command: str, conf: dict[str, Any], container_id: str, **more: Any) -> Request:
+def request(command: str, conf: dict[str, Any], container_id: str, root: Path | None = None,
+            **more: Any) -> Request:
+    """root: the node's ipamDataRoot (default: the dataDir itself, the test's own)."""
     environ = {"CNI_COMMAND": command, "CNI_CONTAINERID": container_id, "CNI_IFNAME": "eth0",
                "CNI_NETNS": "/var/run/netns/x", "CNI_PATH": "/opt/cni/bin",
-               IPAM_DATA_ROOT_ENV: DATA_ROOT}
+               IPAM_DATA_ROOT_ENV: str(root or conf["ipam"]["dataDir"])}
     return Request(environ=environ, stdin=json.dumps({**conf, **more}).encode())
 
 
@@ -167,7 +167,20 @@ def test_free_claim_frees_only_that_claims_records(tmp_path: Path) -> None:
     state = files(tmp_path)
     assert set(state.claims().values()) == {"vms/vm2.net1@uid-2"}
     assert state.index_sound() and sorted(state.index.values()) == ["10.9.0.3", "fd00:9::2:0:0"]
-    assert allocator.claim_uids(str(tmp_path)) == {"uid-2": OTHER_CLAIM}
+    assert allocator.claim_owners(str(tmp_path)) == {"uid-2": OTHER_CLAIM}
+    assert sorted(p.name for p in (tmp_path / ".claims").iterdir()) == ["uid-2"]
+
+
+def test_free_claim_finds_the_claims_pools_under_every_data_dir_of_the_node(
+        tmp_path: Path) -> None:
+    first = network(tmp_path / "a")
+    second = network(tmp_path / "b" / "deeper") | {"name": "net2"}
+    for conf, container in ((first, "c1"), (second, "c2")):
+        verbs.add_owned(request("ADD", conf, container, root=tmp_path), CLAIM)
+    freed = allocator.free_claim(str(tmp_path), CLAIM.uid, lock_timeout=5)
+    assert len(freed) == 4
+    assert files(tmp_path).records == {}
+    assert not (tmp_path / ".claims" / CLAIM.uid).exists()
 
 
 def test_undo_of_a_fresh_claim_reserve_frees_it(tmp_path: Path) -> None:

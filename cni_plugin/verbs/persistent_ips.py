@@ -1,7 +1,8 @@
 """KubeVirt's persistent IPs in ADD (SPEC §16, `allowPersistentIPs`): the IPAMClaim the Pod's
 network-selection element names for this attachment is read before IPAM (`api_read_pod_claim`),
 vpc-attach-ipam keeps its addresses in records the claim owns, and the claim's status is written
-after (`api_record_allocation`, or `api_record_failure`). Every step goes through the verb's one
+after (`api_record_allocation`, or `api_record_failure`). GC frees the records of claims that
+are gone (`api_free_gone_claims`). Every step goes through the verb's one
 cluster session; the Pod comes from the agent's Pod cache when there is one.
 
 The plugin is not told its NetworkAttachmentDefinition, so the element is the one whose
@@ -12,15 +13,18 @@ interface is CNI_IFNAME (asked for, or Multus's `net<position + 1>`), and the cl
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Invocation
 from cni_plugin.ipam import delegate
+from cni_plugin.ipam.ipamclaims import release
 from cni_plugin.ipam.ipamclaims.api import api_read_ipamclaim, api_write_ipamclaim_status
 from cni_plugin.ipam.ipamclaims.claim import Allocated, AllocationFailed, FailureReason, IPAMClaim
 from cni_plugin.ipam.ipamclaims.selection import find_claim_reference
 from cni_plugin.ipam.plugin.allocator import AddressTaken
+from cni_plugin.ipam.plugin.config import DEFAULT_LOCK_TIMEOUT_SECONDS, node_data_root
 from cni_plugin.ipam.plugin.store import ClaimOwner
 from cni_plugin.kube.client import ApiError, api_failure
 from cni_plugin.publish.resources import PODS
@@ -114,3 +118,13 @@ def api_record_failure(cluster: VerbCluster, pod_claim: PodClaim, failure: CniEr
     except CniError as exc:
         log.warning("cannot record the failed allocation in IPAMClaim %s: %s",
                     pod_claim.claim, exc.msg)
+
+
+def api_free_gone_claims(inv: Invocation, cluster: VerbCluster) -> list[str]:
+    """GC with `allowPersistentIPs`: free this node's records of IPAMClaims that no longer
+    exist (a GET of each claim the node holds; never one that exists or cannot be read). The
+    agent's watch does it as soon as a claim goes; this covers nodes without an agent."""
+    root = node_data_root({**os.environ, **inv.node_env})
+    return release.api_free_gone_claims(cluster.session().client(), root,
+                                        lock_timeout=DEFAULT_LOCK_TIMEOUT_SECONDS,
+                                        deadline=inv.deadline)

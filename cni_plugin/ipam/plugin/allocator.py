@@ -23,7 +23,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from cni_plugin.ipam.plugin import claims
+from cni_plugin.ipam.plugin import claimed, claims
 from cni_plugin.ipam.plugin.blocks import pool_hash
 from cni_plugin.ipam.plugin.claims import BlockApi
 from cni_plugin.ipam.plugin.config import IpamConfig
@@ -35,7 +35,6 @@ from cni_plugin.ipam.plugin.store import (
     PoolState,
     Record,
     io_error,
-    pool_directories,
 )
 from netconf.capabilities import invalid_request
 from netconf.errors import INTERNAL_ERROR, IPAM_EXHAUSTED, CniError
@@ -91,6 +90,7 @@ def allocate(conf: IpamConfig, pool: Pool, attachment: Attachment,
             return Allocation(pool, index, created=False)
         if claim is not None and (own := _claims_record(state, claim, requested)) is not None:
             state.adopt(own, attachment)
+            _note(conf, claim, state)
             return _allocation(pool, own.name, created=False, adopted=own)
         name: str | None
         if requested is not None:
@@ -101,11 +101,18 @@ def allocate(conf: IpamConfig, pool: Pool, attachment: Attachment,
             after = pool.index_of_name(state.cursor() or "")
             name = state.reserve(attachment,
                                  (pool.record_name(i) for i in pool.candidates(after)), claim)
+        if name is not None and claim is not None:
+            _note(conf, claim, state)
     if name is None:
         raise CniError(IPAM_EXHAUSTED,
                        f"pool {pool.subnet} of network {conf.network!r} is exhausted",
                        f"all {pool.capacity} allocatable /{pool.block_prefix} blocks are in use")
     return _allocation(pool, name, created=True)
+
+
+def _note(conf: IpamConfig, claim: ClaimOwner, state: PoolState) -> None:
+    if conf.data_root:  # so that the claim's deletion finds this pool (claimed.py)
+        claimed.note(conf.data_root, claim.uid, state.directory)
 
 
 def _allocation(pool: Pool, name: str, *, created: bool,
@@ -203,16 +210,15 @@ def undo(conf: IpamConfig, attachment: Attachment, allocations: list[Allocation]
             log.warning("cannot undo allocation in %s: %s", state.directory, exc.msg)
 
 
-def free_claim(data_dir: str, uid: str, lock_timeout: float) -> list[str]:
-    """Free every record the IPAMClaim with this uid owns, in every pool of every network
-    under data_dir (the claim is gone: the agent's watch, GC); `pool directory/address` of
-    each. Continues past a failing pool and raises its error after visiting the others."""
+def free_claim(data_root: str, uid: str, lock_timeout: float) -> list[str]:
+    """Free every record the IPAMClaim with this uid owns on this node, in the pools noted
+    for it under the node's ipamDataRoot (the claim is gone: the agent's watch, GC);
+    `pool directory/address` of each. Continues past a failing pool and raises its error
+    after visiting the others; the notes go once every pool is done."""
     freed: list[str] = []
     failures: list[CniError] = []
-    for _, _, path in pool_directories(data_dir):
+    for path in claimed.pools_of(data_root, uid):
         state = PoolState(path, lock_timeout)
-        if not state.claimed(uid):  # lock-free look first: most pools hold none
-            continue
         try:
             with state.locked():
                 freed.extend(f"{path}/{r.name}" for r in state.free_claim(uid))
@@ -220,17 +226,19 @@ def free_claim(data_dir: str, uid: str, lock_timeout: float) -> list[str]:
             failures.append(exc)
     if failures:
         raise failures[0]
+    claimed.forget(data_root, uid)
     return freed
 
 
-def claim_uids(data_dir: str) -> dict[str, ClaimOwner]:
-    """uid → claim of every IPAMClaim owning a record under data_dir (lock-free: records
+def claim_owners(data_root: str) -> dict[str, ClaimOwner]:
+    """uid → claim of every IPAMClaim that owns records on this node (lock-free: records
     change atomically)."""
     found: dict[str, ClaimOwner] = {}
-    for _, _, path in pool_directories(data_dir):
-        for record in PoolState(path, 0).records():
-            if record.claim is not None:
-                found.setdefault(record.claim.uid, record.claim)
+    for uid in claimed.uids(data_root):
+        for path in claimed.pools_of(data_root, uid):
+            for record in PoolState(path, 0).claimed(uid):
+                if record.claim is not None:
+                    found.setdefault(uid, record.claim)
     return found
 
 
