@@ -4,7 +4,8 @@ control plane with the real IPAMClaim CRD. Claims are made as kubevirt's ipam-ex
 them and the Pods carry the network-selection element its webhook leaves; no kubelet runs them.
 A Pod with a claim gets addresses and the claim's status says so; the claim's next Pod gets
 exactly those; nobody else can take them (102 naming the claim); DEL and GC keep them; a
-claim for another network, addresses outside the pool and another IPAM are code 7; a Pod
+claim for another network, addresses outside the pool and another IPAM are code 7; a claim
+another writer filled first rolls the ADD back (11) giving back only what it took; a Pod
 without a claim costs the API requests it always did. Claims are read back with the test's
 own admin client, the records with the harness's reader."""
 
@@ -16,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from e2e.harness.faults import start_proxy
+from e2e.harness.faults import Fault, Rule, start_proxy
 from e2e.harness.ipamclaims import Scene, allocated, claim_status, claims_path, vm_scene
 from e2e.harness.kernel import temporary_netns
 from e2e.harness.kube import Kube
-from e2e.harness.plugin import Plugin, base_conf, with_prev
+from e2e.harness.plugin import Answer, Plugin, base_conf, with_prev
 from e2e.harness.report import report
 from e2e.harness.wait import wait_until
 
@@ -198,3 +199,51 @@ def test_an_add_of_a_pod_without_a_claim_makes_the_requests_it_made_without_the_
         assert "GET ipamclaims" not in runs[True]
     finally:
         proxied.stop()
+
+
+def another_writer_fills_the_claim_first(scene: Scene, cluster: Any, claim: str,
+                                         ips: list[str]) -> Answer:
+    """An ADD of the claim's next Pod whose status write meets a claim that another writer
+    (another node's vpc-attach, as the test writes it) gave other addresses just before: the
+    proxy in front of the API server lets the test write them when the plugin's PUT comes."""
+    path = claims_path(scene.namespace, claim)
+
+    def write_first() -> None:
+        stored = scene.kube.get(path)
+        assert stored is not None
+        stored["status"] = {"ips": ips, "ownerPod": {"name": "virt-launcher-elsewhere"}}
+        scene.kube.request("PUT", path + "/status", stored)
+
+    proxied = start_proxy(cluster, scene.data_dir.parent)
+    try:
+        scene.plugin.environ["VPC_ATTACH_KUBECONFIG"] = str(proxied.kubeconfig)
+        proxied.proxy.add(Rule(Fault.FORWARD, method="PUT", resource="ipamclaims",
+                               hook=write_first))
+        with temporary_netns("vpa-pip") as netns:
+            return scene.launcher(scene.pod(claim), "ctr-late", netns).add(scene.conf)
+    finally:
+        proxied.stop()
+
+
+def test_a_claim_another_writer_filled_first_rolls_back_a_fresh_reserve_with_code_11(
+        scene: Scene, cluster: Any) -> None:
+    claim = scene.claim()
+    answer = another_writer_fills_the_claim_first(scene, cluster, claim,
+                                                  ["10.61.0.50/32", "fd00:61::50:0:0/96"])
+    assert answer.code == 11, answer.stdout
+    assert f"IPAMClaim {scene.namespace}/{claim} already holds 10.61.0.50/32, " \
+        "fd00:61::50:0:0/96, recorded by another writer first" in answer.body["msg"]
+    assert scene.files().records == {}, "the ADD's own reserve was freed"
+    assert claim_status(scene.kube, scene.namespace, claim)["ips"] == \
+        ["10.61.0.50/32", "fd00:61::50:0:0/96"]
+
+
+def test_a_claim_another_writer_changed_meanwhile_gives_an_adopted_record_back_as_it_was(
+        scene: Scene, cluster: Any) -> None:
+    claim = scene.claim()
+    scene.attached_and_detached(scene.pod(claim), "ctr-first")
+    before = scene.files()
+    answer = another_writer_fills_the_claim_first(scene, cluster, claim, ["10.61.0.50/32"])
+    assert answer.code == 11, answer.stdout
+    after = scene.files()
+    assert after.bodies == before.bodies and after.index == before.index
