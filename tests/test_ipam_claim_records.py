@@ -8,15 +8,18 @@ independent reader. No root."""
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cni_plugin import dispatch
 from cni_plugin.core.request import Request
 from cni_plugin.ipam.plugin import allocator, verbs
-from cni_plugin.ipam.plugin.store import ClaimOwner
+from cni_plugin.ipam.plugin.store import Attachment, ClaimOwner, PoolState, Record
 from e2e.harness.ipam_files import IpamFiles
 from netconf.errors import INVALID_CONFIG, IPAM_EXHAUSTED, CniError
 from netconf.host import IPAM_DATA_ROOT_ENV
@@ -217,3 +220,18 @@ def test_a_network_config_cannot_name_a_claim(tmp_path: Path) -> None:
                                 "args": {"cni": {"claim": "vms/vm1.net1", "IgnoreUnknown": True}}}
     verbs.add(request("ADD", conf, "c1"))
     assert files(tmp_path).claims() == {}
+
+
+TEXT = st.text(min_size=1, max_size=20)
+
+
+@given(st.one_of(st.none(), st.builds(Attachment, TEXT, TEXT)),
+       st.one_of(st.none(), st.builds(ClaimOwner, TEXT, TEXT, TEXT)))
+def test_a_record_reads_back_as_written(attachment: Attachment | None,
+                                        claim: ClaimOwner | None) -> None:
+    record = Record("10.9.0.2", attachment, claim)
+    with tempfile.TemporaryDirectory() as directory:
+        (Path(directory) / record.name).write_bytes(record.to_json())
+        read = PoolState(directory, 1).read_record(record.name)
+    assert read is not None and read == record
+    assert read.readable == (attachment is not None or claim is not None)
