@@ -141,14 +141,26 @@ def test_claim_addresses_outside_the_pools_are_code_7_naming_the_claim(tmp_path:
     assert files(tmp_path).records == {}
 
 
+def test_a_claim_without_an_address_of_every_pool_is_code_7_naming_the_pool(
+        tmp_path: Path) -> None:
+    # E.g. the network got an IPv4 pool after the claim got its IPv6 address.
+    with pytest.raises(CniError) as caught:
+        add(network(tmp_path), "c1", claim_ips=("fd00:9::7:0:0/96",))
+    assert caught.value.code == INVALID_CONFIG
+    assert caught.value.msg == ("invalid IPAMClaim vms/vm1.net1 status.ips: it holds "
+                                "fd00:9::7:0:0/96, no address of pool 10.9.0.0/24 of network "
+                                "'net1'")
+    assert files(tmp_path).records == {}
+
+
 def test_an_ips_capability_other_than_the_claims_addresses_is_code_7_naming_both(
         tmp_path: Path) -> None:
     conf = network(tmp_path) | {"runtimeConfig": {"ips": ["10.9.0.5"]}}
     with pytest.raises(CniError) as caught:
-        add(conf, "c1", claim_ips=("10.9.0.77/32",))
+        add(conf, "c1", claim_ips=("10.9.0.77/32", "fd00:9::7:0:0/96"))
     assert caught.value.code == INVALID_CONFIG
     assert "'runtimeConfig.ips': it asks for 10.9.0.5, but IPAMClaim vms/vm1.net1 status.ips " \
-        "holds 10.9.0.77/32" in caught.value.msg
+        "holds 10.9.0.77/32, fd00:9::7:0:0/96" in caught.value.msg
 
 
 def test_gc_never_frees_a_claims_records_on_container_grounds(tmp_path: Path) -> None:

@@ -23,7 +23,12 @@ from cni_plugin.ipam.plugin.kubeblocks import KubeBlockApi, block_api, node_sett
 from cni_plugin.ipam.plugin.pool import Pool
 from cni_plugin.ipam.plugin.requests import PoolRequest, match_pools
 from cni_plugin.ipam.plugin.store import Attachment, ClaimOwner
-from netconf.capabilities import RequestedIps, parse_requested_address, requested_ips
+from netconf.capabilities import (
+    RequestedIps,
+    invalid_request,
+    parse_requested_address,
+    requested_ips,
+)
 from netconf.config import lookup_ci
 from netconf.errors import (
     CHECK_MISMATCH,
@@ -142,6 +147,12 @@ def claim_requests(conf: IpamConfig, claim: ClaimOwner, claim_ips: tuple[str, ..
     source = f"IPAMClaim {claim} status.ips"
     addresses = tuple(parse_requested_address(source, ip) for ip in claim_ips)
     matched = match_pools(conf, RequestedIps(addresses, source))
+    uncovered = [pool for pool in conf.pools if pool not in matched]
+    if uncovered:  # its status would never take a second family: every ADD would be 11
+        raise invalid_request(source, f"it holds {', '.join(claim_ips)}, no address of pool "
+                              f"{uncovered[0].subnet} of network {conf.network!r}",
+                              "the claim's addresses are kept as they are: a pool added "
+                              "since (or an address_families change) does not fit it")
     if asked and {r.requested.ip for r in asked.values()} != {a.ip for a in addresses}:
         first = next(iter(asked.values()))
         raise CniError(INVALID_CONFIG, f"invalid config key '{first.source}': it asks for "
