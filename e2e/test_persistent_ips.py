@@ -172,31 +172,37 @@ def test_an_add_of_a_pod_without_a_claim_makes_the_requests_it_made_without_the_
         scene: Scene, cluster: Any, pytestconfig: pytest.Config) -> None:
     """Seen by a proxy between the plugin and the API server, publishing on (the EndpointSlice
     step reads the Pod too): allowPersistentIPs with no claim reference reads the Pod once,
-    for both steps (through the agent: from its Pod cache), and nothing else."""
+    for both steps (through the agent: from its Pod cache), and nothing else; a Pod with a
+    claim adds the claim's GET and its status PUT (reported)."""
     proxied = start_proxy(cluster, scene.data_dir.parent)
     try:
         scene.plugin.environ["VPC_ATTACH_KUBECONFIG"] = str(proxied.kubeconfig)
-        runs: dict[bool, list[str]] = {}
-        for n, setting in enumerate((False, True, False, True)):
+        runs: dict[str, list[str]] = {}
+        claim = scene.claim()
+        cases = [("allowPersistentIPs false", False, None), ("no claim", True, None),
+                 ("allowPersistentIPs false", False, None), ("no claim", True, None),
+                 ("with a claim", True, claim)]
+        for n, (case, setting, claimed) in enumerate(cases):
             conf = {**scene.conf, "allowPersistentIPs": setting,
                     "publish": {"bgp": False, "endpointSlice": True}}
             with temporary_netns("vpa-pip") as netns:
-                launcher = scene.launcher(scene.pod(None), f"ctr-{n}", netns)
+                launcher = scene.launcher(scene.pod(claimed), f"ctr-{n}", netns)
                 mark = len(proxied.proxy.seen())
                 result = launcher.ok("ADD", conf)
                 wait_until("the proxy to record the ADD's requests",
                            lambda: proxied.proxy.in_flight() == 0, 10, interval=0.05)
-                runs[setting] = sorted(
+                runs[case] = sorted(
                     f"{s.method} {s.resource}" for s in proxied.proxy.seen()[mark:]
                     if "watch=1" not in s.path and s.resource not in ("events", None))
                 launcher.ok("DEL", with_prev(conf, result))
         # The second pair counts (the first warms an agent's caches).
-        report(pytestconfig, "API requests of an ADD of a Pod without a claim",
-               scene.data_dir.parent / "requests.json",
-               {f"allowPersistentIPs {setting}": {"count": len(seen), "requests": seen}
-                for setting, seen in runs.items()})
-        assert runs[True] == runs[False], runs
-        assert "GET ipamclaims" not in runs[True]
+        report(pytestconfig, "API requests of an ADD (allowPersistentIPs: false, true without "
+               "a claim, with a claim)", scene.data_dir.parent / "requests.json",
+               {case: {"count": len(seen), "requests": seen} for case, seen in runs.items()})
+        assert runs["no claim"] == runs["allowPersistentIPs false"], runs
+        assert "GET ipamclaims" not in runs["no claim"]
+        assert sorted([*runs["no claim"], "GET ipamclaims", "PUT ipamclaims"]) == \
+            runs["with a claim"], runs
     finally:
         proxied.stop()
 
