@@ -22,6 +22,7 @@ from e2e.harness.ipamclaims import Scene, allocated, claim_status, claims_path, 
 from e2e.harness.kernel import temporary_netns
 from e2e.harness.kube import Kube
 from e2e.harness.plugin import Answer, Plugin, base_conf, with_prev
+from e2e.harness.rbac import identity_without
 from e2e.harness.report import report
 from e2e.harness.wait import wait_until
 
@@ -253,3 +254,20 @@ def test_a_claim_another_writer_changed_meanwhile_gives_an_adopted_record_back_a
     assert answer.code == 11, answer.stdout
     after = scene.files()
     assert after.bodies == before.bodies and after.index == before.index
+
+
+def test_status_with_allow_persistent_ips_passes_with_the_packaged_role(scene: Scene) -> None:
+    scene.plugin.ok("STATUS", scene.conf)
+
+
+@pytest.mark.parametrize(("dropped", "missing"), [
+    ("ipamclaims", "get ipamclaims.k8s.cni.cncf.io"),
+    ("ipamclaims/status", "update ipamclaims/status.k8s.cni.cncf.io")])
+def test_status_is_code_50_naming_an_ipamclaim_permission_the_plugin_lacks(
+        scene: Scene, cluster: Any, dropped: str, missing: str) -> None:
+    with identity_without(scene.kube, cluster, scene.data_dir.parent,
+                          {("k8s.cni.cncf.io", dropped)}) as kubeconfig:
+        scene.plugin.environ["VPC_ATTACH_KUBECONFIG"] = str(kubeconfig)
+        answer = scene.plugin.call("STATUS", scene.conf)
+    assert answer.code == 50, answer.stdout
+    assert answer.body["msg"] == f"missing RBAC permission: {missing}"

@@ -2,7 +2,8 @@
 network-selection element names for this attachment is read before IPAM (`api_read_pod_claim`),
 vpc-attach-ipam keeps its addresses in records the claim owns, and the claim's status is written
 after (`api_record_allocation`, or `api_record_failure`). GC frees the records of claims that
-are gone (`api_free_gone_claims`). Every step goes through the verb's one
+are gone (`api_free_gone_claims`); STATUS checks the permissions ADD uses
+(`api_check_claim_access`). Every step goes through the verb's one
 cluster session; the Pod comes from the agent's Pod cache when there is one.
 
 The plugin is not told its NetworkAttachmentDefinition, so the element is the one whose
@@ -20,7 +21,11 @@ from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Invocation
 from cni_plugin.ipam import delegate
 from cni_plugin.ipam.ipamclaims import release
-from cni_plugin.ipam.ipamclaims.api import api_read_ipamclaim, api_write_ipamclaim_status
+from cni_plugin.ipam.ipamclaims.api import (
+    IPAMCLAIMS,
+    api_read_ipamclaim,
+    api_write_ipamclaim_status,
+)
 from cni_plugin.ipam.ipamclaims.claim import Allocated, AllocationFailed, FailureReason, IPAMClaim
 from cni_plugin.ipam.ipamclaims.selection import find_claim_reference
 from cni_plugin.ipam.plugin.allocator import AddressTaken
@@ -29,8 +34,15 @@ from cni_plugin.ipam.plugin.store import ClaimOwner
 from cni_plugin.kube.client import ApiError, api_failure
 from cni_plugin.publish.resources import PODS
 from cni_plugin.publish.source import VerbCluster
+from cni_plugin.publish.status import api_review_access
 from netconf.config import OWN_IPAM
-from netconf.errors import INVALID_CONFIG, IPAM_EXHAUSTED, TRY_AGAIN_LATER, CniError
+from netconf.errors import (
+    INVALID_CONFIG,
+    IPAM_EXHAUSTED,
+    STATUS_NOT_AVAILABLE,
+    TRY_AGAIN_LATER,
+    CniError,
+)
 from netconf.result import Result
 
 log = logging.getLogger(__name__)
@@ -128,3 +140,21 @@ def api_free_gone_claims(inv: Invocation, cluster: VerbCluster) -> list[str]:
     return release.api_free_gone_claims(cluster.session().client(), root,
                                         lock_timeout=DEFAULT_LOCK_TIMEOUT_SECONDS,
                                         deadline=inv.deadline)
+
+
+def api_check_claim_access(inv: Invocation, cluster: VerbCluster) -> None:
+    """STATUS with `allowPersistentIPs`: code 50 unless the plugin's identity may read
+    IPAMClaims and update their status (what ADD does), or without a kubeconfig."""
+    try:
+        client = cluster.session().client()
+        for verb, subresource in (("get", ""), ("update", "status")):
+            api_review_access(client, IPAMCLAIMS.group, IPAMCLAIMS.plural, verb,
+                              subresource=subresource, deadline=inv.deadline)
+    except ApiError as exc:
+        raise CniError(STATUS_NOT_AVAILABLE, api_failure(exc, "check IPAMClaim access").msg,
+                       exc.message) from None
+    except CniError as exc:
+        if exc.code == STATUS_NOT_AVAILABLE:
+            raise
+        raise CniError(STATUS_NOT_AVAILABLE, f"allowPersistentIPs: {exc.msg}",
+                       exc.details) from None
