@@ -37,12 +37,12 @@ from e2e.harness.ipamclaims import (
     CRD_NAME,
     KUBEVIRT_FINALIZER,
     KUBEVIRT_VM_LABEL,
+    claims_namespace,
     ipamclaim_crd,
     kubevirt_claim,
     kubevirt_claim_name,
 )
 from e2e.harness.kube import ApiError, Kube
-from e2e.harness.tenancy import namespace as fresh_namespace
 from netconf.errors import INVALID_CONFIG, TRY_AGAIN_LATER, CniError
 
 pytestmark = pytest.mark.cluster
@@ -74,14 +74,9 @@ def plugin_client(cluster: Cluster) -> Iterator[Recorded]:
 
 @pytest.fixture
 def vm_namespace(kube: Kube) -> Iterator[str]:
-    """A namespace of the test's own; the claims in it lose kubevirt's finalizer first (as
-    ipam-extensions' cleanup does once the VM is gone), so the namespace can go."""
-    with fresh_namespace(kube) as name:
+    """A namespace of the test's own, its claims' finalizers dropped at the end."""
+    with claims_namespace(kube) as name:
         yield name
-        for claim in kube.list(IPAMCLAIMS.path(name)):
-            kube.request("PATCH", IPAMCLAIMS.path(name, claim["metadata"]["name"]),
-                         {"metadata": {"finalizers": None}},
-                         content_type="application/merge-patch+json")
 
 
 def kubevirt_creates_claim(kube: Kube, namespace: str, vm: str = "vm-a",

@@ -101,6 +101,7 @@ def _args_value(config: Mapping[str, Any], key: str) -> Any:
 
 
 def invalid_request(source: str, why: str, details: str = "") -> CniError:
-    """Code 7 naming where a request came from: a config key, or the CNI_ARGS key."""
-    where = source if source.startswith("CNI_ARGS") else f"config key '{source}'"
+    """Code 7 naming where a request came from: a config key, the CNI_ARGS key, or the
+    IPAMClaim whose addresses are requested."""
+    where = source if source.startswith(("CNI_ARGS", "IPAMClaim")) else f"config key '{source}'"
     return CniError(INVALID_CONFIG, f"invalid {where}: {why}", details)

@@ -22,6 +22,7 @@ STANDARD_KEYS = ("cniVersion", "name", "type", "args", "runtimeConfig", "capabil
                  "prevResult", "dns")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 PLUGIN_TYPE = "vpc-attach"
+OWN_IPAM = "vpc-attach-ipam"  # called in-process (cni_plugin/ipam/delegate.py)
 Family = Literal["IPv4", "IPv6"]
 
 
@@ -103,6 +104,8 @@ class NetConf(_Strict):
     tap: TapOptions | None = None
     publish: PublishOptions = Field(default_factory=PublishOptions)
     ipam: dict[str, Any] | None = None
+    # KubeVirt's persistent IPs: the Pod's IPAMClaim keeps its addresses (SPEC §16).
+    allow_persistent_ips: bool = Field(default=False, alias="allowPersistentIPs")
     # Host settings: code 7 before this model sees them unless the node allows them (SPEC §14).
     node_name: str | None = Field(default=None, alias="nodeName")
     namespace: str | None = None
@@ -181,6 +184,12 @@ class NetConf(_Strict):
         if self.attachment == "existing" and self.ipam is not None:
             raise CniError(INVALID_CONFIG, "invalid config key 'ipam'",
                            "attachment 'existing' takes its addresses from prevResult")
+        if self.allow_persistent_ips and (self.ipam or {}).get("type") != OWN_IPAM:
+            found = (self.ipam or {}).get("type")
+            raise CniError(INVALID_CONFIG, "invalid config key 'allowPersistentIPs'",
+                           f"an IPAMClaim's addresses are kept by {OWN_IPAM}, called in-process "
+                           f"with the claim; this config's IPAM is "
+                           f"{repr(found) if found else 'absent'}")
         if self.tap is not None and self.attachment != "tap":
             raise CniError(INVALID_CONFIG, "invalid config key 'tap'",
                            f"tap options need attachment 'tap', not {self.attachment!r}")

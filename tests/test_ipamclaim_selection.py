@@ -34,7 +34,7 @@ def pod(annotation: str | None, namespace: str = "vms") -> dict[str, Any]:
                          "annotations": annotations}}
 
 
-def reference(annotation: str | None, network: NetworkName = BLUE,
+def reference(annotation: str | None, network: NetworkName | None = BLUE,
               interface: str = "net1") -> ClaimReference | None:
     return find_claim_reference(pod(annotation), network=network, interface=interface)
 
@@ -137,6 +137,33 @@ def test_the_only_element_of_the_network_decides_whatever_the_interface_is_calle
 def test_an_element_asking_for_another_interface_is_not_this_attachment() -> None:
     annotation = '[{"name": "blue", "interface": "podb", "ipam-claim-reference": "vm-a.blue"}]'
     assert reference(annotation, interface="poda") is None
+
+
+# The plugin is not told its NetworkAttachmentDefinition (network None): the interface alone
+# decides, and the claim's spec.network is checked instead (cni_plugin/verbs/persistent_ips.py).
+
+
+def test_without_the_network_the_element_whose_interface_is_this_one_names_the_claim() -> None:
+    annotation = ('[{"name": "red", "ipam-claim-reference": "vm-a.red"}, '
+                  '{"name": "blue", "interface": "pod1", "ipam-claim-reference": "vm-a.blue"}]')
+    assert reference(annotation, None, "net1") == ClaimReference("vms", "vm-a.red")
+    assert reference(annotation, None, "pod1") == ClaimReference("vms", "vm-a.blue")
+    assert reference(annotation, None, "net2") is None, "pod1 is element 2's own name"
+
+
+def test_without_the_network_an_interface_of_no_element_names_no_claim() -> None:
+    # A runtime other than Multus naming the interface as it likes: nothing to match on.
+    annotation = '[{"name": "blue", "ipam-claim-reference": "vm-a.blue"}]'
+    assert reference(annotation, None, "eth1") is None
+
+
+def test_without_the_network_two_elements_asking_for_one_interface_are_code_7() -> None:
+    annotation = ('[{"name": "red", "interface": "eth1", "ipam-claim-reference": "vm-a.red"}, '
+                  '{"name": "blue", "interface": "eth1", "ipam-claim-reference": "vm-a.blue"}]')
+    with pytest.raises(CniError) as caught:
+        reference(annotation, None, "eth1")
+    assert caught.value.code == INVALID_CONFIG
+    assert "2 elements ask for interface eth1 and name different IPAMClaims" in caught.value.msg
 
 
 LABELS = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,6}[a-z0-9])?", fullmatch=True)

@@ -146,7 +146,7 @@ def test_any_capitalisation_of_a_known_key_means_the_same(key: str, flips: list[
               "timeoutSeconds": 3, "args": {}, "runtimeConfig": {}, "capabilities": {},
               "dns": {}, "nodeName": "w", "kubeconfig": "/k", "logFile": "/l",
               "logLevel": "info", "agentSocket": "/s", "prevResult": {}, "tap": None,
-              "publish": {"bgp": False}, "vpcFromPod": False}
+              "publish": {"bgp": False}, "vpcFromPod": False, "allowPersistentIPs": False}
     value = values.get(key, BASE.get(key))
     spelled = swap_case_randomly(key, flips)
     data = {k: v for k, v in conf(**{key: value}).items() if k != key}
@@ -427,3 +427,27 @@ def test_malformed_prev_result_is_code_6() -> None:
 def test_an_unknown_key_with_a_quote_in_its_name_is_named_in_single_quotes(key: str) -> None:
     err = rejected(conf(**{key: {"it's": 1}}))
     assert err.code == INVALID_CONFIG and err.msg == f"unknown config key '{key}.it\\'s'"
+
+
+# --- allowPersistentIPs (SPEC §16) --------------------------------------------------------------
+
+
+def test_allow_persistent_ips_is_off_by_default() -> None:
+    assert parse_netconf(conf()).allow_persistent_ips is False
+
+
+def test_allow_persistent_ips_with_vpc_attach_ipam_is_accepted() -> None:
+    parsed = parse_netconf(conf(allowPersistentIPs=True,
+                                ipam={"type": "vpc-attach-ipam", "ipv6_subnet": "fd00::/64"}))
+    assert parsed.allow_persistent_ips is True
+
+
+@pytest.mark.parametrize("ipam", [{"type": "host-local"}, {"type": "galactic-ipam"}, ...],
+                         ids=["host-local", "galactic-ipam", "no-ipam"])
+def test_allow_persistent_ips_with_another_ipam_is_code_7_saying_it_needs_vpc_attach_ipam(
+        ipam: Any) -> None:
+    with pytest.raises(CniError) as caught:
+        parse_netconf(conf(allowPersistentIPs=True, attachment="tap", ipam=ipam))
+    assert caught.value.code == INVALID_CONFIG
+    assert caught.value.msg == "invalid config key 'allowPersistentIPs'"
+    assert "kept by vpc-attach-ipam" in caught.value.details

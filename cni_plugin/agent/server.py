@@ -42,6 +42,7 @@ from netconf.host import lenient_host_settings, resolve_host_settings
 
 if TYPE_CHECKING:
     from cni_plugin.agent.health import HealthServer
+    from cni_plugin.agent.ipamclaims import DeletedClaimReleaser
     from cni_plugin.agent.metrics import AgentMetrics
 
 log = logging.getLogger(__name__)
@@ -303,6 +304,7 @@ def main(argv: list[str]) -> int:
             endpoint.close()
         raise
     own_kubeconfig = _prime(cluster)
+    releaser = _release_deleted_claims(own_kubeconfig, metrics)
     if endpoint is not None:
         from cni_plugin.agent.health import Probes
         endpoint.start(Probes(path, agent.accepting, cluster, own_kubeconfig))
@@ -317,9 +319,31 @@ def main(argv: list[str]) -> int:
     try:
         agent.serve()
     finally:
+        if releaser is not None:
+            releaser.stop()
         if endpoint is not None:
             endpoint.close()
     return 0
+
+
+def _release_deleted_claims(kubeconfig: str | None,
+                            metrics: AgentMetrics | None) -> DeletedClaimReleaser | None:
+    """Watch IPAMClaims with the agent's own kubeconfig and free deleted claims' addresses on
+    this node (none without a kubeconfig: GC frees them then)."""
+    from cni_plugin.agent.ipamclaims import DeletedClaimReleaser
+    from cni_plugin.ipam.plugin.config import node_data_root
+    from cni_plugin.kube.config import load_kubeconfig
+    if not kubeconfig:
+        return None
+    try:
+        creds = load_kubeconfig(kubeconfig)
+        root = node_data_root(os.environ)
+    except (OSError, CniError) as exc:
+        log.warning("agent: deleted IPAMClaims' addresses are left to GC: %s",
+                    getattr(exc, "msg", exc))
+        return None
+    observe = metrics.api_exchange if metrics is not None else None
+    return DeletedClaimReleaser(creds, root, observe).start()
 
 
 def _bind_endpoint(address: tuple[str, int], metrics: AgentMetrics) -> HealthServer:

@@ -8,6 +8,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from cni_plugin.core.deadline import Deadline
@@ -42,12 +43,15 @@ class WatchCache:
     `items()` is None until the first list succeeded and whenever the watch is broken, so
     callers fall back to asking the API server: a cache is never trusted when stale. With
     `absent_ok`, a collection whose CRD is not installed (404) is in sync and `missing`, and
-    is listed again every RETRY_SECONDS until it appears.
+    is listed again every RETRY_SECONDS until it appears. `on_listed` hears every (re)listing
+    and `on_deleted` every deleted object, in the watch's thread (their failures are logged).
     """
 
     def __init__(self, creds: KubeCredentials, resource: Resource, field_selector: str,
                  observe: ApiObserver | None = None, absent_ok: bool = False, *,
-                 namespace: str | None = None) -> None:
+                 namespace: str | None = None,
+                 on_listed: Callable[[list[dict[str, Any]]], None] | None = None,
+                 on_deleted: Callable[[dict[str, Any]], None] | None = None) -> None:
         self._creds = creds
         self._observe = observe
         self._resource = resource
@@ -55,6 +59,7 @@ class WatchCache:
         self._path = resource.path(namespace)
         self._selector = field_selector
         self._absent_ok = absent_ok
+        self._on_listed, self._on_deleted = on_listed, on_deleted
         self._objects: dict[str, dict[str, Any]] = {}
         self._synced = False
         self.missing = False
@@ -133,6 +138,8 @@ class WatchCache:
                 self._objects = {_key(o): o for o in listing.get("items") or []}
                 self._synced, self.missing = True, False
                 self._in_sync.set()
+            if self._on_listed is not None:
+                self._hear(self._on_listed, list(listing.get("items") or []))
             version = str(listing["metadata"]["resourceVersion"])
             while not self._stop.is_set():  # each watch resumes where the last one ended
                 version = self._watch(client, version)
@@ -163,7 +170,15 @@ class WatchCache:
                     self._objects.pop(_key(obj), None)
                 else:
                     self._objects[_key(obj)] = obj
+        if kind == "DELETED" and self._on_deleted is not None:
+            self._hear(self._on_deleted, obj)
         return str(version) if version else None
+
+    def _hear(self, listener: Callable[[Any], None], what: Any) -> None:
+        try:
+            listener(what)
+        except Exception:  # a listener's bug must not stop the watch
+            log.exception("watch %s: listener failed", self.describe())
 
 
 class CachedTenancy:
@@ -367,6 +382,7 @@ class WarmSession:
         self._cluster = cluster
         self._kubeconfig = kubeconfig
         self._client: KubeClient | None = None
+        self._pods: dict[tuple[str, str], dict[str, Any]] = {}
 
     def client(self) -> KubeClient:
         """The borrowed client."""
@@ -388,8 +404,14 @@ class WarmSession:
         return self._cluster.watch_instances(self._kubeconfig, namespace, router).items()
 
     def pod(self, node: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """A Pod from the watch of this node's Pods."""
-        return self._cluster.watch_pods(self._kubeconfig, node).get(namespace, name)
+        """A Pod from the watch of this node's Pods, else as this verb read it."""
+        cached = self._cluster.watch_pods(self._kubeconfig, node).get(namespace, name)
+        return cached if cached is not None else self._pods.get((namespace, name))
+
+    def remember_pod(self, pod: dict[str, Any]) -> None:
+        """Kept for this verb only (the watch had not seen it yet)."""
+        meta = pod.get("metadata") or {}
+        self._pods[(str(meta.get("namespace")), str(meta.get("name")))] = pod
 
     def shared_may_hold(self, namespace: str, name: str, node: str,
                         deadline: Deadline) -> bool:

@@ -543,6 +543,8 @@ def _stale_allocations(data_dirs: Iterable[str], live: set[tuple[str, str]]
             for record in records:
                 total += 1
                 owner = record.attachment
+                if record.claim is not None:  # an IPAMClaim's: kept until the claim goes
+                    continue
                 if owner is None:
                     stale.append(f"{path}/{record.name} (unreadable record)")
                 elif (owner.container_id, owner.ifname) not in live:

@@ -7,6 +7,11 @@ and config, no second interpreter and no JSON round trip.
 
 `start_add` returns a `PendingAdd`: an exec'd plugin runs while ADD creates the links, which
 need no addresses yet; `result()` collects it.
+
+Only the in-process plugin takes an IPAMClaim (`InProcessIpam.start_claimed_add`): the claim
+vpc-attach read is a typed argument, never a key of the config a tenant wrote (which could name
+someone else's claim). Its ADD knows what it did, so its rollback (`PendingAdd.undo`) gives
+back only that.
 """
 
 from __future__ import annotations
@@ -14,17 +19,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import suppress
 from typing import Any, Protocol
 
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Invocation, Request
+from cni_plugin.ipam.plugin.store import ClaimOwner
+from netconf.config import OWN_IPAM
 from netconf.errors import INVALID_CONFIG, IO_FAILURE, TRY_AGAIN_LATER, CniError
 from netconf.result import Result
 from netconf.runtime import RuntimeEnv
-
-OWN_IPAM = "vpc-attach-ipam"
 
 
 def find_plugin(plugin_type: str, cni_path: tuple[str, ...]) -> str:
@@ -96,6 +101,10 @@ class PendingAdd(Protocol):
         """Make sure the delegate no longer runs (before its DEL undoes the ADD): let it
         finish within deadline, else kill it."""
 
+    @property
+    def undo(self) -> Callable[[], None] | None:
+        """The undo of exactly what this ADD did, when known (in-process); None: DEL it."""
+
 
 class IpamBackend(Protocol):
     """One IPAM plugin: ADD started in the background, the other verbs run to completion."""
@@ -166,11 +175,18 @@ class InProcessIpam:
 
     def start_add(self, stdin: bytes, deadline: Deadline) -> PendingAdd:
         """Allocate now (nothing to overlap)."""
+        return self.start_claimed_add(stdin, deadline, None)
+
+    def start_claimed_add(self, stdin: bytes, deadline: Deadline, claim: ClaimOwner | None,
+                          claim_ips: tuple[str, ...] = ()) -> PendingAdd:
+        """Allocate now, the records owned by claim (the IPAMClaim vpc-attach read) when
+        given, its `status.ips` requested exactly."""
         from cni_plugin.ipam.plugin import verbs
         try:
-            return FinishedAdd(verbs.add(self._request("ADD", stdin)))
+            done = verbs.add_owned(self._request("ADD", stdin), claim, claim_ips)
         except CniError as exc:
             return FinishedAdd(self._as_delegate(exc, "ADD"))
+        return FinishedAdd(done.result, done.undo)
 
     def run(self, command: str, stdin: bytes, deadline: Deadline) -> None:
         """Run the verb now."""
@@ -186,15 +202,24 @@ class InProcessIpam:
         return Request(environ=_environ(self.env, command, self.node_env), stdin=stdin)
 
     def _as_delegate(self, exc: CniError, command: str) -> CniError:
-        # What the executable's error answer would have become.
-        return CniError(exc.code, f"IPAM plugin {self.plugin_type!r}: {exc.msg}", exc.details)
+        # What the executable's error answer would have become; the original stays its cause
+        # (an IPAMClaim's failed condition tells a taken address from an exhausted pool).
+        answer = CniError(exc.code, f"IPAM plugin {self.plugin_type!r}: {exc.msg}", exc.details)
+        answer.__cause__ = exc
+        return answer
 
 
 class FinishedAdd:
-    """An ADD whose answer is already known."""
+    """An ADD whose answer is already known (and, in-process, how to undo it)."""
 
-    def __init__(self, done: Result | CniError) -> None:
+    def __init__(self, done: Result | CniError, undo: Callable[[], None] | None = None) -> None:
         self._done = done
+        self._undo = undo
+
+    @property
+    def undo(self) -> Callable[[], None] | None:
+        """The in-process ADD's own undo, if it gave one."""
+        return self._undo
 
     @property
     def failed(self) -> bool:
@@ -258,6 +283,11 @@ class RunningAdd:
     def failed(self) -> bool:
         """Whether the delegate answered with an error (then it allocated nothing)."""
         return isinstance(self._done, CniError)
+
+    @property
+    def undo(self) -> None:
+        """Not known: its DEL undoes it."""
+        return None
 
     def result(self) -> Result:
         """The allocation (waits for the delegate; its CNI error, or code 11 on timeout)."""

@@ -46,7 +46,12 @@ class ClusterSession(Protocol):
         """BGPVRFInstances of router from a synced cache, or None (ask the API)."""
 
     def pod(self, node: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """This node's Pod from a synced cache, or None (ask the API)."""
+        """This node's Pod from a synced cache or as this verb read it, or None (ask the
+        API)."""
+
+    def remember_pod(self, pod: dict[str, Any]) -> None:
+        """Keep a Pod this verb read from the API for the verb's later steps (the IPAMClaim
+        step reads the Pod the EndpointSlice step then owns its slice by: one GET)."""
 
     def shared_may_hold(self, namespace: str, name: str, node: str,
                         deadline: Deadline) -> bool:
@@ -75,6 +80,7 @@ class ColdSession:
     def __init__(self, kubeconfig: str) -> None:
         self.kubeconfig = kubeconfig
         self._client: KubeClient | None = None
+        self._pods: dict[tuple[str, str], dict[str, Any]] = {}
 
     def _connect(self) -> KubeClient:
         return KubeClient(load_kubeconfig(self.kubeconfig))
@@ -94,8 +100,13 @@ class ColdSession:
         return None
 
     def pod(self, node: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """No cache."""
-        return None
+        """No cache: only a Pod this verb read already."""
+        return self._pods.get((namespace, name))
+
+    def remember_pod(self, pod: dict[str, Any]) -> None:
+        """Kept for this verb only."""
+        meta = pod.get("metadata") or {}
+        self._pods[(str(meta.get("namespace")), str(meta.get("name")))] = pod
 
     def shared_may_hold(self, namespace: str, name: str, node: str,
                         deadline: Deadline) -> bool:

@@ -20,6 +20,7 @@ from cni_plugin.ipam import delegate
 from cni_plugin.publish import Publication, Publisher
 from cni_plugin.publish.source import VerbCluster
 from cni_plugin.tenancy import admit, choice
+from cni_plugin.verbs import persistent_ips
 from cni_plugin.verbs.collaborators import Collaborators
 from cni_plugin.verbs.facts import attachment_of, link_options_of
 from netconf.errors import INVALID_CONFIG, CniError
@@ -44,6 +45,8 @@ def _add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborators) ->
     with inv.container_lock(), \
             Rollback(inv.final_deadline, on_finish=collaborators.rollback_finished) as rollback:
         publisher = Publisher.api_find_router(inv, cluster)
+        # allowPersistentIPs: the IPAMClaim the Pod names for this interface, if any.
+        pod_claim = persistent_ips.api_read_pod_claim(inv, cluster)
         if inv.conf.vpc_from_pod:  # what DEL and CHECK read instead of the annotation
             rollback.created("record of the Pod's chosen attachment",
                              lambda _deadline: choice.remove_record(inv))
@@ -59,7 +62,9 @@ def _add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborators) ->
                              deadline=inv.deadline), \
                 open_links(attachment, link_options_of(inv), lock_dir=lock_dir,
                            node_env=node_env, deadline=inv.deadline) as kernel:
-            ipam: delegate.PendingAdd = start_ipam_add(inv, rollback)
+            ipam: delegate.PendingAdd = start_ipam_add(inv, rollback, pod_claim)
+            if pod_claim is not None and ipam.failed:
+                _api_record_claim_failure(cluster, pod_claim, ipam, inv)
             # The VRF exists before galactic-router can read the VPC's instance: it resolves
             # the VPC's table through it once (SPEC §15).
             vpc_table = kernel.ensure_vpc_table(keeps_table=publisher.publishes_instance)
@@ -67,11 +72,23 @@ def _add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborators) ->
                              sid.galactic_datapath(node_env))
             with publisher.api_settle_instance_thread(rollback) as publication:
                 created = kernel.create(rollback, vpc_table, mtu)
-                addressing = Addressing.from_result(ipam.result())  # waits for the delegate
+                allocated = ipam.result()  # waits for the delegate
+                addressing = Addressing.from_result(allocated)
                 result = chain(prev, created.configure(addressing))
                 answer_sid(inv, attachment, publication, created, addressing, rollback)
                 publication.api_publish(addressing)
+            if pod_claim is not None:  # last: a claim holding others rolls all of it back
+                persistent_ips.api_record_allocation(cluster, pod_claim, allocated, inv.deadline)
     return result
+
+
+def _api_record_claim_failure(cluster: VerbCluster, pod_claim: persistent_ips.PodClaim,
+                              ipam: delegate.PendingAdd, inv: Invocation) -> None:
+    """The claim's failed condition, before the IPAM's error ends the ADD."""
+    try:
+        ipam.result()
+    except CniError as failure:
+        persistent_ips.api_record_failure(cluster, pod_claim, failure, inv.deadline)
 
 
 def answer_sid(inv: Invocation, attachment: AttachmentRef, publication: Publication,
@@ -88,17 +105,25 @@ def answer_sid(inv: Invocation, attachment: AttachmentRef, publication: Publicat
                    deadline=inv.deadline)
 
 
-def start_ipam_add(inv: Invocation, rollback: Rollback) -> delegate.PendingAdd:
-    """The delegated ADD, started (a child process running while the rest is made), with its
-    release recorded for rollback."""
+def start_ipam_add(inv: Invocation, rollback: Rollback,
+                   pod_claim: persistent_ips.PodClaim | None = None) -> delegate.PendingAdd:
+    """The delegated ADD, started (a child process running while the rest is made; with a
+    claim, vpc-attach-ipam in-process with it), with its release recorded for rollback."""
     ipam = delegate.of(inv)
     if ipam is None:
         return delegate.FinishedAdd(Result())  # a tap without ipam is L2 only
-    pending = ipam.start_add(inv.stdin, inv.deadline)
+    if pod_claim is not None:
+        pending = persistent_ips.start_claimed_add(inv, ipam, pod_claim)
+    else:
+        pending = ipam.start_add(inv.stdin, inv.deadline)
 
     def release(deadline: Deadline) -> None:
         pending.settle(deadline)
-        if not pending.failed:  # an ADD it refused allocated nothing
+        if pending.failed:  # an ADD it refused allocated nothing
+            return
+        if pending.undo is not None:  # in-process: exactly what it did, nothing more
+            pending.undo()
+        else:
             ipam.run("DEL", inv.stdin, deadline)
 
     rollback.created(f"IPAM allocation ({ipam.plugin_type})", release)

@@ -27,6 +27,7 @@ from cni_plugin.publish import (
 )
 from cni_plugin.publish.source import VerbCluster
 from cni_plugin.tenancy import choice
+from cni_plugin.verbs import persistent_ips
 from cni_plugin.verbs.collaborators import Collaborators
 from netconf.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CniError
 from netconf.versions import GC_STATUS_MIN_VERSION, at_least
@@ -59,6 +60,8 @@ def gc(inv: Invocation, collaborators: Collaborators) -> None:
     with collaborators.verb_cluster(inv) as cluster:  # one API client for every attachment
         for chosen in _chosen_attachments(inv) if inv.conf.vpc_from_pod else [inv]:
             _collect(chosen, cluster, valid, failures)
+        if inv.conf.allow_persistent_ips:  # addresses of deleted IPAMClaims
+            _best_effort(failures, lambda: persistent_ips.api_free_gone_claims(inv, cluster))
     try:
         _forward_ipam(inv)
     except CniError as exc:
@@ -96,11 +99,15 @@ def _collect(inv: Invocation, cluster: VerbCluster, valid: set[tuple[str, str]],
         lambda: _collect_instance(inv, cluster, valid, attached),
         lambda: give_to_node(inv, cluster)]
     for step in steps:
-        try:
-            step()
-        except CniError as exc:
-            log.warning("GC: %s (%s)", exc.msg, exc.details)
-            failures.append(exc)
+        _best_effort(failures, step)
+
+
+def _best_effort(failures: list[CniError], step: Callable[[], object]) -> None:
+    try:
+        step()
+    except CniError as exc:
+        log.warning("GC: %s (%s)", exc.msg, exc.details)
+        failures.append(exc)
 
 
 def _collect_links(ipr: Rtnl, inv: Invocation, valid: set[tuple[str, str]]) -> None:

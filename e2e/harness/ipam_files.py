@@ -1,6 +1,8 @@
 """vpc-attach-ipam's state files read and damaged from outside, independently of its store:
-records are files named by an address holding `{"containerID", "ifname"}`, index entries live
-in `attachments/`, temp files start with `.tmp-` (cni_plugin/ipam/plugin/README.md)."""
+records are files named by an address holding `{"containerID", "ifname"}` and, when an
+IPAMClaim owns them, `"claim": {"namespace", "name", "uid"}` (alone once detached); index
+entries live in `attachments/`, temp files start with `.tmp-` (cni_plugin/ipam/plugin/README.md).
+"""
 
 from __future__ import annotations
 
@@ -21,6 +23,18 @@ def _owner(body: bytes) -> Owner | None:
             and isinstance(data.get("ifname"), str):
         return data["containerID"], data["ifname"]
     return None
+
+
+def _claim(body: bytes) -> str | None:
+    """`namespace/name@uid` of the IPAMClaim owning a record, if one does."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    claim = data.get("claim") if isinstance(data, dict) else None
+    if not isinstance(claim, dict):
+        return None
+    return f"{claim.get('namespace')}/{claim.get('name')}@{claim.get('uid')}"
 
 
 def _is_address(name: str) -> bool:
@@ -66,6 +80,11 @@ class IpamFiles:
     def addresses_of(self, container_id: str, ifname: str = "eth0") -> list[str]:
         """The addresses (record names) this attachment holds."""
         return sorted(key.split("/", 1)[1] for key in self.held_by(container_id, ifname))
+
+    def claims(self) -> dict[str, str]:
+        """address -> `namespace/name@uid` of every record an IPAMClaim owns."""
+        return {key.split("/", 1)[1]: claim for key, body in self.bodies.items()
+                if (claim := _claim(body)) is not None}
 
     def holders(self) -> dict[str, str]:
         """address -> `containerID@ifname` of every readable record (addresses are unique

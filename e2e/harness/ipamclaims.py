@@ -1,5 +1,6 @@
 """The IPAMClaim CRD as its Go module ships it, and claims made as kubevirt's ipam-extensions
-makes them (SPEC §16).
+makes them, and a VM network's Pods as kubevirt's webhook leaves them, attached through the
+plugin (`Scene`) (SPEC §16).
 
 The CRD is `artifacts/k8s.cni.cncf.io_ipamclaims.yaml` of the Go module
 github.com/k8snetworkplumbingwg/ipamclaims, fetched from the Go module proxy by `go mod
@@ -14,13 +15,22 @@ from __future__ import annotations
 import functools
 import json
 import re
+import secrets
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from e2e.harness.ipam_files import IpamFiles
+from e2e.harness.kernel import temporary_netns
+from e2e.harness.kube import Kube
+from e2e.harness.plugin import Answer, Plugin, base_conf, with_prev
+from e2e.harness.publishing import Node, make_node
+from e2e.harness.tenancy import namespace as fresh_namespace
 from e2e.harness.tools.gotools import go_binary, go_env
 
 MODULE = "github.com/k8snetworkplumbingwg/ipamclaims"
@@ -94,3 +104,149 @@ def kubevirt_claim(namespace: str, vm: str, vm_uid: str, network: str,
         },
         "spec": {"network": network_config, "interface": ""},
     }
+
+
+def claims_path(namespace: str, name: str = "") -> str:
+    """The API path of a namespace's IPAMClaims (or one of them)."""
+    path = f"/apis/k8s.cni.cncf.io/v1alpha1/namespaces/{namespace}/ipamclaims"
+    return f"{path}/{name}" if name else path
+
+
+@contextmanager
+def claims_namespace(kube: Kube) -> Iterator[str]:
+    """A namespace of the test's own; the claims in it lose kubevirt's finalizer first (as
+    ipam-extensions' cleanup does once the VM is gone), so the namespace can go."""
+    with fresh_namespace(kube) as name:
+        yield name
+        for claim in kube.list(claims_path(name)):
+            kube.request("PATCH", claims_path(name, claim["metadata"]["name"]),
+                         {"metadata": {"finalizers": None}},
+                         content_type="application/merge-patch+json")
+
+
+NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
+IFNAME = "net1"  # Multus's name for the first element that asks for no interface
+VM = "vm-a"
+
+
+def kubevirt_creates_claim(kube: Kube, namespace: str, network_config: str,
+                           vm: str = VM) -> str:
+    """What ipam-extensions' VMI controller does for a VM network whose config allows
+    persistent IPs; the claim's name."""
+    made = kube.create(claims_path(namespace),
+                       kubevirt_claim(namespace, vm, f"uid-{secrets.token_hex(4)}", "blue",
+                                      network_config))
+    return str(made["metadata"]["name"])
+
+
+def launcher_pod_as_kubevirts_webhook_left_it(kube: Kube, namespace: str, node: Node,
+                                              claim: str | None) -> tuple[str, str]:
+    """A virt-launcher Pod on node whose network-selection element (no interface asked for:
+    Multus names it net1) carries ipam-extensions' claim reference; (name, uid)."""
+    element: dict[str, Any] = {"name": "blue-nad", "namespace": namespace}
+    if claim is not None:
+        element["ipam-claim-reference"] = claim
+    name = f"virt-launcher-{VM}-{secrets.token_hex(3)}"
+    pod = kube.create(f"/api/v1/namespaces/{namespace}/pods", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "annotations": {NETWORKS_ANNOTATION: json.dumps([element])}},
+        "spec": {"nodeName": node.name, "automountServiceAccountToken": False,
+                 "containers": [{"name": "compute", "image": "registry.invalid/virt:1"}]}})
+    return name, str(pod["metadata"]["uid"])
+
+
+def kubevirt_deletes_claim(kube: Kube, namespace: str, claim: str) -> str:
+    """The VM is gone: ipam-extensions drops its finalizer and the claim is deleted; the uid
+    it had."""
+    path = claims_path(namespace, claim)
+    found = kube.get(path)
+    assert found is not None
+    kube.request("PATCH", path, {"metadata": {"finalizers": None}},
+                 content_type="application/merge-patch+json")
+    kube.delete(path)
+    return str(found["metadata"]["uid"])
+
+
+def claim_status(kube: Kube, namespace: str, claim: str) -> dict[str, Any]:
+    found = kube.get(claims_path(namespace, claim))
+    assert found is not None
+    status: dict[str, Any] = found.get("status") or {}
+    return status
+
+
+def allocated(status: dict[str, Any]) -> tuple[str, str, str]:
+    condition = next(c for c in status["conditions"] if c["type"] == "IPsAllocated")
+    return condition["status"], condition["reason"], status["ownerPod"]["name"]
+
+
+class Launcher:
+    """ADD and DEL of one Pod's attachment, as the runtime runs them."""
+
+    def __init__(self, plugin: Plugin, node: Node, namespace: str, pod: tuple[str, str],
+                 container: str, netns: str) -> None:
+        self.plugin, self.node, self.namespace = plugin, node, namespace
+        self.pod, self.uid = pod
+        self.container, self.netns = container, netns
+
+    def add(self, conf: dict[str, Any]) -> Answer:
+        return self.plugin.call("ADD", conf, container_id=self.container, netns=self.netns,
+                                ifname=IFNAME,
+                                CNI_ARGS=self.node.cni_args(self.pod, self.uid, self.namespace))
+
+    def ok(self, verb: str, conf: dict[str, Any]) -> Any:
+        return self.plugin.ok(verb, conf, container_id=self.container, netns=self.netns,
+                              ifname=IFNAME,
+                              CNI_ARGS=self.node.cni_args(self.pod, self.uid, self.namespace))
+
+
+class Scene:
+    """One test's VM network: its config, node, namespace and the claims and Pods in it."""
+
+    def __init__(self, kube: Kube, plugin: Plugin, node: Node, namespace: str,
+                 conf: dict[str, Any], data_dir: Path) -> None:
+        self.kube, self.plugin, self.node, self.namespace = kube, plugin, node, namespace
+        self.conf, self.data_dir = conf, data_dir
+
+    def claim(self, network_config: str | None = None, vm: str = VM) -> str:
+        return kubevirt_creates_claim(self.kube, self.namespace,
+                                      network_config or self.conf["name"], vm)
+
+    def pod(self, claim: str | None) -> tuple[str, str]:
+        return launcher_pod_as_kubevirts_webhook_left_it(self.kube, self.namespace, self.node,
+                                                         claim)
+
+    def launcher(self, pod: tuple[str, str], container: str, netns: str) -> Launcher:
+        return Launcher(self.plugin, self.node, self.namespace, pod, container, netns)
+
+    def attached_and_detached(self, pod: tuple[str, str], container: str) -> dict[str, Any]:
+        """ADD then DEL of the Pod's container in a netns of its own; the ADD's result."""
+        with temporary_netns("vpa-pip") as netns:
+            launcher = self.launcher(pod, container, netns)
+            result: dict[str, Any] = launcher.ok("ADD", self.conf)
+            launcher.ok("DEL", with_prev(self.conf, result))
+        return result
+
+    def files(self) -> IpamFiles:
+        return IpamFiles.read(self.data_dir)
+
+
+def vm_network(vpc: str, data_dir: Path, **extra: Any) -> dict[str, Any]:
+    """A tap-less VM network stanza (veth, publishing off) with allowPersistentIPs and
+    vpc-attach-ipam pools in data_dir; `ipam` in extra adds to the pools' keys."""
+    ipam = {"type": "vpc-attach-ipam", "dataDir": str(data_dir),
+            "ipv6_subnet": "fd00:61::/64", "ipv4_subnet": "10.61.0.0/24"}
+    ipam.update(extra.pop("ipam", {}))
+    return base_conf(vpc, "61", name=f"vms-{vpc}", allowPersistentIPs=True, ipam=ipam,
+                     capabilities={"ips": True}, **extra)
+
+
+@contextmanager
+def vm_scene(kube: Kube, cluster: Any, plugin: Plugin, vpc: str,
+             directory: Path) -> Iterator[Scene]:
+    """A node, a namespace of its own and a VM network; the node's ipamDataRoot is directory
+    (so its notes of claims are the test's own)."""
+    plugin.environ["VPC_ATTACH_IPAM_DATA_ROOT"] = str(directory)
+    node = make_node(kube, cluster, plugin)
+    with claims_namespace(kube) as namespace:
+        yield Scene(kube, plugin, node, namespace, vm_network(vpc, directory / "ipam"),
+                    directory / "ipam")

@@ -140,32 +140,35 @@ def _is_object_name(value: str) -> bool:
     return len(value) <= _OBJECT_NAME_MAX and bool(_OBJECT_NAME.fullmatch(value))
 
 
-def claim_name_for(selections: Sequence[NetworkSelection], network: NetworkName,
+def claim_name_for(selections: Sequence[NetworkSelection], network: NetworkName | None,
                    interface: str) -> str | None:
     """The claim named by the element for this attachment (network, interface); None when no
     element selects it or the one that does names no claim.
 
     Elements of this network whose interface (asked for, or Multus's default name) is this
     one decide; when none is, those that ask for no interface do, as in OVN-Kubernetes, which
-    matches on the network alone. They must agree on the claim: SelectionError otherwise."""
-    mine = [s for s in selections if s.network == network]
+    matches on the network alone. network None (the plugin, which is not told its
+    NetworkAttachmentDefinition): the interface alone decides, and the claim's `spec.network`
+    is checked instead. They must agree on the claim: SelectionError otherwise."""
+    mine = [s for s in selections if network is None or s.network == network]
     candidates = [s for s in mine if s.interface_name() == interface] \
-        or [s for s in mine if s.interface is None]
+        or [s for s in mine if s.interface is None and network is not None]
     claims = sorted({s.claim or "" for s in candidates})
     if len(claims) > 1:
         named = ", ".join(repr(c) if c else "none" for c in claims)
-        raise SelectionError(f"{len(candidates)} elements select {network} for interface "
+        which = f"select {network}" if network is not None else "ask"
+        raise SelectionError(f"{len(candidates)} elements {which} for interface "
                              f"{interface} and name different IPAMClaims ({named})")
     if not claims:
         return None
     return claims[0] or None
 
 
-def find_claim_reference(pod: Mapping[str, Any], *, network: NetworkName,
+def find_claim_reference(pod: Mapping[str, Any], *, network: NetworkName | None,
                          interface: str) -> ClaimReference | None:
     """The IPAMClaim the Pod's network-selection element for this attachment names, in the
-    Pod's namespace; None without one. A malformed or ambiguous annotation is code 7 naming the
-    Pod."""
+    Pod's namespace; None without one (network None: matched by interface alone). A malformed
+    or ambiguous annotation is code 7 naming the Pod."""
     meta = pod.get("metadata") or {}
     namespace, pod_name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
     value = (meta.get("annotations") or {}).get(NETWORKS_ANNOTATION) or ""

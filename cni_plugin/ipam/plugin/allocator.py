@@ -10,6 +10,10 @@ another block through the API (`claims.py`, under the same lock) only when they 
 A requested address (`requests.py`) is reserved under the same lock, so two containers asking
 for it at once cannot both get it; in a cluster pool only inside a block this node holds or
 claims for it, never in another node's.
+
+An allocation may be owned by an IPAMClaim (a `ClaimOwner`, given by vpc-attach in-process):
+another container of the same claim adopts its record instead of getting a new one, anyone
+else is refused it (code 102 naming the claim), DEL detaches it and only `free_claim` frees it.
 """
 
 from __future__ import annotations
@@ -19,26 +23,39 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from cni_plugin.ipam.plugin import claims
+from cni_plugin.ipam.plugin import claimed, claims
 from cni_plugin.ipam.plugin.blocks import pool_hash
 from cni_plugin.ipam.plugin.claims import BlockApi
 from cni_plugin.ipam.plugin.config import IpamConfig
 from cni_plugin.ipam.plugin.pool import Pool
 from cni_plugin.ipam.plugin.requests import PoolRequest
-from cni_plugin.ipam.plugin.store import Attachment, PoolState, Record, io_error
+from cni_plugin.ipam.plugin.store import (
+    Attachment,
+    ClaimOwner,
+    PoolState,
+    Record,
+    io_error,
+)
 from netconf.capabilities import invalid_request
 from netconf.errors import INTERNAL_ERROR, IPAM_EXHAUSTED, CniError
 
 log = logging.getLogger(__name__)
 
 
+class AddressTaken(CniError):
+    """Code 102 for a requested address another attachment or claim holds (an exhausted pool
+    is plain 102): an IPAMClaim's failed condition says IPAddressConflict for it."""
+
+
 @dataclass(frozen=True)
 class Allocation:
-    """A block of a pool held by an attachment; `created` when this call reserved it."""
+    """A block of a pool held by an attachment; `created` when this call reserved it,
+    `adopted` the claim's record as it was when this call took it over."""
 
     pool: Pool
     index: int
     created: bool
+    adopted: Record | None = None
 
     @property
     def address(self) -> str:
@@ -53,10 +70,11 @@ def pool_state(conf: IpamConfig, pool: Pool) -> PoolState:
 
 def allocate(conf: IpamConfig, pool: Pool, attachment: Attachment,
              blocks: BlockApi | None = None, requested: PoolRequest | None = None,
-             ) -> Allocation:
+             claim: ClaimOwner | None = None) -> Allocation:
     """The block `attachment` holds in `pool`, reserving the requested one, else the next
     free one, if none (code 102). blocks: the cluster's IPAMBlocks, for a pool of `scope:
-    cluster`."""
+    cluster`. claim: the IPAMClaim owning the allocation; its record, if it has one here, is
+    adopted."""
     with pool_state(conf, pool).locked() as state:
         held = state.lookup(attachment)
         if held is None and (held := state.find(attachment)) is not None:
@@ -70,30 +88,57 @@ def allocate(conf: IpamConfig, pool: Pool, attachment: Attachment,
                                       f"{pool.answer(index)} in pool {pool.subnet}",
                                       "a repeated ADD keeps the address it has; DEL first")
             return Allocation(pool, index, created=False)
+        if claim is not None and (own := _claims_record(state, claim, requested)) is not None:
+            state.adopt(own, attachment)
+            _note(conf, claim, state)
+            return _allocation(pool, own.name, created=False, adopted=own)
         name: str | None
         if requested is not None:
-            name = _reserve_requested(conf, state, attachment, blocks, requested)
+            name = _reserve_requested(conf, state, attachment, blocks, requested, claim)
         elif conf.scope == "cluster":
-            name = _reserve_in_cluster(conf, pool, state, attachment, blocks)
+            name = _reserve_in_cluster(conf, pool, state, attachment, blocks, claim)
         else:
             after = pool.index_of_name(state.cursor() or "")
             name = state.reserve(attachment,
-                                 (pool.record_name(i) for i in pool.candidates(after)))
+                                 (pool.record_name(i) for i in pool.candidates(after)), claim)
+        if name is not None and claim is not None:
+            _note(conf, claim, state)
     if name is None:
         raise CniError(IPAM_EXHAUSTED,
                        f"pool {pool.subnet} of network {conf.network!r} is exhausted",
                        f"all {pool.capacity} allocatable /{pool.block_prefix} blocks are in use")
+    return _allocation(pool, name, created=True)
+
+
+def _note(conf: IpamConfig, claim: ClaimOwner, state: PoolState) -> None:
+    if conf.data_root:  # so that the claim's deletion finds this pool (claimed.py)
+        claimed.note(conf.data_root, claim.uid, state.directory)
+
+
+def _allocation(pool: Pool, name: str, *, created: bool,
+                adopted: Record | None = None) -> Allocation:
     index = pool.index_of_name(name)
     if index is None:
         raise CniError(INTERNAL_ERROR, f"reserved {name!r}, which is not a block of {pool.subnet}")
-    return Allocation(pool, index, created=True)
+    return Allocation(pool, index, created=created, adopted=adopted)
+
+
+def _claims_record(state: PoolState, claim: ClaimOwner,
+                   requested: PoolRequest | None) -> Record | None:
+    """The claim's record in this pool (the requested one, when the claim's addresses are
+    requested), if it has one."""
+    owned = state.claimed(claim.uid)
+    if requested is not None:
+        owned = [r for r in owned if r.name == requested.pool.record_name(requested.index)]
+    return owned[0] if owned else None
 
 
 def _reserve_in_cluster(conf: IpamConfig, pool: Pool, state: PoolState, attachment: Attachment,
-                        blocks: BlockApi | None) -> str:
+                        blocks: BlockApi | None, claim: ClaimOwner | None) -> str:
     """An allocation in this node's cluster blocks, claiming blocks until one has room (code
     102 when the cluster has none left)."""
-    while (name := claims.reserve_in_held(state, conf.network, pool, attachment)) is None:
+    while (name := claims.reserve_in_held(state, conf.network, pool, attachment,
+                                          claim)) is None:
         if blocks is None:
             raise CniError(INTERNAL_ERROR, f"pool {pool.subnet} has scope 'cluster' but no "
                            "API was given to claim a block")
@@ -102,9 +147,10 @@ def _reserve_in_cluster(conf: IpamConfig, pool: Pool, state: PoolState, attachme
 
 
 def _reserve_requested(conf: IpamConfig, state: PoolState, attachment: Attachment,
-                       blocks: BlockApi | None, requested: PoolRequest) -> str:
+                       blocks: BlockApi | None, requested: PoolRequest,
+                       claim: ClaimOwner | None) -> str:
     """The requested allocation, reserved for attachment; code 102 naming who holds it (in a
-    cluster pool: the node holding its block, or the container on this node)."""
+    cluster pool: the node holding its block, or the claim or container on this node)."""
     pool, index = requested.pool, requested.index
     if conf.scope == "cluster":
         if blocks is None:
@@ -112,33 +158,88 @@ def _reserve_requested(conf: IpamConfig, state: PoolState, attachment: Attachmen
                            "API was given to claim a block")
         claims.hold_block_of(state, conf.network, pool, index, blocks)
     name = pool.record_name(index)
-    if state.reserve(attachment, [name]) is not None:
+    if state.reserve(attachment, [name], claim) is not None:
         return name
     record = state.read_record(name)
-    holder = record.attachment if record is not None else None
-    who = (f"container {holder.container_id!r} interface {holder.ifname!r}" if holder
-           else "an unreadable record (the next GC removes it)")
-    raise CniError(IPAM_EXHAUSTED, f"requested address {pool.answer(index)} of pool "
-                   f"{pool.subnet} is taken: {who} holds it",
+    raise AddressTaken(IPAM_EXHAUSTED, f"requested address {pool.answer(index)} of pool "
+                   f"{pool.subnet} is taken: {_holder(record)} holds it",
                    f"network {conf.network!r}; requested by {requested.source}")
+
+
+def _holder(record: Record | None) -> str:
+    """Who holds a record, for a message."""
+    holder = record.attachment if record is not None else None
+    container = (f"container {holder.container_id!r} interface {holder.ifname!r}" if holder
+                 else None)
+    if record is not None and record.claim is not None:
+        return f"IPAMClaim {record.claim}" + (f" (attached to {container})" if container else "")
+    return container or "an unreadable record (the next GC removes it)"
 
 
 def allocate_all(conf: IpamConfig, attachment: Attachment,
                  blocks: BlockApi | None = None,
-                 requested: Mapping[Pool, PoolRequest] | None = None) -> list[Allocation]:
-    """One block per active pool, the requested one where a request names it; what this call
-    reserved is released if a later pool fails."""
+                 requested: Mapping[Pool, PoolRequest] | None = None,
+                 claim: ClaimOwner | None = None) -> list[Allocation]:
+    """One block per active pool, the requested one where a request names it (owned by
+    claim, if given); what this call reserved or adopted is undone if a later pool fails."""
     allocations: list[Allocation] = []
     try:
         for pool in conf.pools:
             allocations.append(allocate(conf, pool, attachment, blocks,
-                                        (requested or {}).get(pool)))
+                                        (requested or {}).get(pool), claim))
     except CniError:
-        for done in reversed(allocations):
-            if done.created:
-                _release_quietly(pool_state(conf, done.pool), attachment)
+        undo(conf, attachment, allocations)
         raise
     return allocations
+
+
+def undo(conf: IpamConfig, attachment: Attachment, allocations: list[Allocation]) -> None:
+    """Undo what allocate_all did and only that (a failed ADD's rollback): a record it reserved
+    is freed, a claim's included (its status never got it); an adopted one is put back as it
+    was (never freed: the claim holds it); one the attachment already held stays. Best effort:
+    logged, never raised."""
+    for done in reversed(allocations):
+        state = pool_state(conf, done.pool)
+        try:
+            with state.locked():
+                if done.created:
+                    state.free(attachment)
+                elif done.adopted is not None:
+                    state.restore(done.adopted, attachment)
+        except CniError as exc:
+            log.warning("cannot undo allocation in %s: %s", state.directory, exc.msg)
+
+
+def free_claim(data_root: str, uid: str, lock_timeout: float) -> list[str]:
+    """Free every record the IPAMClaim with this uid owns on this node, in the pools noted
+    for it under the node's ipamDataRoot (the claim is gone: the agent's watch, GC);
+    `pool directory/address` of each. Continues past a failing pool and raises its error
+    after visiting the others; the notes go once every pool is done."""
+    freed: list[str] = []
+    failures: list[CniError] = []
+    for path in claimed.pools_of(data_root, uid):
+        state = PoolState(path, lock_timeout)
+        try:
+            with state.locked():
+                freed.extend(f"{path}/{r.name}" for r in state.free_claim(uid))
+        except CniError as exc:
+            failures.append(exc)
+    if failures:
+        raise failures[0]
+    claimed.forget(data_root, uid)
+    return freed
+
+
+def claim_owners(data_root: str) -> dict[str, ClaimOwner]:
+    """uid → claim of every IPAMClaim that owns records on this node (lock-free: records
+    change atomically)."""
+    found: dict[str, ClaimOwner] = {}
+    for uid in claimed.uids(data_root):
+        for path in claimed.pools_of(data_root, uid):
+            for record in PoolState(path, 0).claimed(uid):
+                if record.claim is not None:
+                    found.setdefault(uid, record.claim)
+    return found
 
 
 def held(conf: IpamConfig, pool: Pool, attachment: Attachment) -> Allocation | None:
@@ -234,10 +335,3 @@ def _release_block_quietly(conf: IpamConfig, pool: Pool, state: PoolState, name:
     except CniError as exc:
         log.warning("cannot give back the IPAM block of %s: %s", name, exc.msg)
 
-
-def _release_quietly(state: PoolState, attachment: Attachment) -> None:
-    try:
-        with state.locked():
-            state.release(attachment)
-    except CniError as exc:
-        log.warning("cannot undo allocation in %s: %s", state.directory, exc.msg)

@@ -29,7 +29,7 @@ from cni_plugin.ipam.plugin.blocks import (
     pool_hash,
 )
 from cni_plugin.ipam.plugin.pool import Pool
-from cni_plugin.ipam.plugin.store import Attachment, BlockRecord, PoolState
+from cni_plugin.ipam.plugin.store import Attachment, BlockRecord, ClaimOwner, PoolState
 from netconf.errors import IPAM_EXHAUSTED, TRY_AGAIN_LATER, CniError
 
 log = logging.getLogger(__name__)
@@ -84,9 +84,10 @@ def held_blocks(state: PoolState, network: str, pool: Pool) -> list[tuple[BlockR
 
 
 def reserve_in_held(state: PoolState, network: str, pool: Pool,
-                    attachment: Attachment) -> str | None:
-    """Reserve the next free allocation in this node's blocks, after the cursor; None if they
-    are full (or there are none). Disk only: the common-case ADD."""
+                    attachment: Attachment, claim: ClaimOwner | None = None) -> str | None:
+    """Reserve the next free allocation in this node's blocks, after the cursor (owned by
+    claim, if given); None if they are full (or there are none). Disk only: the common-case
+    ADD."""
     indices = sorted(i for _, block in held_blocks(state, network, pool)
                      for i in block.allocatable())
     if not indices:
@@ -95,7 +96,7 @@ def reserve_in_held(state: PoolState, network: str, pool: Pool,
     if after is not None:
         split = next((n for n, i in enumerate(indices) if i > after), len(indices))
         indices = indices[split:] + indices[:split]
-    return state.reserve(attachment, (pool.record_name(i) for i in indices))
+    return state.reserve(attachment, (pool.record_name(i) for i in indices), claim)
 
 
 def claim(state: PoolState, network: str, pool: Pool, api: BlockApi) -> ClusterBlock | None:

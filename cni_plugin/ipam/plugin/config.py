@@ -92,6 +92,7 @@ class IpamConfig:
     routes: tuple[Route, ...] = ()
     data_dir: str = DEFAULT_DATA_DIR  # unset in the config: the node's ipamDataRoot
     data_dir_given: bool = False
+    data_root: str = ""  # the node's ipamDataRoot, resolved (set by confine_data_dir)
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT_SECONDS
     scope: Scope = DEFAULT_SCOPE
 
@@ -156,14 +157,20 @@ class DataDirOutsideRoot(CniError):
     """A dataDir outside the node's ipamDataRoot (code 7)."""
 
 
+def node_data_root(environ: Mapping[str, str]) -> str:
+    """The node's ipamDataRoot, resolved (symlinks, `..`): every dataDir is in it (code 7
+    unless it is an absolute path)."""
+    return os.path.realpath(ipam_data_root(environ, read_host_file(environ)))
+
+
 def confine_data_dir(conf: IpamConfig, environ: Mapping[str, str]) -> IpamConfig:
     """conf with its dataDir resolved (symlinks and `..`), which must be the node's
     ipamDataRoot or below it (code 7 naming both otherwise): a network config is tenant input
     and never chooses where this plugin writes (SPEC §14). Every write uses the resolved path."""
     root = ipam_data_root(environ, read_host_file(environ))
-    real_root = os.path.realpath(root)
+    real_root = node_data_root(environ)
     if not conf.data_dir_given:
-        return replace(conf, data_dir=real_root)
+        return replace(conf, data_dir=real_root, data_root=real_root)
     # A directory not made yet resolves through its nearest existing ancestor.
     real = os.path.realpath(conf.data_dir)
     if real != real_root and not real.startswith(real_root.rstrip("/") + "/"):
@@ -172,7 +179,7 @@ def confine_data_dir(conf: IpamConfig, environ: Mapping[str, str]) -> IpamConfig
             INVALID_CONFIG, f"invalid config key 'ipam.dataDir': {conf.data_dir!r} is not in "
             f"the node's ipamDataRoot {root!r}{shown}", f"the node sets that root: host file key "
             f"{IPAM_DATA_ROOT_KEY}, environment {IPAM_DATA_ROOT_ENV}")
-    return replace(conf, data_dir=real)
+    return replace(conf, data_dir=real, data_root=real_root)
 
 
 def _shape_error(exc: ValidationError) -> CniError:

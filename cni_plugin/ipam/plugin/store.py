@@ -2,8 +2,9 @@
 
 Layout (all writes happen under the pool's `lock`):
 - `<address>`: one record per allocation, named by the block's first address and holding
-  `{"containerID", "ifname"}`; created with link(2), so it appears complete and a name that is
-  already taken fails with EEXIST, like O_EXCL;
+  `{"containerID", "ifname"}`, plus `"claim": {"namespace", "name", "uid"}` when an IPAMClaim
+  owns it; a claim's record a DEL detached holds the claim alone. Created with link(2), so it
+  appears complete and a name that is already taken fails with EEXIST, like O_EXCL;
 - `attachments/<containerID>@<ifname>`: the record name an attachment holds, so a repeated ADD
   and DEL find it without scanning the pool (they scan when it is missing or damaged);
 - `last_reserved`: the record name handed out last; the next search starts after it (a hint:
@@ -51,17 +52,48 @@ class Attachment:
             return name
         return "h-" + hashlib.sha256(name.encode()).hexdigest()
 
-    def to_json(self) -> bytes:
-        """The body of a record file."""
-        return json.dumps({"containerID": self.container_id, "ifname": self.ifname}).encode()
+
+@dataclass(frozen=True)
+class ClaimOwner:
+    """The IPAMClaim (KubeVirt's persistent addresses) an allocation belongs to. Only vpc-attach
+    gives it, in-process, from the claim it read: never a network config, which a tenant writes
+    and could name someone else's claim in."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def to_wire(self) -> dict[str, str]:
+        """The record's `claim` field."""
+        return {"namespace": self.namespace, "name": self.name, "uid": self.uid}
 
 
 @dataclass(frozen=True)
 class Record:
-    """One allocation record; `attachment` is None when the file is unreadable or corrupt."""
+    """One allocation record: the attachment holding it and the claim owning it. Both None:
+    the file is unreadable or corrupt; only a claim: a claim's record no container holds."""
 
     name: str
     attachment: Attachment | None
+    claim: ClaimOwner | None = None
+
+    @property
+    def readable(self) -> bool:
+        """Whether the file said whose it is."""
+        return self.attachment is not None or self.claim is not None
+
+    def to_json(self) -> bytes:
+        """The body of the record file."""
+        body: dict[str, object] = {}
+        if self.attachment is not None:
+            body = {"containerID": self.attachment.container_id,
+                    "ifname": self.attachment.ifname}
+        if self.claim is not None:
+            body["claim"] = self.claim.to_wire()
+        return json.dumps(body).encode()
 
 
 @dataclass(frozen=True)
@@ -118,7 +150,7 @@ class PoolState:
             return None
         except OSError as exc:
             raise io_error("read record", self._path(name), exc) from None
-        return Record(name, _parse_record(body))
+        return _parse_record(name, body)
 
     def lookup(self, attachment: Attachment) -> str | None:
         """Name of the record `attachment`'s index entry names, checked against the record."""
@@ -180,11 +212,13 @@ class PoolState:
 
     # Writing.
 
-    def reserve(self, attachment: Attachment, names: Iterable[str]) -> str | None:
-        """Take the first free name of `names` for `attachment`; None if all are taken.
+    def reserve(self, attachment: Attachment, names: Iterable[str],
+                claim: ClaimOwner | None = None) -> str | None:
+        """Take the first free name of `names` for `attachment` (owned by `claim`, if given);
+        None if all are taken.
 
         All or nothing: a record whose index entry cannot be written is removed again."""
-        body = self._write_temp(attachment.to_json())
+        body = self._write_temp(Record("", attachment, claim).to_json())
         try:
             for name in names:
                 try:
@@ -211,14 +245,66 @@ class PoolState:
             self._replace(self._path(INDEX_DIR, attachment.index_name), name.encode())
 
     def release(self, attachment: Attachment) -> str | None:
-        """Remove the record `attachment` holds and its index entry; the released name.
+        """Remove the record `attachment` holds and its index entry; the released name. A
+        claim's record is detached instead (kept, the claim's alone): None then.
 
         Without a usable index entry the pool is scanned, so no record outlives its DEL."""
+        name = self.find(attachment)
+        record = self.read_record(name) if name is not None else None
+        if record is not None and record.claim is not None:
+            detached = Record(record.name, None, record.claim)
+            self._replace(self._path(record.name), detached.to_json())
+            name = None
+        elif name is not None:
+            _unlink(self._path(name))
+        _unlink(self._path(INDEX_DIR, attachment.index_name))
+        return name
+
+    def free(self, attachment: Attachment) -> str | None:
+        """Remove the record `attachment` holds, a claim's too, and its index entry (the undo
+        of a reserve); the freed name."""
         name = self.find(attachment)
         if name is not None:
             _unlink(self._path(name))
         _unlink(self._path(INDEX_DIR, attachment.index_name))
         return name
+
+    def claimed(self, uid: str) -> list[Record]:
+        """The records the claim with this uid owns (O(n): a scan)."""
+        return [r for r in self.records() if r.claim is not None and r.claim.uid == uid]
+
+    def adopt(self, record: Record, attachment: Attachment) -> None:
+        """Hand a claim's record to `attachment` (a re-created Pod of the claim): the record
+        names it, still the claim's, and its index entry points there; the previous holder's
+        entry goes (atomic per file, record first: a crash between leaves an entry that names
+        another attachment's record, which lookup ignores and GC removes)."""
+        self._replace(self._path(record.name),
+                      Record(record.name, attachment, record.claim).to_json())
+        self._replace(self._path(INDEX_DIR, attachment.index_name), record.name.encode())
+        self._drop_index_of(record.attachment, record.name)
+
+    def restore(self, previous: Record, attachment: Attachment) -> None:
+        """Undo `adopt`: the record as it was before, `attachment`'s index entry gone and the
+        previous holder's back."""
+        self._replace(self._path(previous.name), previous.to_json())
+        _unlink(self._path(INDEX_DIR, attachment.index_name))
+        if previous.attachment is not None:
+            self.reindex(previous.attachment, previous.name)
+
+    def free_claim(self, uid: str) -> list[Record]:
+        """Remove every record the claim with this uid owns, and their index entries."""
+        freed = self.claimed(uid)
+        for record in freed:
+            _unlink(self._path(record.name))
+            self._drop_index_of(record.attachment, record.name)
+        return freed
+
+    def _drop_index_of(self, attachment: Attachment | None, name: str) -> None:
+        if attachment is None:
+            return
+        entry = self._path(INDEX_DIR, attachment.index_name)
+        if self._read_text(entry) == name:
+            _unlink(entry)
 
     def collect_garbage(self, valid: set[Attachment]) -> list[Record]:
         """Remove records of attachments not in `valid`, unreadable ones, a second record of an
@@ -243,6 +329,8 @@ class PoolState:
     # Helpers.
 
     def _stale(self, record: Record, valid: set[Attachment]) -> bool:
+        if record.claim is not None:  # the claim's while it exists, whatever its containers
+            return False
         owner = record.attachment
         if owner is None or owner not in valid:
             return True
@@ -319,17 +407,27 @@ def _is_record_name(name: str) -> bool:
     return "/" not in name
 
 
-def _parse_record(body: bytes) -> Attachment | None:
+def _parse_record(name: str, body: bytes) -> Record:
     try:
         data = json.loads(body)
     except ValueError:
-        return None
+        return Record(name, None)
     if not isinstance(data, dict):
-        return None
+        return Record(name, None)
     container_id, ifname = data.get("containerID"), data.get("ifname")
-    if not isinstance(container_id, str) or not isinstance(ifname, str):
+    attachment = Attachment(container_id, ifname) if isinstance(container_id, str) \
+        and isinstance(ifname, str) else None
+    return Record(name, attachment, _parse_claim(data.get("claim")))
+
+
+def _parse_claim(value: object) -> ClaimOwner | None:
+    if not isinstance(value, dict):
         return None
-    return Attachment(container_id, ifname)
+    fields = [value.get(key) for key in ("namespace", "name", "uid")]
+    if not all(isinstance(field, str) and field for field in fields):
+        return None
+    namespace, name, uid = (str(field) for field in fields)
+    return ClaimOwner(namespace, name, uid)
 
 
 def _parse_block(name: str, body: str) -> BlockRecord:

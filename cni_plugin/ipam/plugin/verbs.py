@@ -22,13 +22,19 @@ from cni_plugin.ipam.plugin.config import (
 from cni_plugin.ipam.plugin.kubeblocks import KubeBlockApi, block_api, node_settings
 from cni_plugin.ipam.plugin.pool import Pool
 from cni_plugin.ipam.plugin.requests import PoolRequest, match_pools
-from cni_plugin.ipam.plugin.store import Attachment
-from netconf.capabilities import requested_ips
+from cni_plugin.ipam.plugin.store import Attachment, ClaimOwner
+from netconf.capabilities import (
+    RequestedIps,
+    invalid_request,
+    parse_requested_address,
+    requested_ips,
+)
 from netconf.config import lookup_ci
 from netconf.errors import (
     CHECK_MISMATCH,
     DECODE_FAILURE,
     INCOMPATIBLE_VERSION,
+    INVALID_CONFIG,
     STATUS_NOT_AVAILABLE,
     CniError,
 )
@@ -93,16 +99,70 @@ class IpamInvocation:
 
 def add(request: Request) -> Result:
     """Addresses for the attachment: as configured, or one block per pool (idempotent)."""
+    return add_owned(request).result
+
+
+@dataclass(frozen=True)
+class OwnedAdd:
+    """An ADD done in-process: its result, and what `undo` needs to give back only what it
+    did."""
+
+    result: Result
+    conf: IpamConfig
+    attachment: Attachment
+    allocations: list[allocator.Allocation]
+
+    def undo(self) -> None:
+        """The created-only undo (a failed ADD's rollback): a fresh record is freed, an
+        adopted claim's record put back as it was; best effort."""
+        allocator.undo(self.conf, self.attachment, self.allocations)
+
+
+def add_owned(request: Request, claim: ClaimOwner | None = None,
+              claim_ips: tuple[str, ...] = ()) -> OwnedAdd:
+    """ADD, its records owned by claim when given (vpc-attach in-process only: never from a
+    network config). claim_ips: the claim's `status.ips`, requested exactly (code 7 outside
+    the pools, or when the `ips` capability asks for others)."""
     inv = IpamInvocation.parse(request)
     conf = inv.conf
     if conf.mode != "pools":
-        return Result(ips=[_fixed_ip(fixed) for fixed in conf.fixed], routes=list(conf.routes))
+        result = Result(ips=[_fixed_ip(fixed) for fixed in conf.fixed], routes=list(conf.routes))
+        return OwnedAdd(result, conf, inv.attachment, [])
+    requested = inv.requested
+    if claim is not None and claim_ips:
+        requested = claim_requests(conf, claim, claim_ips, inv.requested)
     blocks = inv.blocks(required=True)  # code 7 before any change without a node identity
     try:
-        allocations = allocator.allocate_all(conf, inv.attachment, blocks, inv.requested)
+        allocations = allocator.allocate_all(conf, inv.attachment, blocks, requested, claim)
     finally:
         if blocks is not None:
             blocks.close()
+    return OwnedAdd(_pool_result(conf, allocations), conf, inv.attachment, allocations)
+
+
+def claim_requests(conf: IpamConfig, claim: ClaimOwner, claim_ips: tuple[str, ...],
+                   asked: Mapping[Pool, PoolRequest]) -> Mapping[Pool, PoolRequest]:
+    """The claim's addresses as requests by pool: code 7 naming the claim when one is not an
+    allocation of the pools, naming both when the `ips` capability asks for others."""
+    source = f"IPAMClaim {claim} status.ips"
+    addresses = tuple(parse_requested_address(source, ip) for ip in claim_ips)
+    matched = match_pools(conf, RequestedIps(addresses, source))
+    uncovered = [pool for pool in conf.pools if pool not in matched]
+    if uncovered:  # its status would never take a second family: every ADD would be 11
+        raise invalid_request(source, f"it holds {', '.join(claim_ips)}, no address of pool "
+                              f"{uncovered[0].subnet} of network {conf.network!r}",
+                              "the claim's addresses are kept as they are: a pool added "
+                              "since (or an address_families change) does not fit it")
+    if asked and {r.requested.ip for r in asked.values()} != {a.ip for a in addresses}:
+        first = next(iter(asked.values()))
+        raise CniError(INVALID_CONFIG, f"invalid config key '{first.source}': it asks for "
+                       f"{', '.join(r.requested.text for r in asked.values())}, but {source} "
+                       f"holds {', '.join(claim_ips)}",
+                       "a Pod of a claim gets the claim's addresses: request those or none")
+    return matched
+
+
+def _pool_result(conf: IpamConfig, allocations: list[allocator.Allocation]) -> Result:
     ips = [IPConfig(address=a.address, gateway=str(a.pool.gateway)) for a in allocations]
     configured = {ipaddress.ip_network(route.dst) for route in conf.routes}
     defaults = [Route(dst=DEFAULT_DST[a.pool.family]) for a in allocations
