@@ -30,6 +30,7 @@ from cni_plugin.core import naming
 from e2e.harness.agentproc import OwnAgents
 from e2e.harness.kernel import mark_rules, run_ip, vpc_table
 from e2e.harness.packets import (
+    SEND_TIMEOUT,
     ask,
     in_netns,
     listener,
@@ -309,7 +310,7 @@ def test_tap_frames_are_checked_like_a_pod(node: Node, mode: str) -> None:
     with listener(node.name, "udp", 7300, node.work) as host, \
             listener(a2.netns, "udp", 7301, node.work) as pod:
         subprocess.run(in_netns(node.name, sys.executable, "-c", _TAP_WRITER, tap,
-                                *(f.hex() for f in frames)), check=True, timeout=30)
+                                *(f.hex() for f in frames)), check=True, timeout=SEND_TIMEOUT)
         pod.wait_for("vm-to-a2")
         wait_counter_above(node.name, "host_dropped", before["host_dropped"])
         wait_counter_above(node.name, "source_dropped", before["source_dropped"])

@@ -13,7 +13,11 @@ from pathlib import Path
 
 from e2e.harness.wait import wait_until
 
-SEND_TIMEOUT = 10.0
+# How long a sender, asker or ping may run beyond its own socket timeout before the test calls it
+# hung. Only a hang waits this long; a sender that could not send says so within its timeout.
+# A sender is a Python process started in a namespace: well under a second natively, but 11.6 s
+# once in the emulated VM while the native tests kept both cores busy (CI, test_datapath[vrf]).
+SEND_TIMEOUT = 60.0
 
 # Binds the wildcard (v4 and v6), prints one line per datagram or connection, flushed.
 _LISTENER = r"""
@@ -141,7 +145,7 @@ class Listener:
         """The payloads received so far."""
         return {payload for _, payload in self.received()}
 
-    def wait_for(self, payload: str, timeout: float = 10.0) -> None:
+    def wait_for(self, payload: str, timeout: float = SEND_TIMEOUT) -> None:
         """Until payload has arrived."""
         wait_until(f"{payload!r} at the listener", lambda: payload in self.payloads(), timeout)
 
