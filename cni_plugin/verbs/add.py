@@ -8,6 +8,8 @@ created-only rollback as it happens.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from cni_plugin.attachment import sid
 from cni_plugin.attachment.create import Created, open_links
 from cni_plugin.attachment.node import lock_attachment
@@ -20,11 +22,13 @@ from cni_plugin.ipam import delegate
 from cni_plugin.publish import Publication, Publisher
 from cni_plugin.publish.source import VerbCluster
 from cni_plugin.tenancy import admit, choice
-from cni_plugin.verbs import persistent_ips
 from cni_plugin.verbs.collaborators import Collaborators
 from cni_plugin.verbs.facts import attachment_of, link_options_of
 from netconf.errors import INVALID_CONFIG, CniError
 from netconf.result import Result
+
+if TYPE_CHECKING:
+    from cni_plugin.verbs.persistent_ips import PodClaim
 
 
 def add(parsed: Invocation, collaborators: Collaborators) -> Result:
@@ -46,7 +50,7 @@ def _add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborators) ->
             Rollback(inv.final_deadline, on_finish=collaborators.rollback_finished) as rollback:
         publisher = Publisher.api_find_router(inv, cluster)
         # allowPersistentIPs: the IPAMClaim the Pod names for this interface, if any.
-        pod_claim = persistent_ips.api_read_pod_claim(inv, cluster)
+        pod_claim = _api_read_pod_claim(inv, cluster)
         if inv.conf.vpc_from_pod:  # what DEL and CHECK read instead of the annotation
             rollback.created("record of the Pod's chosen attachment",
                              lambda _deadline: choice.remove_record(inv))
@@ -78,16 +82,27 @@ def _add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborators) ->
                 answer_sid(inv, attachment, publication, created, addressing, rollback)
                 publication.api_publish(addressing)
             if pod_claim is not None:  # last: a claim holding others rolls all of it back
+                from cni_plugin.verbs import persistent_ips
                 persistent_ips.api_record_allocation(cluster, pod_claim, allocated, inv.deadline)
     return result
 
 
-def _api_record_claim_failure(cluster: VerbCluster, pod_claim: persistent_ips.PodClaim,
+def _api_read_pod_claim(inv: Invocation, cluster: VerbCluster) -> PodClaim | None:
+    """With `allowPersistentIPs`, the IPAMClaim the Pod names for this interface. Its modules
+    are imported only then: every other ADD in a fresh process would pay ~5 ms for them."""
+    if not inv.conf.allow_persistent_ips:
+        return None
+    from cni_plugin.verbs import persistent_ips
+    return persistent_ips.api_read_pod_claim(inv, cluster)
+
+
+def _api_record_claim_failure(cluster: VerbCluster, pod_claim: PodClaim,
                               ipam: delegate.PendingAdd, inv: Invocation) -> None:
     """The claim's failed condition, before the IPAM's error ends the ADD."""
     try:
         ipam.result()
     except CniError as failure:
+        from cni_plugin.verbs import persistent_ips
         persistent_ips.api_record_failure(cluster, pod_claim, failure, inv.deadline)
 
 
@@ -106,13 +121,14 @@ def answer_sid(inv: Invocation, attachment: AttachmentRef, publication: Publicat
 
 
 def start_ipam_add(inv: Invocation, rollback: Rollback,
-                   pod_claim: persistent_ips.PodClaim | None = None) -> delegate.PendingAdd:
+                   pod_claim: PodClaim | None = None) -> delegate.PendingAdd:
     """The delegated ADD, started (a child process running while the rest is made; with a
     claim, vpc-attach-ipam in-process with it), with its release recorded for rollback."""
     ipam = delegate.of(inv)
     if ipam is None:
         return delegate.FinishedAdd(Result())  # a tap without ipam is L2 only
     if pod_claim is not None:
+        from cni_plugin.verbs import persistent_ips
         pending = persistent_ips.start_claimed_add(inv, ipam, pod_claim)
     else:
         pending = ipam.start_add(inv.stdin, inv.deadline)

@@ -27,7 +27,6 @@ from cni_plugin.publish import (
 )
 from cni_plugin.publish.source import VerbCluster
 from cni_plugin.tenancy import choice
-from cni_plugin.verbs import persistent_ips
 from cni_plugin.verbs.collaborators import Collaborators
 from netconf.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CniError
 from netconf.versions import GC_STATUS_MIN_VERSION, at_least
@@ -61,6 +60,7 @@ def gc(inv: Invocation, collaborators: Collaborators) -> None:
         for chosen in _chosen_attachments(inv) if inv.conf.vpc_from_pod else [inv]:
             _collect(chosen, cluster, valid, failures)
         if inv.conf.allow_persistent_ips:  # addresses of deleted IPAMClaims
+            from cni_plugin.verbs import persistent_ips  # only then: see verbs/add.py
             _best_effort(failures, lambda: persistent_ips.api_free_gone_claims(inv, cluster))
     try:
         _forward_ipam(inv)

@@ -9,7 +9,6 @@ from cni_plugin.ipam import delegate
 from cni_plugin.kernel import isolation, srv6
 from cni_plugin.publish import publishing_status, router_has_sids
 from cni_plugin.tenancy import tenancy_status
-from cni_plugin.verbs import persistent_ips
 from cni_plugin.verbs.collaborators import Collaborators
 from netconf.errors import INCOMPATIBLE_VERSION, STATUS_NOT_AVAILABLE, CniError
 from netconf.host import resolve_galactic_settings
@@ -31,6 +30,7 @@ def status(inv: Invocation, collaborators: Collaborators) -> None:
         publishing_status(inv, cluster)
         tenancy_status(inv, cluster)
         if inv.conf.allow_persistent_ips:
+            from cni_plugin.verbs import persistent_ips  # only then: see verbs/add.py
             persistent_ips.api_check_claim_access(inv, cluster)
         sids = inv.conf.attachment != "existing" and inv.conf.isolation == "vrf" and \
             router_has_sids(inv, cluster)
