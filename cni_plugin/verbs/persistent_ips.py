@@ -28,9 +28,8 @@ from cni_plugin.ipam.ipamclaims.api import (
 )
 from cni_plugin.ipam.ipamclaims.claim import Allocated, AllocationFailed, FailureReason, IPAMClaim
 from cni_plugin.ipam.ipamclaims.selection import find_claim_reference
-from cni_plugin.ipam.plugin.allocator import AddressTaken
 from cni_plugin.ipam.plugin.config import DEFAULT_LOCK_TIMEOUT_SECONDS, node_data_root
-from cni_plugin.ipam.plugin.store import ClaimOwner
+from cni_plugin.ipam.plugin.store import AddressTaken, ClaimOwner
 from cni_plugin.kube.client import ApiError, api_failure
 from cni_plugin.publish.resources import PODS
 from cni_plugin.publish.source import VerbCluster

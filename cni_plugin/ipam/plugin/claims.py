@@ -35,12 +35,14 @@ from netconf.errors import IPAM_EXHAUSTED, TRY_AGAIN_LATER, CniError
 log = logging.getLogger(__name__)
 CLAIMING, HELD = "claiming", "held"
 POOL_LABEL = "vpc-attach.datum.net/pool"  # the pool's hash: a claim lists only its pool
+LENT_LABEL = "vpc-attach.datum.net/lent"  # "true" on a lend of one address (lending.py)
 
 
 class BlockApi(Protocol):
     """The IPAMBlock objects as one node sees them (kubeblocks.KubeBlockApi; fakes in tests)."""
 
     node: str
+    created_by: str  # the created-by annotation of what this verb creates
 
     def node_uid(self) -> str:
         """The UID of this node's Node object (code 11 while it does not exist)."""
@@ -54,6 +56,9 @@ class BlockApi(Protocol):
     def create(self, block: ClusterBlock, node_uid: str) -> dict[str, Any] | None:
         """Create the block's object for this node; None when the name exists (409)."""
 
+    def create_lend(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create a lend (lending.lend_object); None when the name exists (409)."""
+
     def get(self, name: str) -> dict[str, Any] | None:
         """The object, or None."""
 
@@ -65,6 +70,12 @@ def node_of(obj: dict[str, Any]) -> str | None:
     """The node an IPAMBlock names."""
     node = (obj.get("spec") or {}).get("node")
     return node if isinstance(node, str) else None
+
+
+def is_lend(obj: dict[str, Any]) -> bool:
+    """Whether an IPAMBlock is a lend of one address (lending.py) rather than a block."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return labels.get(LENT_LABEL) == "true"
 
 
 def uid_of(obj: dict[str, Any]) -> str:
@@ -106,7 +117,8 @@ def claim(state: PoolState, network: str, pool: Pool, api: BlockApi) -> ClusterB
     if settle(state, network, pool, api):
         return None
     node_uid = api.node_uid()
-    listed = {str(o["metadata"]["name"]): o for o in api.pool_blocks(network, pool)}
+    listed = {str(o["metadata"]["name"]): o for o in api.pool_blocks(network, pool)
+              if not is_lend(o)}
     reassert(state, network, pool, api, listed, node_uid)
     held = {record.name for record in state.blocks()}
     count = blocks_of(network, pool)
@@ -155,35 +167,43 @@ def _create_claim(state: PoolState, pool: Pool, block: ClusterBlock, api: BlockA
 
 
 def hold_block_of(state: PoolState, network: str, pool: Pool, index: int,
-                  api: BlockApi) -> None:
+                  api: BlockApi) -> dict[str, Any] | None:
     """Make sure this node holds the cluster block of allocation `index` (a requested
-    address): held already, adopted, or claimed now; code 102 naming the node that holds it
-    otherwise (addresses are not lent across nodes)."""
+    address): held already, adopted, or claimed now (None); the IPAMBlock of the node that
+    holds it otherwise (the caller refuses it, or borrows the address for a claim)."""
     block = block_of_index(network, pool, index)
 
     def held() -> bool:
         return any(record.name == block.name for record, _ in held_blocks(state, network, pool))
 
     if held():  # the common case of a request: asks the API nothing
-        return
+        return None
     settle(state, network, pool, api)
     if held():
-        return
+        return None
     current = api.get(block.name)
     if current is None:
         if _create_claim(state, pool, block, api, api.node_uid()):
-            return
+            return None
         current = api.get(block.name)
     if current is not None and node_of(current) == api.node:  # ours without a local record
         state.write_block(BlockRecord(block.name, str(block.cidr), uid_of(current), HELD))
-        return
+        return None
     if current is None:  # deleted between our create and our read: ask again
         raise CniError(TRY_AGAIN_LATER, f"IPAM block {block.name} ({block.cidr}) changed "
                        "while it was being claimed")
-    raise CniError(IPAM_EXHAUSTED, f"requested address {pool.answer(index)} of pool "
-                   f"{pool.subnet} is in IPAM block {block.name} ({block.cidr}), held by node "
-                   f"{node_of(current)!r}", f"network {network!r}: this node ({api.node}) "
-                   "allocates only in blocks it holds; addresses are not lent across nodes")
+    return current
+
+
+def held_elsewhere(network: str, pool: Pool, index: int, holder: dict[str, Any],
+                   node: str) -> CniError:
+    """Code 102 for a requested address (no IPAMClaim's) in a block another node holds."""
+    block = block_of_index(network, pool, index)
+    return CniError(IPAM_EXHAUSTED, f"requested address {pool.answer(index)} of pool "
+                    f"{pool.subnet} is in IPAM block {block.name} ({block.cidr}), held by node "
+                    f"{node_of(holder)!r}", f"network {network!r}: this node ({node}) "
+                    "allocates only in blocks it holds; only an IPAMClaim's addresses are lent "
+                    "across nodes")
 
 
 def reassert(state: PoolState, network: str, pool: Pool, api: BlockApi,
@@ -221,7 +241,7 @@ def settle(state: PoolState, network: str, pool: Pool, api: BlockApi) -> int:
     forgotten otherwise; how many were adopted."""
     adopted = 0
     for record in state.blocks():
-        if record.state == HELD:
+        if record.state != CLAIMING:  # held, or a lend (lending.py)
             continue
         current = api.get(record.name)
         block = block_of_cidr(network, pool, record.cidr)

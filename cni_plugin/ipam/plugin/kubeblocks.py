@@ -91,6 +91,17 @@ class KubeBlockApi:
                 return None
             raise api_failure(exc, f"claim IPAM block {block.cidr}") from None
 
+    def create_lend(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create a lend (lending.lend_object); None on 409 (the address is lent already)."""
+        try:
+            created: dict[str, Any] = self.client.create(IPAM_BLOCKS, body,
+                                                         deadline=self.deadline)
+            return created
+        except ApiError as exc:
+            if exc.status == 409:
+                return None
+            raise api_failure(exc, f"lend {body['spec']['cidr']}") from None
+
     def get(self, name: str) -> dict[str, Any] | None:
         """The object, or None."""
         return self._call("read an IPAM block", lambda: self.client.get(IPAM_BLOCKS, name,
