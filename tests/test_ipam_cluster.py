@@ -9,6 +9,7 @@ import re
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from cni_plugin.agent.metrics import AgentMetrics
 from cni_plugin.core.request import Request
 from cni_plugin.doctor.blocks import ipam_blocks
 from cni_plugin.doctor.checks import Node
+from cni_plugin.doctor.claims import ipam_claims
 from cni_plugin.ipam.plugin import allocator, claims, lending, verbs
 from cni_plugin.ipam.plugin.blocks import (
     ClusterBlock,
@@ -44,6 +46,7 @@ from netconf.errors import (
     TRY_AGAIN_LATER,
     CniError,
 )
+from netconf.host import IPAM_DATA_ROOT_ENV, HostSettings
 
 NETWORK = "shared"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -718,3 +721,43 @@ def test_gc_keeps_a_lend_the_node_records_and_deletes_one_it_does_not(tmp_path: 
         path.unlink()  # the local record lost
     allocator.collect_garbage(conf_b, {Attachment("vm-2", "eth0")}, b)
     assert lends(store) == {}, "a lend naming this node without a record is deleted"
+
+
+class ListingClient:
+    """The doctor's API client, listing the IPAMBlocks of a FakeBlocks by label."""
+
+    def __init__(self, store: FakeBlocks) -> None:
+        self.store = store
+
+    def list(self, _resource: Any, *, deadline: Any, labels: str = "") -> list[dict[str, Any]]:
+        key, value = labels.split("=")
+        return [o for o in self.store.objects.values()
+                if o["metadata"]["labels"].get(key) == value]
+
+    def close(self) -> None:
+        pass
+
+
+def test_doctor_shows_the_claims_held_the_addresses_borrowed_and_those_lent_out(
+        tmp_path: Path) -> None:
+    store, nodes = three_nodes(tmp_path)
+    for name, (conf, _) in nodes.items():  # each node's ipamDataRoot: where claims are noted
+        nodes[name] = (replace(conf, data_root=str(tmp_path / name)), nodes[name][1])
+    (address,) = [a.address for a in allocate_claimed(*nodes["a"], "vm-1", VM_CLAIM)]
+    allocator.release(nodes["a"][0], Attachment("vm-1", "eth0"), nodes["a"][1])
+    allocate_claimed(*nodes["b"], "vm-2", VM_CLAIM, address.split("/")[0])
+
+    def doctor(name: str) -> dict[str, str]:
+        node = Node(environ={IPAM_DATA_ROOT_ENV: str(tmp_path / name)},
+                    cni_conf_dir=str(tmp_path), cni_bin_dir=str(tmp_path), metrics_address="",
+                    ipam_data_dirs=[str(tmp_path / name)],
+                    settings=HostSettings(node_name=f"node-{name}"),
+                    client=ListingClient(store))  # type: ignore[arg-type]
+        return {f.check: f.detail for f in ipam_claims(node)}
+
+    ip = address.split("/")[0]
+    on_a, on_b = doctor("a"), doctor("b")
+    assert f"vms/vm-a.blue: {ip} (kept for the claim's next Pod)" in on_a["ipam.claims"]
+    assert f"{ip}/32 to node 'node-b' for IPAMClaim vms/vm-a.blue" in on_a["ipam.lends.out"]
+    assert f"vms/vm-a.blue: {ip} (attached to vm-2/eth0)" in on_b["ipam.claims"]
+    assert f"borrowed for IPAMClaims' VMs: {ip}/32" in on_b["ipam.lends.borrowed"]
