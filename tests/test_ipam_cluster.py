@@ -515,7 +515,8 @@ def test_cluster_request_in_an_unclaimed_block_claims_that_block(tmp_path: Path)
     assert allocate_requested(conf, api, "c1", "172.27.0.200") == ["172.27.0.200/32"]
     (claimed,) = api.store.objects.values()
     assert claimed["spec"]["cidr"] == "172.27.0.192/28" and claimed["spec"]["node"] == "node-a"
-    assert api.calls == {"get": 1, "get node": 1, "create": 1}
+    # after the create, the pool's lends are listed: a lent address in it is kept for its claim
+    assert api.calls == {"get": 1, "get node": 1, "create": 1, "list pool": 1}
     before = api.requests()
     assert allocate_requested(conf, api, "c2", "172.27.0.201") == ["172.27.0.201/32"]
     assert allocate_requested(conf, api, "c1", "172.27.0.200") == ["172.27.0.200/32"], \
@@ -761,3 +762,27 @@ def test_doctor_shows_the_claims_held_the_addresses_borrowed_and_those_lent_out(
     assert f"{ip}/32 to node 'node-b' for IPAMClaim vms/vm-a.blue" in on_a["ipam.lends.out"]
     assert f"vms/vm-a.blue: {ip} (attached to vm-2/eth0)" in on_b["ipam.claims"]
     assert f"borrowed for IPAMClaims' VMs: {ip}/32" in on_b["ipam.lends.borrowed"]
+
+
+def test_a_node_claiming_the_block_of_a_deleted_holder_keeps_the_lent_address_for_the_claim(
+        tmp_path: Path) -> None:
+    store, nodes = three_nodes(tmp_path)
+    conf_c, c = nodes["c"]
+    conf_c = replace(conf_c, data_root=str(tmp_path / "c"))
+    (address,) = [a.address for a in allocate_claimed(*nodes["a"], "vm-1", VM_CLAIM)]
+    allocator.release(nodes["a"][0], Attachment("vm-1", "eth0"), nodes["a"][1])
+    ip = ipaddress.ip_address(address.split("/")[0])
+    allocate_claimed(*nodes["b"], "vm-2", VM_CLAIM, str(ip))
+    holder = next(n for n, o in store.objects.items() if not claims.is_lend(o))
+    del store.objects[holder]  # node a's Node deleted: the garbage collector took its block
+    neighbour = str(ip + 1)  # node c asks for another address of that block: it claims it
+    assert allocate_requested(conf_c, c, "pod", neighbour) == [f"{neighbour}/32"]
+    assert store.objects[holder]["spec"]["node"] == "node-c"
+    state = allocator.pool_states(conf_c)[0]
+    assert [r.claim for r in state.records() if r.name == str(ip)] == [VM_CLAIM], \
+        "kept as the claim's record on the block's new holder"
+    with pytest.raises(CniError) as info:
+        allocate_requested(conf_c, c, "other", str(ip))
+    assert info.value.code == IPAM_EXHAUSTED and "IPAMClaim vms/vm-a.blue" in info.value.msg
+    assert allocator.free_claim(str(tmp_path / "c"), VM_CLAIM.uid, 5) == \
+        [f"{state.directory}/{ip}"], "noted: freed with the claim"

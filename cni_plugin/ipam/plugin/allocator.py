@@ -134,10 +134,10 @@ def _place(conf: IpamConfig, pool: Pool, state: PoolState, index: int,
     if blocks is None:
         raise CniError(INTERNAL_ERROR, f"pool {pool.subnet} has scope 'cluster' but no "
                        "API was given to claim a block")
-    holder = claims.hold_block_of(state, conf.network, pool, index, blocks)
+    holder = claims.hold_block_of(state, conf.network, pool, index, blocks, conf.data_root)
     if holder is None:
         if claim is not None:
-            lending.recall(conf.network, pool, index, blocks, claim)
+            lending.recall(state, conf.network, pool, index, blocks, claim)
         return None
     if claim is None:
         raise claims.held_elsewhere(conf.network, pool, index, holder, blocks.node)
@@ -165,7 +165,7 @@ def _reserve_in_cluster(conf: IpamConfig, pool: Pool, state: PoolState, attachme
         if blocks is None:
             raise CniError(INTERNAL_ERROR, f"pool {pool.subnet} has scope 'cluster' but no "
                            "API was given to claim a block")
-        claims.claim(state, conf.network, pool, blocks)
+        claims.claim(state, conf.network, pool, blocks, conf.data_root)
     return name
 
 

@@ -123,10 +123,14 @@ def borrow(state: PoolState, network: str, pool: Pool, index: int, holder: Clust
     raise CniError(TRY_AGAIN_LATER, f"IPAMBlock {name} (the lend of {cidr}) keeps changing")
 
 
-def recall(network: str, pool: Pool, index: int, api: BlockApi, claim: ClaimOwner) -> None:
-    """The claim's VM is back on the node holding its address's block: delete the lend that
-    names another node (one GET when there is none)."""
+def recall(state: PoolState, network: str, pool: Pool, index: int, api: BlockApi,
+           claim: ClaimOwner) -> None:
+    """The claim's VM is on the node holding its address's block (back, or this node claimed
+    the block since): delete the claim's lend of it, and this node's record of a lend it made
+    before (one GET when there is none)."""
     name = lend_name(network, pool, index)
+    if any(record.name == name for record in borrowed(state)):
+        state.remove_block(name)
     current = api.get(name)
     if current is None or claim_of(current)[1] != claim.uid:
         return

@@ -247,6 +247,20 @@ class PoolState:
         finally:
             _unlink(body)
 
+    def keep_for_claim(self, name: str, claim: ClaimOwner) -> bool:
+        """Write a claim's record no container holds at `name` unless a record is there
+        (link(2), as `reserve`); whether it was written."""
+        body = self._write_temp(Record(name, None, claim).to_json())
+        try:
+            os.link(body, self._path(name))
+            return True
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            raise io_error("create record", self._path(name), exc) from None
+        finally:
+            _unlink(body)
+
     def reindex(self, attachment: Attachment, name: str) -> None:
         """Point `attachment`'s index entry at `name` again; best effort, as `find` scans."""
         with contextlib.suppress(CniError):
