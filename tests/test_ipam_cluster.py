@@ -668,8 +668,9 @@ def test_a_request_without_a_claim_in_another_nodes_block_is_still_102(tmp_path:
     assert "only an IPAMClaim's addresses are lent" in info.value.msg + info.value.details
 
 
-def test_the_lend_follows_the_vm_to_a_third_node_and_is_recalled_when_it_comes_home(
-        tmp_path: Path) -> None:
+def moved_a_to_b_to_c(tmp_path: Path) -> tuple[FakeBlocks,
+                                                 dict[str, tuple[IpamConfig, FakeApi]], str]:
+    """The claim's VM on node a, then b (borrowed), then c (taken over); its address."""
     store, nodes = three_nodes(tmp_path)
     (address,) = [a.address for a in allocate_claimed(*nodes["a"], "vm-1", VM_CLAIM)]
     ip = address.split("/")[0]
@@ -677,6 +678,13 @@ def test_the_lend_follows_the_vm_to_a_third_node_and_is_recalled_when_it_comes_h
     allocate_claimed(*nodes["b"], "vm-2", VM_CLAIM, ip)
     allocator.release(nodes["b"][0], Attachment("vm-2", "eth0"), nodes["b"][1])
     allocate_claimed(*nodes["c"], "vm-3", VM_CLAIM, ip)
+    return store, nodes, address
+
+
+def test_the_lend_follows_the_vm_to_a_third_node_and_is_recalled_when_it_comes_home(
+        tmp_path: Path) -> None:
+    store, nodes, address = moved_a_to_b_to_c(tmp_path)
+    ip = address.split("/")[0]
     assert [o["spec"]["node"] for o in lends(store).values()] == ["node-c"], "taken over"
     allocator.release(nodes["c"][0], Attachment("vm-3", "eth0"), nodes["c"][1])
     (home,) = allocate_claimed(*nodes["a"], "vm-4", VM_CLAIM, ip)  # adopts its own record
@@ -786,3 +794,21 @@ def test_a_node_claiming_the_block_of_a_deleted_holder_keeps_the_lent_address_fo
     assert info.value.code == IPAM_EXHAUSTED and "IPAMClaim vms/vm-a.blue" in info.value.msg
     assert allocator.free_claim(str(tmp_path / "c"), VM_CLAIM.uid, 5) == \
         [f"{state.directory}/{ip}"], "noted: freed with the claim"
+
+
+def test_gc_on_a_former_borrower_forgets_the_lend_and_the_claims_record_there(
+        tmp_path: Path) -> None:
+    store, nodes, address = moved_a_to_b_to_c(tmp_path)
+    ip = address.split("/")[0]  # took the lend over
+    conf_b, b = nodes["b"]
+    (state_b,) = allocator.pool_states(conf_b)
+    before = len(store.objects)
+    allocator.collect_garbage(conf_b, set(), b)
+    assert lending.borrowed(state_b) == [] and state_b.read_record(ip) is None
+    assert len(store.objects) == before, "node c's lend untouched"
+    conf_c, c = nodes["c"]
+    allocator.collect_garbage(conf_c, {Attachment("vm-3", "eth0")}, c)
+    (state_c,) = allocator.pool_states(conf_c)
+    assert len(lending.borrowed(state_c)) == 1, "the lend naming this node stays"
+    assert allocate_claimed(conf_b, b, "vm-4", VM_CLAIM, ip)[0].lend is not None, \
+        "the claim's next Pod on node b borrows again"

@@ -97,8 +97,9 @@ def _borrowed(node: Node, borrowed: list[BlockRecord]) -> list[Finding]:
         findings.append(Finding(
             "ipam.lends.borrowed", WARN, f"{len(moved) + len(missing)} borrowed address(es) "
             f"no longer lent to this node: {', '.join((moved + missing)[:SHOWN])}",
-            "the claim's VM runs elsewhere now (or its lend is gone); the records stay until "
-            "the claim is deleted and harm nothing"))
+            "the claim's VM runs elsewhere now (or back on the node holding the address); "
+            "this node's next GC of the network forgets them (they keep nothing: a node never "
+            "allocates in another node's block)"))
     return findings
 
 

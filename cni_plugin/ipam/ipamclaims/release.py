@@ -68,9 +68,9 @@ def free_deleted_claim(data_root: str, uid: str, *, lock_timeout: float, name: s
     if client is not None:
         for lend in lends:
             try:
-                client.delete(IPAM_BLOCKS, lend.name, uid=lend.uid or None,
-                              deadline=deadline or Deadline(LEND_DELETE_SECONDS))
-                log.info("deleted lend %s of deleted IPAMClaim %s", lend.name, name)
+                if client.delete(IPAM_BLOCKS, lend.name, uid=lend.uid or None,
+                                 deadline=deadline or Deadline(LEND_DELETE_SECONDS)):
+                    log.info("deleted lend %s of deleted IPAMClaim %s", lend.name, name)
             except (ApiError, CniError) as exc:
                 log.warning("cannot delete lend %s of deleted IPAMClaim %s (GC deletes it): %s",
                             lend.name, name, exc)

@@ -341,6 +341,7 @@ def collect_garbage(conf: IpamConfig, valid: set[Attachment],
                 pool = configured_pool(conf, state)
                 if pool is not None and conf.scope == "cluster" and blocks is not None:
                     claims.settle(state, conf.network, pool, blocks)
+                    lending.drop_moved_on(state, blocks)
                     claims.release_spare_blocks(state, conf.network, pool, blocks)
         except CniError as exc:
             log.warning("GC of %s: %s", state.directory, exc.msg)

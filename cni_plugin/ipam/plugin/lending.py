@@ -156,6 +156,29 @@ def forget_lends_of(state: PoolState, addresses: Iterable[str]) -> list[Lend]:
     return dropped
 
 
+def drop_moved_on(state: PoolState, api: BlockApi) -> list[str]:
+    """GC: forget the lends this node made whose object is gone or names another node now (the
+    claim's VM moved on, or came back to the holder), with the claim's record here when no
+    container holds it: this node never allocates in another node's block, so the record kept
+    nothing, and the claim's next Pod here borrows again. The addresses forgotten."""
+    dropped: list[str] = []
+    for record in borrowed(state):
+        if record.uid is None:
+            continue  # a create in flight or unanswered: left to the claim's deletion
+        current = api.get(record.name)
+        if current is not None and uid_of(current) == record.uid:
+            continue
+        address = record.cidr.split("/", 1)[0]
+        kept = state.read_record(address)
+        if kept is not None and kept.attachment is None and kept.claim is not None:
+            state.free_claim_record(address)
+        state.remove_block(record.name)
+        dropped.append(address)
+        log.info("forgot the lend of %s: it names node %s now", record.cidr,
+                 node_of(current) if current is not None else "none (recalled)")
+    return dropped
+
+
 def undo_lends(api: BlockApi, lends: Iterable[Lend], lock_timeout: float) -> None:
     """A failed ADD deletes the lends it created (uid precondition: one another node took over
     since stays), then their local records; best effort, logged."""

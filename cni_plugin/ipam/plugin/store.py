@@ -321,6 +321,10 @@ class PoolState:
             self._drop_index_of(record.attachment, record.name)
         return freed
 
+    def free_claim_record(self, name: str) -> None:
+        """Remove the claim's record at name that no container holds (a lend moved on)."""
+        _unlink(self._path(name))
+
     def _drop_index_of(self, attachment: Attachment | None, name: str) -> None:
         if attachment is None:
             return
