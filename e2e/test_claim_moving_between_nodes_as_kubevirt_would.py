@@ -10,7 +10,8 @@ by node 1's router only. Moved to node 2 (DEL on node 1, ADD of its next Pod the
 them: node 2 borrows them (one IPAMBlock lend object per address, naming node 2 and node 1's
 block), installs their host routes, and its router alone announces them: no sample of the
 collector's RIB holds a prefix from two routers. Node 1 refuses the address to a Pod without
-the claim (102 naming the claim). Moved on to node 3, node 3 takes the lends over; back on
+the claim (102 naming the claim); `vpc-attach doctor` on each node names the claim and the
+lend from its side. Moved on to node 3, node 3 takes the lends over; back on
 node 1 the VM needs none (node 1 deletes them); out on node 2 again it borrows again. The
 claim deleted, the lend objects go and node 1 hands the address out again. The tests share
 one deployment (the module's `move`) and run in file order; each prints the collector's RIB,
@@ -20,6 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
+import os
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -70,6 +74,7 @@ from e2e.test_galactic_router import (
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.both_paths]
 ATT = "63"
+DOCTOR_TIMEOUT_S = 60.0
 INTRUDER_ATT = "64"  # a Pod without the claim, on the VM's network: a tap of its own
 V4_POOL, V6_POOL = "10.63.0.0/24", "fd00:63::/64"
 # As the shipped tap example (examples/tap-vm.conflist) makes the VM's tap.
@@ -490,6 +495,46 @@ def test_the_vms_next_pod_on_node_2_borrows_the_addresses_and_only_node_2_announ
     assert move.vm is not None and move.vm.site is first, "step 1 left the VM on node 1"
     move.move_vm(second, "2")
     assert_lent(move, second, first)
+
+
+def doctor_claims(site: Site) -> dict[str, list[dict[str, str]]]:
+    """`vpc-attach doctor --json`'s ipam.claims and ipam.lends.* findings, run inside the node
+    with its settings, as an operator runs it there (the other checks of a simulated node are
+    not this test's)."""
+    plugin = site.scene.plugin
+    done = subprocess.run(
+        [*plugin.prefix, str(plugin.cni_bin / "vpc-attach"), "doctor", "--json",
+         "--ipam-data-dir", str(site.scene.data_dir)],
+        env={**os.environ, **plugin.environ}, capture_output=True, text=True,
+        timeout=DOCTOR_TIMEOUT_S, check=False)
+    assert done.stdout.strip(), done.stderr
+    found: dict[str, list[dict[str, str]]] = {}
+    for finding in json.loads(done.stdout)["checks"]:
+        if finding["check"].startswith(("ipam.claims", "ipam.lends")):
+            found.setdefault(finding["check"], []).append(finding)
+    return found
+
+
+def test_doctor_names_the_claim_on_both_nodes_and_the_lend_from_each_side(move: Move) -> None:
+    """With the VM on node 2: node 1's doctor shows the claim's addresses kept for its next Pod
+    and lent to node 2; node 2's shows them attached and borrowed."""
+    first, second, _ = move.sites
+    claim = f"{move.namespace}/{move.claim}"
+    on_first, on_second = doctor_claims(first), doctor_claims(second)
+    print(f"\ndoctor on node 1: {json.dumps(on_first, indent=1)}\n"
+          f"doctor on node 2: {json.dumps(on_second, indent=1)}")
+    assert [f["status"] for f in on_first["ipam.claims"]] == ["ok"]
+    for address in move.addresses:
+        ip = str(ipaddress.ip_interface(address).ip)
+        assert f"{ip} (kept for the claim's next Pod)" in on_first["ipam.claims"][0]["detail"]
+        assert f"{address.split('/')[0]}/" in on_first["ipam.lends.out"][0]["detail"]
+        assert f"{ip} (attached to " in on_second["ipam.claims"][0]["detail"]
+        assert ip in on_second["ipam.lends.borrowed"][0]["detail"]
+    assert f"to node '{second.name}' for IPAMClaim {claim}" in on_first["ipam.lends.out"][0][
+        "detail"]
+    assert claim in on_second["ipam.claims"][0]["detail"]
+    assert [f["status"] for f in on_second["ipam.lends.borrowed"]] == ["ok"], \
+        "the lends name node 2: no warning"
 
 
 def assert_lent(move: Move, borrower: Site, holder: Site) -> None:
