@@ -8,11 +8,28 @@ from pathlib import Path
 from e2e.bench import subjects, targets
 from e2e.bench.report import Row
 from e2e.bench.run import CONCURRENCY, LARGE, SMALL, SMALL_OBJECTS, Run
-from e2e.bench.subjects import AGENT, GO, IN_PROCESS, Subject
+from e2e.bench.subjects import ADOPT, AGENT, FIRST, GO, IN_PROCESS, NO_CLAIM, Subject
+from e2e.harness.ipamclaims import IFNAME
 from e2e.harness.plugin import random_vpc
 
 # The subjects measured in bursts as well.
 CONCURRENT = ("go-ptp", "kernel-hl-agent", "full-agent", "full-inproc")
+# Persistent IPs (SPEC §16): vpc-attach-ipam with allowPersistentIPs, publishing off, the Pods
+# and their IPAMClaims in the small control plane (`claims`). key, label, path, which Pods.
+PERSISTENT_IPS = "vpc-attach allowPersistentIPs, vpc-attach-ipam"
+PERSISTENT_IP_PLAN: tuple[tuple[str, str, str, str], ...] = (
+    ("pip-claim-agent", f"{PERSISTENT_IPS}: Pod of an IPAMClaim holding addresses (adopted)",
+     AGENT, ADOPT),
+    ("pip-claim-inproc", f"{PERSISTENT_IPS}: Pod of an IPAMClaim holding addresses (adopted)",
+     IN_PROCESS, ADOPT),
+    ("pip-first-agent", f"{PERSISTENT_IPS}: Pod of a new IPAMClaim (first allocation)",
+     AGENT, FIRST),
+    ("pip-first-inproc", f"{PERSISTENT_IPS}: Pod of a new IPAMClaim (first allocation)",
+     IN_PROCESS, FIRST),
+    ("pip-none-agent", f"{PERSISTENT_IPS}: Pod without an IPAMClaim", AGENT, NO_CLAIM),
+    ("pip-none-inproc", f"{PERSISTENT_IPS}: Pod without an IPAMClaim", IN_PROCESS, NO_CLAIM),
+)
+POOL_ADDRESSES = 253  # a /24 less network, gateway and broadcast
 
 
 def make_subjects(run: Run, bin_dir: Path) -> list[Subject]:
@@ -84,6 +101,27 @@ def make_subjects(run: Run, bin_dir: Path) -> list[Subject]:
         elif path == AGENT:
             agent = run.agents.get(agent_name)
             subject.skipped = agent.problem if agent else "no agent"
+        made.append(subject)
+    for index, (key, label, path, claims) in enumerate(PERSISTENT_IP_PLAN, start=len(plan)):
+        vpc = random_vpc()
+        run.janitor.own_vpc(vpc)
+        ipam = subjects.vpc_attach_ipam(ipam_dir / key, index)
+        environ = via(SMALL) if path == AGENT else {
+            **no_agent, **kubeconfig(SMALL),
+            "VPC_ATTACH_LOG_FILE": str(run.workdir / "logs" / f"{key}.log")}
+        subject = Subject(key, label, path, bin_dir / "vpc-attach",
+                          subjects.vpc_attach_stanza(vpc, ipam, subjects.KERNEL_ONLY,
+                                                     persistent_ips=True),
+                          environ, vpc=vpc, cluster=SMALL, ifname=IFNAME, claims=claims)
+        agent = run.agents.get(SMALL)
+        if SMALL not in run.clusters:
+            subject.skipped = run.cluster_problem.get(SMALL, "no control plane")
+        elif path == AGENT and (agent is None or agent.problem):
+            subject.skipped = agent.problem if agent else "no agent"
+        elif claims == FIRST and run.options.warmup + run.options.runs > POOL_ADDRESSES:
+            subject.skipped = (f"every ADD keeps an address for its claim: "
+                               f"{run.options.warmup + run.options.runs} runs, a /24 holds "
+                               f"{POOL_ADDRESSES}")
         made.append(subject)
     return made
 
