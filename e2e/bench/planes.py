@@ -13,9 +13,13 @@ from e2e.harness.cluster import Cluster, down
 from e2e.harness.tenancy import create_binding
 
 
-def start_clusters(run: Run) -> None:
-    """Two control planes side by side, so the 10-vs-N comparison is interleaved too."""
+def start_clusters(run: Run, needed: set[str]) -> None:
+    """Two control planes side by side, so the 10-vs-N comparison is interleaved too (only
+    those needed: `--only`)."""
     for name, count in ((SMALL, SMALL_OBJECTS), (LARGE, run.options.objects)):
+        if name not in needed:
+            run.cluster_problem[name] = "not needed by the subjects --only names"
+            continue
         began = time.monotonic()
         try:
             cluster = Cluster.up(run.workdir / f"cluster-{name}")
@@ -66,8 +70,10 @@ def create_pods(run: Run, made: list[Subject]) -> None:
         log(f"control plane {name}: {len(names)} bench Pods "
             f"({time.monotonic() - began:.0f} s)")
     if run.clusters:
+        which = "Both control planes also hold" if len(run.clusters) > 1 else \
+            "The control plane also holds"
         run.notes.append(
-            f"Both control planes also hold the bench's own {most} Pods on the bench node "
+            f"{which} the bench's own {most} Pods on the bench node "
             f"(one per publishing or persistent-IP ADD, created beforehand); the 10 / "
             f"{run.options.objects:,} objects of each kind are other nodes' (other "
             f"routers; Pods and EndpointSlices half in the bench's namespace, half in "

@@ -61,7 +61,7 @@ class Bench:
         started = time.monotonic()
         bin_dir = self._bin_dir()
         if self.options.with_cluster:
-            planes.start_clusters(run)
+            planes.start_clusters(run, plan.clusters_needed(self.options.only))
         else:
             run.cluster_problem = {c: "--no-cluster given" for c in (SMALL, LARGE)}
         agents.start_agents(run, bin_dir)
