@@ -16,6 +16,19 @@ def _interrupt(signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _known_keys() -> tuple[str, ...]:
+    from e2e.bench.plan import KEYS
+    return KEYS
+
+
+def _keys(value: str) -> frozenset[str]:
+    keys = frozenset(key.strip() for key in value.split(",") if key.strip())
+    unknown = sorted(keys - set(_known_keys()))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown subject(s): {', '.join(unknown)}")
+    return keys
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, write the results, print the markdown table."""
     parser = argparse.ArgumentParser(prog="python -m e2e.bench", description=__doc__)
@@ -29,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="foreign objects of each kind in the large control plane")
     parser.add_argument("--no-cluster", action="store_true",
                         help="skip the control planes (and so every publishing row)")
+    parser.add_argument("--only", metavar="KEY[,KEY…]", type=_keys, default=frozenset(),
+                        help="measure only these subjects (and the Go reference, always); "
+                             "keys: " + ", ".join(_known_keys()))
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("python -m e2e.bench needs root (it creates network namespaces)", file=sys.stderr)
@@ -39,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     runs = args.runs or (10 if args.quick else 50)
     options = Options(runs=runs, warmup=2, bursts=max(2, runs // 10), objects=args.objects,
-                      quick=args.quick, with_cluster=not args.no_cluster)
+                      quick=args.quick, with_cluster=not args.no_cluster, only=args.only)
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # also when started with
         signal.signal(signum, _interrupt)  # SIGINT ignored (a background job of a script)
     bench = Bench(options)

@@ -24,7 +24,10 @@ def start_agents(run: Run, bin_dir: Path) -> None:
         directory.mkdir()
         agent = Agent(name, directory / "agent.sock")
         run.agents[name] = agent
+        # The IPAM root too: the agent frees deleted IPAMClaims' records under it, never
+        # under the host's own.
         env = {"VPC_ATTACH_HOST_CONFIG": str(run.workdir / "absent-host.json"),
+               "VPC_ATTACH_IPAM_DATA_ROOT": str(run.workdir / "ipam"),
                "VPC_ATTACH_LOCK_DIR": str(run.workdir / "locks"),
                "VPC_ATTACH_NODE_NAME": run.node}
         if name in run.clusters:

@@ -1,5 +1,6 @@
 """What the bench puts into a control plane: the bench node's BGPRouter, a Pod object for every
-publishing ADD, and N "foreign" objects of each kind the plugin reads or writes.
+publishing ADD, the persistent-IP rows' IPAMClaims and virt-launcher Pods, and N "foreign"
+objects of each kind the plugin reads or writes.
 
 The foreign BGPVRFInstances, BGPAdvertisements, EndpointSlices and Pods belong to other nodes,
 other routers and (for Pods and slices) partly other namespaces, the way a busy cluster looks
@@ -10,7 +11,7 @@ away at the end, so nothing here is deleted one by one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -26,6 +27,7 @@ from cni_plugin.publish.resources import (
     VERSION,
     VRF_INSTANCES,
 )
+from e2e.harness.ipamclaims import claims_path, kubevirt_claim, launcher_pod
 from e2e.harness.kube import ApiError, Kube
 from e2e.harness.publishing import BGP_NS, create_pod, create_router
 from e2e.harness.wait import wait_until
@@ -72,6 +74,30 @@ def bench_pods(kube: Kube, node: str, names: Iterable[str]) -> dict[str, str]:
         return create_pod(kube, name, node, BENCH_NAMESPACE)
 
     return dict(zip(names, _parallel(kube, make, names), strict=True))
+
+
+def launcher_pods(kube: Kube, node: str, claims: Mapping[str, str | None]) -> dict[str, str]:
+    """virt-launcher Pods on the bench node as kubevirt's webhook leaves them, each naming its
+    IPAMClaim (or none: None), created in parallel; name -> uid."""
+    names = list(claims)
+
+    def make(kube: Kube, name: str) -> str:
+        made = kube.create(PODS.path(BENCH_NAMESPACE),
+                           launcher_pod(name, BENCH_NAMESPACE, node, claims[name]))
+        return str(made["metadata"]["uid"])
+
+    return dict(zip(names, _parallel(kube, make, names), strict=True))
+
+
+def vm_claims(kube: Kube, vms: Mapping[str, str], network: str) -> list[str]:
+    """The IPAMClaim kubevirt's ipam-extensions makes for each VM's network (vm -> the
+    network config's name), created in parallel; their names."""
+    def make(kube: Kube, vm: str) -> str:
+        made = kube.create(claims_path(BENCH_NAMESPACE),
+                           kubevirt_claim(BENCH_NAMESPACE, vm, f"uid-{vm}", network, vms[vm]))
+        return str(made["metadata"]["name"])
+
+    return _parallel(kube, make, list(vms))
 
 
 def foreign_objects(kube: Kube, count: int) -> dict[str, int]:

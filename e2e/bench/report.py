@@ -208,8 +208,8 @@ def _latency_line(report: Report, row: Row) -> str:
 def _memory_line(report: Report, memory: MemoryRow) -> str:
     target = memory.target.text if memory.target else "—"
     if memory.skipped or not memory.kib:
-        return f"| {memory.label} | 0 | — | — | {target} | skipped: {memory.skipped} | " \
-               f"{NOT_MEASURED} |"
+        why = memory.skipped or "no measured invocation on this path"
+        return f"| {memory.label} | 0 | — | — | {target} | skipped: {why} | {NOT_MEASURED} |"
     values = [k / MIB for k in memory.kib]
     judged = report.judge_memory(memory)
     measured = judged.target.describe(judged.measured) if judged else memory.detail or "—"

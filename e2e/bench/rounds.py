@@ -69,7 +69,21 @@ def add(run: Run, subject: Subject, netns: Netns, container_id: str, pod: str,
     result = None
     if add_problem is None:
         result = json.loads(done.stdout)
+        add_problem = _not_the_claims(subject, result)
     return done, result, add_problem
+
+
+def addresses(result: dict[str, Any]) -> list[str]:
+    """The addresses of an ADD's result, sorted."""
+    return sorted(str(ip.get("address")) for ip in result.get("ips") or [])
+
+
+def _not_the_claims(subject: Subject, result: dict[str, Any]) -> str | None:
+    """A claim's later Pod that did not get the claim's addresses was not the case its row
+    measures."""
+    if subject.claim_ips is None or addresses(result) == subject.claim_ips:
+        return None
+    return f"ADD got {addresses(result)}, not the IPAMClaim's {subject.claim_ips}"
 
 
 def delete(run: Run, subject: Subject, netns: Netns, container_id: str, pod: str, att: str,
@@ -86,7 +100,7 @@ def _invoke(run: Run, subject: Subject, verb: str, stanza: dict[str, Any], conta
             netns: Netns, pod: str) -> spawn.Execution:
     args = (f"IgnoreUnknown=1;K8S_POD_NAMESPACE=vpc-attach-bench;K8S_POD_NAME={pod};"
             f"K8S_POD_INFRA_CONTAINER_ID={container_id}")
-    if subject.publishes and subject.cluster:
+    if subject.has_pods and subject.cluster:
         args += f";K8S_POD_UID={run.pods[subject.cluster][pod]}"
     env = subject.env(verb, container_id, netns.path, args)
     return spawn.run([str(subject.executable)], env, json.dumps(stanza).encode(),

@@ -32,6 +32,7 @@ class Options:
     objects: int
     quick: bool
     with_cluster: bool = True
+    only: frozenset[str] = frozenset()  # subject keys to measure (the Go reference always)
 
 
 @dataclass

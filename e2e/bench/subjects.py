@@ -15,6 +15,9 @@ from typing import Any
 
 CNI_VERSION = "1.1.0"
 GO, IN_PROCESS, AGENT = "Go", "in-process", "agent"
+# The persistent-IP rows' Pods: the claim's later Pod (its addresses adopted), a new claim's
+# first Pod (allocated), a Pod whose network-selection element names no claim.
+ADOPT, FIRST, NO_CLAIM = "adopt", "first", "none"
 KERNEL_ONLY = {"bgp": False, "endpointSlice": False}
 PUBLISH_IPV4 = {"bgp": True, "endpointSlice": True, "endpointSliceFamilies": ["IPv4"]}
 
@@ -33,12 +36,20 @@ class Subject:
     publishes: bool = False
     cluster: str | None = None  # which control plane its Pods live in
     skipped: str | None = None  # why it is not measured in this run
+    ifname: str = "eth0"
+    claims: str | None = None  # ADOPT, FIRST or NO_CLAIM: a persistent-IP row's Pods
+    claim_ips: list[str] | None = None  # ADOPT: what every ADD must get (the claim's)
+
+    @property
+    def has_pods(self) -> bool:
+        """Whether its invocations name Pod objects of its control plane (K8S_POD_UID)."""
+        return self.cluster is not None and (self.publishes or self.claims is not None)
 
     def env(self, command: str, container_id: str, netns: str, cni_args: str) -> dict[str, str]:
         """The environment of one invocation, as a runtime builds it."""
         return {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
                 "CNI_COMMAND": command, "CNI_CONTAINERID": container_id, "CNI_NETNS": netns,
-                "CNI_IFNAME": "eth0", "CNI_PATH": str(self.executable.parent),
+                "CNI_IFNAME": self.ifname, "CNI_PATH": str(self.executable.parent),
                 "CNI_ARGS": cni_args, **self.environ}
 
 
@@ -60,12 +71,19 @@ def ptp_stanza(data_dir: Path, index: int) -> Callable[[str], dict[str, Any]]:
                          "ipMasq": False, "ipam": ipam}
 
 
-def vpc_attach_stanza(vpc: str, ipam: dict[str, Any],
-                      publish: dict[str, Any]) -> Callable[[str], dict[str, Any]]:
-    """vpc-attach, veth, `isolation: table`, with the given IPAM and publishing."""
-    return lambda att: {"cniVersion": CNI_VERSION, "name": f"bench-{vpc}", "type": "vpc-attach",
-                        "vpc": vpc, "vpcattachment": att, "isolation": "table",
-                        "publish": publish, "ipam": ipam}
+def vpc_attach_stanza(vpc: str, ipam: dict[str, Any], publish: dict[str, Any],
+                      persistent_ips: bool = False) -> Callable[[str], dict[str, Any]]:
+    """vpc-attach, veth, `isolation: table`, with the given IPAM and publishing (and
+    `allowPersistentIPs`, SPEC §16, when persistent_ips)."""
+    extra = {"allowPersistentIPs": True} if persistent_ips else {}
+    return lambda att: {"cniVersion": CNI_VERSION, "name": network_name(vpc),
+                        "type": "vpc-attach", "vpc": vpc, "vpcattachment": att,
+                        "isolation": "table", "publish": publish, "ipam": ipam, **extra}
+
+
+def network_name(vpc: str) -> str:
+    """The network config's `name` (an IPAMClaim's `spec.network` names it)."""
+    return f"bench-{vpc}"
 
 
 def vpc_attach_ipam(data_dir: Path, index: int, cluster_scope: bool = False) -> dict[str, Any]:

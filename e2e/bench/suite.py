@@ -2,11 +2,12 @@
 
 Recipe: a CNI bin dir → two control planes (10 and N foreign objects of each kind; `planes`) →
 one node agent per control plane (`agents`) → the subjects and rows (`plan`) → Pods for every
-publishing ADD → warm-up rounds → measured rounds (`rounds`: each round runs every subject
-once, in an order rotated per round, each ADD/DEL pair in its own fresh netns; `bursts` of 32
-concurrent ADDs spread over the rounds) → the plugin's own log lines (`logs`: time inside the
-verb, and proof the agent served the agent rows) → the agent's resident set (`memory`) →
-`Report`. `close()` removes everything the run created.
+publishing ADD, IPAMClaims and virt-launcher Pods for the persistent-IP rows, each adopted
+claim's first allocation (`claims`) → warm-up rounds → measured rounds (`rounds`: each round
+runs every subject once, in an order rotated per round, each ADD/DEL pair in its own fresh
+netns; `bursts` of 32 concurrent ADDs spread over the rounds) → the plugin's own log lines
+(`logs`: time inside the verb, and proof the agent served the agent rows) → the agent's
+resident set (`memory`) → `Report`. `close()` removes everything the run created.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import shutil
 import time
 from pathlib import Path
 
-from e2e.bench import agents, bursts, logs, machine, memory, plan, planes, rounds, spawn
+from e2e.bench import agents, bursts, claims, logs, machine, memory, plan, planes, rounds, spawn
 from e2e.bench.report import Report
 from e2e.bench.run import LARGE, SMALL, Options, Run, log
 
@@ -34,6 +35,13 @@ METHOD_NOTES = [
     "teardown that the Go reference and in-process DEL include. After every agent DEL (and "
     "burst) the bench waits, unmeasured, until those deletions are done, so they overlap no "
     "other row.",
+    "allowPersistentIPs rows (SPEC §16): vpc-attach-ipam, publishing off, each invocation a "
+    "virt-launcher Pod of its own in the small control plane as kubevirt's webhook leaves it "
+    "(interface net1). 'holding addresses': every Pod names the same IPAMClaim, which got its "
+    "addresses from an unmeasured ADD before the rounds: ADD reads the Pod and the claim, "
+    "adopts them (checked) and writes the claim's ownerPod. 'new': every Pod names a claim of "
+    "its own that holds nothing yet: ADD allocates and writes the claim's status. 'without': "
+    "the Pod's element names no claim: ADD reads the Pod only.",
     "10 versus 2,000 objects: two control planes side by side, each with its own agent, so "
     "that comparison is interleaved like every other. The 32-concurrent in-process row has no "
     "target: it shows the fallback under a burst.",
@@ -53,16 +61,17 @@ class Bench:
         started = time.monotonic()
         bin_dir = self._bin_dir()
         if self.options.with_cluster:
-            planes.start_clusters(run)
+            planes.start_clusters(run, plan.clusters_needed(self.options.only))
         else:
             run.cluster_problem = {c: "--no-cluster given" for c in (SMALL, LARGE)}
         agents.start_agents(run, bin_dir)
         all_subjects = plan.make_subjects(run, bin_dir)
-        sequential = [s for s in all_subjects if not s.skipped]
-        concurrent = [s for s in sequential if s.key in plan.CONCURRENT]
         plan.plan_rows(run, all_subjects)
         planes.create_pods(run, all_subjects)
         planes.bind_vpcs(run, all_subjects)
+        claims.allocate_adopted_claims(run, all_subjects)
+        sequential = [s for s in all_subjects if not s.skipped]
+        concurrent = [s for s in sequential if s.key in plan.CONCURRENT]
         bursts_after = bursts.burst_rounds(self.options.runs, self.options.bursts)
         total = self.options.warmup + self.options.runs
         run.load_before = machine.load_average()
@@ -92,7 +101,8 @@ class Bench:
                       rows=list(run.rows.values()), memory=memory_rows, notes=run.notes)
 
     def close(self) -> None:
-        """Remove every process, namespace, link, rule, control plane and file of this run."""
+        """Remove every process, namespace, link, rule, IPAMClaim, control plane and file of this
+        run."""
         run = self.state
         spawn.kill_all()
         agents.stop_agents(run)
@@ -102,6 +112,7 @@ class Bench:
                 log(f"removed {len(removed)} leftover kernel object(s): {', '.join(removed[:5])}")
         except Exception as exc:
             log(f"kernel sweep: {exc}")
+        claims.delete_claims(run)
         planes.stop_clusters(run)
         shutil.rmtree(run.workdir, ignore_errors=True)
 

@@ -143,16 +143,24 @@ def launcher_pod_as_kubevirts_webhook_left_it(kube: Kube, namespace: str, node: 
                                               claim: str | None) -> tuple[str, str]:
     """A virt-launcher Pod on node whose network-selection element (no interface asked for:
     Multus names it net1) carries ipam-extensions' claim reference; (name, uid)."""
+    name = f"virt-launcher-{VM}-{secrets.token_hex(3)}"
+    pod = kube.create(f"/api/v1/namespaces/{namespace}/pods",
+                      launcher_pod(name, namespace, node.name, claim))
+    return name, str(pod["metadata"]["uid"])
+
+
+def launcher_pod(name: str, namespace: str, node: str, claim: str | None) -> dict[str, Any]:
+    """A virt-launcher Pod object as kubevirt's webhook leaves it: one network-selection
+    element (no interface asked for: Multus names it net1), with ipam-extensions' claim
+    reference when claim is given."""
     element: dict[str, Any] = {"name": "blue-nad", "namespace": namespace}
     if claim is not None:
         element["ipam-claim-reference"] = claim
-    name = f"virt-launcher-{VM}-{secrets.token_hex(3)}"
-    pod = kube.create(f"/api/v1/namespaces/{namespace}/pods", {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "annotations": {NETWORKS_ANNOTATION: json.dumps([element])}},
-        "spec": {"nodeName": node.name, "automountServiceAccountToken": False,
-                 "containers": [{"name": "compute", "image": "registry.invalid/virt:1"}]}})
-    return name, str(pod["metadata"]["uid"])
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name,
+                         "annotations": {NETWORKS_ANNOTATION: json.dumps([element])}},
+            "spec": {"nodeName": node, "automountServiceAccountToken": False,
+                     "containers": [{"name": "compute", "image": "registry.invalid/virt:1"}]}}
 
 
 def kubevirt_deletes_claim(kube: Kube, namespace: str, claim: str) -> str:
