@@ -155,6 +155,38 @@ def launcher_pod_as_kubevirts_webhook_left_it(kube: Kube, namespace: str, node: 
     return name, str(pod["metadata"]["uid"])
 
 
+# What virt-controller puts on a VM's virt-launcher Pods and, once the target node's domain is
+# ready during a live migration, on the target Pod (pkg/virt-controller/watch/migration: a JSON
+# patch `add` of the annotation, its value the VMI's TargetNodeDomainReadyTimestamp).
+KUBEVIRT_VM_NAME_LABEL = "vm.kubevirt.io/name"
+MIGRATION_TARGET_READY = "kubevirt.io/migration-target-ready-timestamp"
+
+
+def virt_launcher_pod(kube: Kube, namespace: str, node: str, claim: str,
+                      vm: str) -> tuple[str, str]:
+    """A virt-launcher Pod of `vm` on node, as virt-controller makes it (the VM's label) and
+    kubevirt's webhook leaves it (the claim reference in its only network-selection element,
+    net1); (name, uid)."""
+    element = {"name": "blue-nad", "namespace": namespace, "ipam-claim-reference": claim}
+    name = f"virt-launcher-{vm}-{secrets.token_hex(3)}"
+    pod = kube.create(f"/api/v1/namespaces/{namespace}/pods", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {KUBEVIRT_VM_NAME_LABEL: vm},
+                     "annotations": {NETWORKS_ANNOTATION: json.dumps([element])}},
+        "spec": {"nodeName": node, "automountServiceAccountToken": False,
+                 "containers": [{"name": "compute", "image": "registry.invalid/virt:1"}]}})
+    return name, str(pod["metadata"]["uid"])
+
+
+def kubevirt_marks_target_ready(kube: Kube, namespace: str, pod: str, timestamp: str) -> None:
+    """What virt-controller does when the migration target's domain is ready: the ready
+    timestamp added to the target Pod's annotations (virt-controller sends a JSON patch `add`;
+    this merge patch has the same effect and the harness's client sends objects)."""
+    kube.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{pod}",
+                 {"metadata": {"annotations": {MIGRATION_TARGET_READY: timestamp}}},
+                 content_type="application/merge-patch+json")
+
+
 def kubevirt_deletes_claim(kube: Kube, namespace: str, claim: str) -> str:
     """The VM is gone: ipam-extensions drops its finalizer and the claim is deleted; the uid
     it had."""
