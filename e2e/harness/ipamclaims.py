@@ -187,6 +187,13 @@ def kubevirt_marks_target_ready(kube: Kube, namespace: str, pod: str, timestamp:
                  content_type="application/merge-patch+json")
 
 
+def pod_completed(kube: Kube, namespace: str, pod: str) -> None:
+    """What kubelet reports once a Pod's containers exited for good: phase Succeeded."""
+    kube.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{pod}/status",
+                 {"status": {"phase": "Succeeded"}},
+                 content_type="application/merge-patch+json")
+
+
 def kubevirt_deletes_claim(kube: Kube, namespace: str, claim: str) -> str:
     """The VM is gone: ipam-extensions drops its finalizer and the claim is deleted; the uid
     it had."""
@@ -251,11 +258,14 @@ class Scene:
         return Launcher(self.plugin, self.node, self.namespace, pod, container, netns)
 
     def attached_and_detached(self, pod: tuple[str, str], container: str) -> dict[str, Any]:
-        """ADD then DEL of the Pod's container in a netns of its own; the ADD's result."""
+        """ADD then DEL of the Pod's container in a netns of its own, and the Pod completed
+        (its VM stopped: the phase kubelet gives a virt-launcher Pod that exited, so it holds
+        the claim no more); the ADD's result."""
         with temporary_netns("vpa-pip") as netns:
             launcher = self.launcher(pod, container, netns)
             result: dict[str, Any] = launcher.ok("ADD", self.conf)
             launcher.ok("DEL", with_prev(self.conf, result))
+        pod_completed(self.kube, self.namespace, pod[0])
         return result
 
     def files(self) -> IpamFiles:
