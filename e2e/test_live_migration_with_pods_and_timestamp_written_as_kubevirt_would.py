@@ -218,6 +218,9 @@ def test_migration_target_announced_on_the_ready_timestamp_set_as_kubevirt_would
             assert pending_records(second) == [f"{target.container}@{IFNAME}.json"]
             assert deployment.routes(prefixes) == deployment.held_by(first, prefixes)
             print(f"collector before the timestamp: {deployment.routes(prefixes)}")
+            checked = target.call("CHECK", with_prev(deployment.conf(second, "41"),
+                                                     answer.body))
+            assert checked.status == 0, checked.stdout  # unannounced on purpose, not drift
 
             kubevirt_marks_target_ready(deployment.kube, deployment.namespace, target.name,
                                         time.strftime("%Y-%m-%d %H:%M:%S +0000 UTC",

@@ -304,11 +304,20 @@ def published_differences(inv: Invocation, cluster: VerbCluster,
         if ctx is None:
             return []
         diffs: list[str] = []
-        if inv.conf.publish.bgp:
+        if inv.conf.publish.bgp and not _pending_target(inv):
             diffs += advertisement_differences(ctx, addressing, inv.deadline)
         if inv.conf.publish.endpoint_slice:
             diffs += endpointslice.slice_differences(ctx, addressing, inv.deadline)
         return diffs
+
+
+def _pending_target(inv: Invocation) -> bool:
+    """Whether this container is a live migration's target not announced yet (its
+    advertisement lacks it on purpose until KubeVirt marks it ready)."""
+    if not inv.conf.allow_persistent_ips:
+        return False
+    from cni_plugin.publish.migration import record_path
+    return os.path.exists(record_path(inv.host.lock_dir, inv.env.container_id, inv.env.ifname))
 
 
 def published_sid(inv: Invocation, cluster: VerbCluster) -> SettledInstance | None:

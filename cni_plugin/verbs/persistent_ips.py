@@ -6,6 +6,11 @@ are gone (`api_free_gone_claims`); STATUS checks the permissions ADD uses
 (`api_check_claim_access`). Every step goes through the verb's one
 cluster session; the Pod comes from the agent's Pod cache when there is one.
 
+A live migration (KubeVirt's source and target Pods of one claim): the claim's other living
+Pods are listed with the claim; a second one makes this Pod the target, recorded instead of
+announced until KubeVirt's ready timestamp (`publish.migration`; STATUS cuts over without an
+agent: `api_cut_over_ready_targets`); a third is refused, code 102.
+
 The plugin is not told its NetworkAttachmentDefinition, so the element is the one whose
 interface is CNI_IFNAME (asked for, or Multus's `net<position + 1>`), and the claim's
 `spec.network` must be this config's `name`. Why: docs/architecture.md ("IPAMClaims").
@@ -240,12 +245,14 @@ def api_free_gone_claims(inv: Invocation, cluster: VerbCluster) -> list[str]:
 
 def api_check_claim_access(inv: Invocation, cluster: VerbCluster) -> None:
     """STATUS with `allowPersistentIPs`: code 50 unless the plugin's identity may read
-    IPAMClaims and update their status (what ADD does), or without a kubeconfig."""
+    IPAMClaims, update their status and list Pods (what ADD does), or without a kubeconfig."""
     try:
         client = cluster.session().client()
         for verb, subresource in (("get", ""), ("update", "status")):
             api_review_access(client, IPAMCLAIMS.group, IPAMCLAIMS.plural, verb,
                               subresource=subresource, deadline=inv.deadline)
+        # the Pods naming a claim (a live migration's other Pod)
+        api_review_access(client, "", "pods", "list", deadline=inv.deadline)
     except ApiError as exc:
         raise CniError(STATUS_NOT_AVAILABLE, api_failure(exc, "check IPAMClaim access").msg,
                        exc.message) from None
