@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cni_plugin.core.deadline import Deadline
+from cni_plugin.core.locks import container_lock_path, file_lock
 from cni_plugin.core.records import write_record
 from cni_plugin.kube.client import CREATED_BY_ANNOTATION, ApiError, KubeClient
 from cni_plugin.publish.bgp.spec import MAX_ATTEMPTS, drop_containers, prefixes_of
@@ -259,8 +260,8 @@ def api_complete_ready(client: KubeClient, lock_dir: str, deadline: Deadline,
                        read_pod: Callable[[str, str], dict[str, Any] | None],
                        network: str | None = None) -> list[PendingTarget]:
     """Cut over every pending target of this node (of `network`, when given) whose Pod is
-    marked ready; a record whose Pod is gone or recreated is left to DEL and GC. The ones cut
-    over."""
+    marked ready, under the container's lock; a record whose Pod is gone or recreated is left
+    to DEL and GC. The ones cut over."""
     done = []
     for pending in pending_targets(lock_dir):
         if network is not None and pending.network != network:
@@ -270,7 +271,12 @@ def api_complete_ready(client: KubeClient, lock_dir: str, deadline: Deadline,
             if pod is not None else False
         if pod is None or recreated or not target_ready(pod):
             continue
-        api_cut_over(client, pending, deadline)
-        remove_pending(lock_dir, pending.container_id, pending.ifname)
+        # Never beside the container's ADD (whose rollback may drop the record) or its DEL.
+        with file_lock(container_lock_path(lock_dir, pending.container_id, pending.ifname),
+                       deadline.remaining()):
+            if not os.path.exists(record_path(lock_dir, pending.container_id, pending.ifname)):
+                continue  # rolled back, deleted or cut over meanwhile
+            api_cut_over(client, pending, deadline)
+            remove_pending(lock_dir, pending.container_id, pending.ifname)
         done.append(pending)
     return done
