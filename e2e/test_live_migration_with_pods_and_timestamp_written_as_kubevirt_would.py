@@ -28,7 +28,7 @@ import pytest
 from cni_plugin.core import naming
 from cni_plugin.publish.endpointslice import slice_name
 from cni_plugin.publish.migration import RECORDS_DIR
-from e2e.harness.agentproc import OwnAgents
+from e2e.harness.agentproc import AgentProcess, OwnAgents
 from e2e.harness.galactic.build import GalacticBuild, ensure_galactic_built
 from e2e.harness.galactic.fabric import Fabric, apply_galactic_crds, running_fabric
 from e2e.harness.ipamclaims import (
@@ -39,7 +39,14 @@ from e2e.harness.ipamclaims import (
 )
 from e2e.harness.kernel import remove_vpc_objects, temporary_netns
 from e2e.harness.kube import Kube
-from e2e.harness.plugin import VIA_AGENT, Answer, base_conf, random_vpc, with_prev
+from e2e.harness.plugin import (
+    NO_AGENT_SOCKET,
+    VIA_AGENT,
+    Answer,
+    base_conf,
+    random_vpc,
+    with_prev,
+)
 from e2e.harness.publishing import advertisement, endpoint_slice
 from e2e.harness.tenancy import bound
 from e2e.harness.wait import wait_until
@@ -50,6 +57,9 @@ PATH = "agent" if VIA_AGENT else "in-process"
 IFNAME = "net1"  # Multus's name for the VM network's element
 FAMILIES = ("IPv6", "IPv4")
 CUT_OVER_POLL_S = 0.01  # how often the collector's RIB is read while timing the cut-over
+# The node's host settings an agent reads at start (the DaemonSet's come from its host file).
+HOST_SETTINGS = ("VPC_ATTACH_NODE_NAME", "VPC_ATTACH_KUBECONFIG", "VPC_ATTACH_LOCK_DIR",
+                 "VPC_ATTACH_HOST_CONFIG", "VPC_ATTACH_NAMESPACE", "VPC_ATTACH_IPAM_DATA_ROOT")
 
 
 @pytest.fixture(scope="module")
@@ -303,3 +313,52 @@ def test_a_third_pod_of_a_claim_is_refused_with_pods_made_as_kubevirt_would(
             assert third.slices() == [None, None]
             assert prefixes_of_node(deployment, second, "44") == set()
         assert deployment.routes(prefixes) == deployment.held_by(first, prefixes)
+
+
+@pytest.mark.skipif(VIA_AGENT, reason="the agent pass's node agents know node 2's records "
+                    "already (they served its earlier ADDs): the restart runs in the "
+                    "in-process pass, with agents of its own")
+def test_a_target_marked_while_its_agent_was_down_is_cut_over_by_the_next_agent(
+        deployment: Deployment, tmp_path: Path) -> None:
+    """The target's ADD goes through an agent of node 2 that then crashes (SIGKILL); KubeVirt
+    marks the target ready while no agent runs; the next agent, started with the node's host
+    settings as the DaemonSet's are, finds the record at its first listing of the node's Pods
+    and cuts over."""
+    first, second = deployment.nodes
+    plugin = second.node.plugin
+    host = {key: value for key, value in plugin.env("ADD", "", "", IFNAME).items()
+            if key in HOST_SETTINGS}
+    vm = f"vm-{secrets.token_hex(3)}"
+    claim = kubevirt_creates_claim(deployment.kube, deployment.namespace,
+                                   f"vms-{deployment.vpc}", vm)
+    with vm_pod(deployment, first, "45", claim, vm) as source:
+        assert source.add().status == 0
+        prefixes = announced_from_source(deployment, source)
+        with vm_pod(deployment, second, "45", claim, vm) as target:
+            (tmp_path / "a1").mkdir()
+            crashed = AgentProcess(tmp_path / "a1", prefix=plugin.prefix, env=host).start()
+            try:
+                plugin.agent_socket = str(crashed.socket)
+                assert target.add().status == 0
+                assert [line["verb"] for line in crashed.verb_lines()] == ["ADD"]
+            finally:
+                plugin.agent_socket = NO_AGENT_SOCKET
+                crashed.kill()
+            assert pending_records(second) == [f"{target.container}@{IFNAME}.json"]
+            kubevirt_marks_target_ready(deployment.kube, deployment.namespace, target.name,
+                                        time.strftime("%Y-%m-%d %H:%M:%S +0000 UTC",
+                                                      time.gmtime()))
+            (tmp_path / "a2").mkdir()
+            started = time.monotonic()
+            with AgentProcess(tmp_path / "a2", prefix=plugin.prefix, env=host):
+                wait_until(f"the collector to hold {sorted(prefixes)} from node 2 only",
+                           lambda: deployment.routes(prefixes) ==
+                           deployment.held_by(second, prefixes), ROUTE_TIMEOUT_S,
+                           interval=CUT_OVER_POLL_S, alive=deployment.fabric.alive,
+                           detail=lambda: str(deployment.routes(prefixes)))
+                print(f"cut-over by the restarted agent: {time.monotonic() - started:.3f} s "
+                      "after it was started")
+                wait_until("the record gone", lambda: pending_records(second) == [],
+                           ROUTE_TIMEOUT_S)
+            assert target.slices_ready() == [True, True]
+            assert source.slices_ready() == [False, False]
