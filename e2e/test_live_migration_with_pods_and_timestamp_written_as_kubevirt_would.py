@@ -262,6 +262,34 @@ def test_migration_target_announced_on_the_ready_timestamp_set_as_kubevirt_would
             assert deployment.routes(prefixes) == deployment.held_by(second, prefixes)
 
 
+def test_a_target_marked_ready_before_its_add_is_announced_by_the_add_as_kubevirt_would(
+        deployment: Deployment) -> None:
+    """The runtime retried the target's ADD after KubeVirt marked the Pod (its first sandbox
+    failed): the ADD announces it and withdraws the source before it answers."""
+    first, second = deployment.nodes
+    vm = f"vm-{secrets.token_hex(3)}"
+    claim = kubevirt_creates_claim(deployment.kube, deployment.namespace,
+                                   f"vms-{deployment.vpc}", vm)
+    with vm_pod(deployment, first, "46", claim, vm) as source:
+        assert source.add().status == 0
+        prefixes = announced_from_source(deployment, source)
+        with vm_pod(deployment, second, "46", claim, vm) as target:
+            kubevirt_marks_target_ready(deployment.kube, deployment.namespace, target.name,
+                                        time.strftime("%Y-%m-%d %H:%M:%S +0000 UTC",
+                                                      time.gmtime()))
+            assert target.add().status == 0
+            assert pending_records(second) == []
+            assert prefixes_of_node(deployment, first, "46") == set()
+            assert prefixes_of_node(deployment, second, "46") == prefixes
+            assert target.slices_ready() == [True, True]
+            assert source.slices_ready() == [False, False]
+            wait_until(f"the collector to hold {sorted(prefixes)} from node 2 only",
+                       lambda: deployment.routes(prefixes) == deployment.held_by(second,
+                                                                                 prefixes),
+                       ROUTE_TIMEOUT_S, alive=deployment.fabric.alive,
+                       detail=lambda: str(deployment.routes(prefixes)))
+
+
 def test_failed_migration_keeps_the_source_with_pods_made_as_kubevirt_would(
         deployment: Deployment) -> None:
     first, second = deployment.nodes
