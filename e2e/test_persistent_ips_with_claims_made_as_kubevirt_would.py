@@ -4,14 +4,18 @@ control plane with the real IPAMClaim CRD. Claims are made as kubevirt's ipam-ex
 them and the Pods carry the network-selection element its webhook leaves; no kubelet runs them.
 A Pod with a claim gets addresses and the claim's status says so; the claim's next Pod gets
 exactly those; nobody else can take them (102 naming the claim); DEL and GC keep them; a
-claim for another network, addresses outside the pool and another IPAM are code 7; a claim
+claim for another network, addresses outside the pool and another IPAM are code 7; two
+claims racing for a pool's last address: one gets it, the other's claim says SubnetExhausted; a
+claim
 another writer filled first rolls the ADD back (11) giving back only what it took; a Pod
 without a claim costs the API requests it always did. Claims are read back with the test's
 own admin client, the records with the harness's reader."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +161,49 @@ def test_an_exhausted_pool_is_recorded_in_the_claim_as_subnet_exhausted(scene: S
     status = claim_status(scene.kube, scene.namespace, claim)
     assert status["ips"] == []
     assert allocated(status) == ("False", "SubnetExhausted", pod[0])
+
+
+def test_two_claims_racing_for_the_last_address_one_gets_it_the_other_is_subnet_exhausted(
+        scene: Scene) -> None:
+    # A /30 hands out one address: two VMs' first Pods ADD at once, each with its own claim.
+    conf = {**scene.conf, "ipam": {**scene.conf["ipam"], "ipv4_subnet": "10.61.0.0/30",
+                                   "address_families": ["IPv4"]}}
+    confs = [conf, {**conf, "vpcattachment": "62"}]  # one attachment per Pod on a node
+    claims = [scene.claim(vm="vm-a"), scene.claim(vm="vm-b")]
+    pods = [scene.pod(claim) for claim in claims]
+    with temporary_netns("vpa-pip") as netns_a, temporary_netns("vpa-pip") as netns_b:
+        launchers = [scene.launcher(pod, f"ctr-{n}", netns)
+                     for n, (pod, netns) in enumerate(zip(pods, (netns_a, netns_b), strict=True))]
+        start = threading.Barrier(2)
+
+        def add(n: int) -> Answer:
+            start.wait(timeout=30)
+            return launchers[n].add(confs[n])
+
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(add, range(2)))
+        assert sorted(a.status == 0 for a in answers) == [False, True], \
+            [a.stdout for a in answers]
+        won = next(n for n, a in enumerate(answers) if a.status == 0)
+        lost = 1 - won
+        assert answers[lost].code == 102 and "exhausted" in answers[lost].body["msg"], \
+            answers[lost].stdout
+        winner, loser = (claim_status(scene.kube, scene.namespace, claims[n])
+                         for n in (won, lost))
+        assert winner["ips"] == ips_of(answers[won].body) == ["10.61.0.2/32"]
+        assert allocated(winner) == ("True", "SuccessfulAllocation", pods[won][0])
+        assert loser["ips"] == []
+        assert allocated(loser) == ("False", "SubnetExhausted", pods[lost][0])
+        assert set(scene.files().claims().values()) == \
+            {f"{scene.namespace}/{claims[won]}@{claim_uid(scene, claims[won])}"}, \
+            "only the winner's claim owns a record"
+        launchers[won].ok("DEL", with_prev(confs[won], answers[won].body))
+
+
+def claim_uid(scene: Scene, claim: str) -> str:
+    stored = scene.kube.get(claims_path(scene.namespace, claim))
+    assert stored is not None
+    return str(stored["metadata"]["uid"])
 
 
 def test_allow_persistent_ips_with_host_local_is_code_7_saying_it_needs_vpc_attach_ipam(

@@ -9,6 +9,7 @@ import re
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ from cni_plugin.agent.metrics import AgentMetrics
 from cni_plugin.core.request import Request
 from cni_plugin.doctor.blocks import ipam_blocks
 from cni_plugin.doctor.checks import Node
-from cni_plugin.ipam.plugin import allocator, claims, verbs
+from cni_plugin.doctor.claims import ipam_claims
+from cni_plugin.ipam.plugin import allocator, claims, lending, verbs
 from cni_plugin.ipam.plugin.blocks import (
     ClusterBlock,
     block_of_cidr,
@@ -35,7 +37,7 @@ from cni_plugin.ipam.plugin.config import IpamConfig, parse_ipam
 from cni_plugin.ipam.plugin.kubeblocks import block_object
 from cni_plugin.ipam.plugin.pool import Pool
 from cni_plugin.ipam.plugin.requests import match_pools
-from cni_plugin.ipam.plugin.store import Attachment, BlockRecord
+from cni_plugin.ipam.plugin.store import AddressTaken, Attachment, BlockRecord, ClaimOwner
 from netconf.capabilities import requested_ips
 from netconf.errors import (
     INVALID_CONFIG,
@@ -44,6 +46,7 @@ from netconf.errors import (
     TRY_AGAIN_LATER,
     CniError,
 )
+from netconf.host import IPAM_DATA_ROOT_ENV, HostSettings
 
 NETWORK = "shared"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -69,6 +72,7 @@ class FakeApi:
     def __init__(self, store: FakeBlocks, node: str) -> None:
         self.store = store
         self.node = node
+        self.created_by = "c/eth0/t"
         self.calls: Counter[str] = Counter()
         self.down = False  # every request fails with code 11
         self.lose_create_answer = False  # the create is stored, its answer lost
@@ -105,6 +109,17 @@ class FakeApi:
             self.store.objects[block.name] = body
         if self.lose_create_answer:
             raise CniError(TRY_AGAIN_LATER, "no answer to POST ipamblocks")
+        return body
+
+    def create_lend(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        self._call("create lend")
+        name = body["metadata"]["name"]
+        with self.store.lock:
+            if name in self.store.objects:
+                return None
+            self.store.uids += 1
+            body["metadata"]["uid"] = f"b{self.store.uids}"
+            self.store.objects[name] = body
         return body
 
     def get(self, name: str) -> dict[str, Any] | None:
@@ -500,7 +515,8 @@ def test_cluster_request_in_an_unclaimed_block_claims_that_block(tmp_path: Path)
     assert allocate_requested(conf, api, "c1", "172.27.0.200") == ["172.27.0.200/32"]
     (claimed,) = api.store.objects.values()
     assert claimed["spec"]["cidr"] == "172.27.0.192/28" and claimed["spec"]["node"] == "node-a"
-    assert api.calls == {"get": 1, "get node": 1, "create": 1}
+    # after the create, the pool's lends are listed: a lent address in it is kept for its claim
+    assert api.calls == {"get": 1, "get node": 1, "create": 1, "list pool": 1}
     before = api.requests()
     assert allocate_requested(conf, api, "c2", "172.27.0.201") == ["172.27.0.201/32"]
     assert allocate_requested(conf, api, "c1", "172.27.0.200") == ["172.27.0.200/32"], \
@@ -577,3 +593,222 @@ def test_cluster_del_gives_back_a_block_claimed_for_a_request(tmp_path: Path) ->
     allocator.release(conf, Attachment("c2", "eth0"), api)
     cidrs = sorted(o["spec"]["cidr"] for o in api.store.objects.values())
     assert "172.27.0.64/28" not in cidrs, "emptied, and the other blocks have a block's room"
+
+
+# ---------------------------------------------------------------------------------------------
+# An IPAMClaim's address lent across nodes (lending.py; the real API and routers:
+# e2e/test_claim_moving_between_nodes_as_kubevirt_would.py)
+
+VM_CLAIM = ClaimOwner("vms", "vm-a.blue", "uid-claim-a")
+OTHER_VM_CLAIM = ClaimOwner("vms", "vm-b.blue", "uid-claim-b")
+
+
+def allocate_claimed(conf: IpamConfig, api: FakeApi, container: str, claim: ClaimOwner,
+                     *ips: str) -> list[allocator.Allocation]:
+    requested = match_pools(conf, requested_ips({"runtimeConfig": {"ips": list(ips)}}, {})) \
+        if ips else {}
+    return allocator.allocate_all(conf, Attachment(container, "eth0"), api, requested, claim)
+
+
+def lends(store: FakeBlocks) -> dict[str, dict[str, Any]]:
+    return {name: o for name, o in store.objects.items() if claims.is_lend(o)}
+
+
+def three_nodes(tmp_path: Path) -> tuple[FakeBlocks, dict[str, tuple[IpamConfig, FakeApi]]]:
+    store = FakeBlocks()
+    return store, {node: (cluster_conf(tmp_path / node, ipv4_subnet="172.27.0.0/24"),
+                          FakeApi(store, f"node-{node}")) for node in ("a", "b", "c")}
+
+
+def test_a_claims_address_in_another_nodes_block_is_lent_to_the_node_running_the_vm(
+        tmp_path: Path) -> None:
+    store, nodes = three_nodes(tmp_path)
+    (address,) = [a.address for a in allocate_claimed(*nodes["a"], "vm-on-a", VM_CLAIM)]
+    allocator.release(nodes["a"][0], Attachment("vm-on-a", "eth0"), nodes["a"][1])  # DEL
+    ip = address.split("/")[0]
+    (moved,) = allocate_claimed(*nodes["b"], "vm-on-b", VM_CLAIM, ip)
+    assert moved.address == address and moved.lend is not None
+    ((name, lend),) = lends(store).items()
+    holder = next(o for o in store.objects.values() if not claims.is_lend(o))
+    assert name == moved.lend.name and name.endswith("-lent")
+    assert lend["spec"] == {"network": NETWORK, "subnet": "172.27.0.0/24",
+                            "allocationPrefixLength": 32, "cidr": f"{ip}/32", "node": "node-b",
+                            "lentFrom": holder["metadata"]["name"], "claim": "vms/vm-a.blue",
+                            "claimUID": "uid-claim-a"}
+    assert lend["metadata"]["labels"][claims.LENT_LABEL] == "true"
+    assert lend["metadata"]["ownerReferences"][0]["name"] == "node-b"
+    assert any(p.is_file() for p in (tmp_path / "a").rglob(ip)), \
+        "node a keeps the claim's record: it never hands it out"
+    with pytest.raises(CniError) as info:  # node a's own requests cannot take it
+        allocate_requested(nodes["a"][0], nodes["a"][1], "other-on-a", ip)
+    assert info.value.code == IPAM_EXHAUSTED and "IPAMClaim vms/vm-a.blue" in info.value.msg
+    again = allocate_claimed(*nodes["b"], "vm-on-b", VM_CLAIM, ip)
+    assert [a.lend for a in again] == [None], "a repeated ADD keeps the lend, makes none"
+
+
+def test_an_address_lent_to_one_claim_is_code_102_for_another_claim_naming_both(
+        tmp_path: Path) -> None:
+    _, nodes = three_nodes(tmp_path)
+    (address,) = [a.address for a in allocate_claimed(*nodes["a"], "vm-on-a", VM_CLAIM)]
+    ip = address.split("/")[0]
+    allocate_claimed(*nodes["b"], "vm-on-b", VM_CLAIM, ip)
+    with pytest.raises(AddressTaken) as info:
+        allocate_claimed(*nodes["c"], "other-vm", OTHER_VM_CLAIM, ip)
+    assert info.value.code == IPAM_EXHAUSTED
+    assert "lent to node 'node-b' for IPAMClaim vms/vm-a.blue" in info.value.msg
+    assert not list((tmp_path / "c").rglob("blocks/*")), "nothing recorded on node c"
+
+
+def test_a_request_without_a_claim_in_another_nodes_block_is_still_102(tmp_path: Path) -> None:
+    _, nodes = three_nodes(tmp_path)
+    (address,) = [a.address for a in allocate_claimed(*nodes["a"], "vm-on-a", VM_CLAIM)]
+    with pytest.raises(CniError) as info:
+        allocate_requested(nodes["b"][0], nodes["b"][1], "plain", address.split("/")[0])
+    assert info.value.code == IPAM_EXHAUSTED and "'node-a'" in info.value.msg
+    assert "only an IPAMClaim's addresses are lent" in info.value.msg + info.value.details
+
+
+def moved_a_to_b_to_c(tmp_path: Path) -> tuple[FakeBlocks,
+                                                 dict[str, tuple[IpamConfig, FakeApi]], str]:
+    """The claim's VM on node a, then b (borrowed), then c (taken over); its address."""
+    store, nodes = three_nodes(tmp_path)
+    (address,) = [a.address for a in allocate_claimed(*nodes["a"], "vm-1", VM_CLAIM)]
+    ip = address.split("/")[0]
+    allocator.release(nodes["a"][0], Attachment("vm-1", "eth0"), nodes["a"][1])
+    allocate_claimed(*nodes["b"], "vm-2", VM_CLAIM, ip)
+    allocator.release(nodes["b"][0], Attachment("vm-2", "eth0"), nodes["b"][1])
+    allocate_claimed(*nodes["c"], "vm-3", VM_CLAIM, ip)
+    return store, nodes, address
+
+
+def test_the_lend_follows_the_vm_to_a_third_node_and_is_recalled_when_it_comes_home(
+        tmp_path: Path) -> None:
+    store, nodes, address = moved_a_to_b_to_c(tmp_path)
+    ip = address.split("/")[0]
+    assert [o["spec"]["node"] for o in lends(store).values()] == ["node-c"], "taken over"
+    allocator.release(nodes["c"][0], Attachment("vm-3", "eth0"), nodes["c"][1])
+    (home,) = allocate_claimed(*nodes["a"], "vm-4", VM_CLAIM, ip)  # adopts its own record
+    assert home.address == address and home.adopted is not None and home.lend is None
+    assert lends(store) == {}, "the holder recalled the lend"
+
+
+def test_a_failed_adds_undo_deletes_the_lend_it_made(tmp_path: Path) -> None:
+    store, nodes = three_nodes(tmp_path)
+    (address,) = [a.address for a in allocate_claimed(*nodes["a"], "vm-1", VM_CLAIM)]
+    conf_b, b = nodes["b"]
+    done = allocate_claimed(conf_b, b, "vm-2", VM_CLAIM, address.split("/")[0])
+    allocator.undo(conf_b, Attachment("vm-2", "eth0"), done, b)
+    assert lends(store) == {}
+    assert not list((tmp_path / "b").rglob("blocks/*")), "its local record went too"
+
+
+def test_freeing_the_claim_drops_the_lends_the_node_made_for_the_caller_to_delete(
+        tmp_path: Path) -> None:
+    store, nodes = three_nodes(tmp_path)
+    (address,) = [a.address for a in allocate_claimed(*nodes["a"], "vm-1", VM_CLAIM)]
+    conf_b, b = nodes["b"]
+    allocate_claimed(conf_b, b, "vm-2", VM_CLAIM, address.split("/")[0])
+    dropped: list[Any] = []
+    for conf, _ in nodes.values():  # vpc-attach notes a claim's pools; here: visit them
+        for state in allocator.pool_states(conf):
+            with state.locked():
+                records = state.free_claim(VM_CLAIM.uid)
+                dropped.extend(lending.forget_lends_of(state, (r.name for r in records)))
+    assert [lend.name for lend in dropped] == list(lends(store))
+    assert allocate_requested(nodes["a"][0], nodes["a"][1], "next", address.split("/")[0]) \
+        == [address], "free again on the holder"
+
+
+def test_gc_keeps_a_lend_the_node_records_and_deletes_one_it_does_not(tmp_path: Path) -> None:
+    store, nodes = three_nodes(tmp_path)
+    (address,) = [a.address for a in allocate_claimed(*nodes["a"], "vm-1", VM_CLAIM)]
+    conf_b, b = nodes["b"]
+    allocate_claimed(conf_b, b, "vm-2", VM_CLAIM, address.split("/")[0])
+    allocator.collect_garbage(conf_b, {Attachment("vm-2", "eth0")}, b)
+    assert len(lends(store)) == 1, "recorded: kept"
+    for path in (tmp_path / "b").rglob("blocks/*-lent"):
+        path.unlink()  # the local record lost
+    allocator.collect_garbage(conf_b, {Attachment("vm-2", "eth0")}, b)
+    assert lends(store) == {}, "a lend naming this node without a record is deleted"
+
+
+class ListingClient:
+    """The doctor's API client, listing the IPAMBlocks of a FakeBlocks by label."""
+
+    def __init__(self, store: FakeBlocks) -> None:
+        self.store = store
+
+    def list(self, _resource: Any, *, deadline: Any, labels: str = "") -> list[dict[str, Any]]:
+        key, value = labels.split("=")
+        return [o for o in self.store.objects.values()
+                if o["metadata"]["labels"].get(key) == value]
+
+    def close(self) -> None:
+        pass
+
+
+def test_doctor_shows_the_claims_held_the_addresses_borrowed_and_those_lent_out(
+        tmp_path: Path) -> None:
+    store, nodes = three_nodes(tmp_path)
+    for name, (conf, _) in nodes.items():  # each node's ipamDataRoot: where claims are noted
+        nodes[name] = (replace(conf, data_root=str(tmp_path / name)), nodes[name][1])
+    (address,) = [a.address for a in allocate_claimed(*nodes["a"], "vm-1", VM_CLAIM)]
+    allocator.release(nodes["a"][0], Attachment("vm-1", "eth0"), nodes["a"][1])
+    allocate_claimed(*nodes["b"], "vm-2", VM_CLAIM, address.split("/")[0])
+
+    def doctor(name: str) -> dict[str, str]:
+        node = Node(environ={IPAM_DATA_ROOT_ENV: str(tmp_path / name)},
+                    cni_conf_dir=str(tmp_path), cni_bin_dir=str(tmp_path), metrics_address="",
+                    ipam_data_dirs=[str(tmp_path / name)],
+                    settings=HostSettings(node_name=f"node-{name}"),
+                    client=ListingClient(store))  # type: ignore[arg-type]
+        return {f.check: f.detail for f in ipam_claims(node)}
+
+    ip = address.split("/")[0]
+    on_a, on_b = doctor("a"), doctor("b")
+    assert f"vms/vm-a.blue: {ip} (kept for the claim's next Pod)" in on_a["ipam.claims"]
+    assert f"{ip}/32 to node 'node-b' for IPAMClaim vms/vm-a.blue" in on_a["ipam.lends.out"]
+    assert f"vms/vm-a.blue: {ip} (attached to vm-2/eth0)" in on_b["ipam.claims"]
+    assert f"borrowed for IPAMClaims' VMs: {ip}/32" in on_b["ipam.lends.borrowed"]
+
+
+def test_a_node_claiming_the_block_of_a_deleted_holder_keeps_the_lent_address_for_the_claim(
+        tmp_path: Path) -> None:
+    store, nodes = three_nodes(tmp_path)
+    conf_c, c = nodes["c"]
+    conf_c = replace(conf_c, data_root=str(tmp_path / "c"))
+    (address,) = [a.address for a in allocate_claimed(*nodes["a"], "vm-1", VM_CLAIM)]
+    allocator.release(nodes["a"][0], Attachment("vm-1", "eth0"), nodes["a"][1])
+    ip = ipaddress.ip_address(address.split("/")[0])
+    allocate_claimed(*nodes["b"], "vm-2", VM_CLAIM, str(ip))
+    holder = next(n for n, o in store.objects.items() if not claims.is_lend(o))
+    del store.objects[holder]  # node a's Node deleted: the garbage collector took its block
+    neighbour = str(ip + 1)  # node c asks for another address of that block: it claims it
+    assert allocate_requested(conf_c, c, "pod", neighbour) == [f"{neighbour}/32"]
+    assert store.objects[holder]["spec"]["node"] == "node-c"
+    state = allocator.pool_states(conf_c)[0]
+    assert [r.claim for r in state.records() if r.name == str(ip)] == [VM_CLAIM], \
+        "kept as the claim's record on the block's new holder"
+    with pytest.raises(CniError) as info:
+        allocate_requested(conf_c, c, "other", str(ip))
+    assert info.value.code == IPAM_EXHAUSTED and "IPAMClaim vms/vm-a.blue" in info.value.msg
+    assert allocator.free_claim(str(tmp_path / "c"), VM_CLAIM.uid, 5) == \
+        [f"{state.directory}/{ip}"], "noted: freed with the claim"
+
+
+def test_gc_on_a_former_borrower_forgets_the_lend_and_the_claims_record_there(
+        tmp_path: Path) -> None:
+    store, nodes, address = moved_a_to_b_to_c(tmp_path)
+    ip = address.split("/")[0]  # took the lend over
+    conf_b, b = nodes["b"]
+    (state_b,) = allocator.pool_states(conf_b)
+    before = len(store.objects)
+    allocator.collect_garbage(conf_b, set(), b)
+    assert lending.borrowed(state_b) == [] and state_b.read_record(ip) is None
+    assert len(store.objects) == before, "node c's lend untouched"
+    conf_c, c = nodes["c"]
+    allocator.collect_garbage(conf_c, {Attachment("vm-3", "eth0")}, c)
+    (state_c,) = allocator.pool_states(conf_c)
+    assert len(lending.borrowed(state_c)) == 1, "the lend naming this node stays"
+    assert allocate_claimed(conf_b, b, "vm-4", VM_CLAIM, ip)[0].lend is not None, \
+        "the claim's next Pod on node b borrows again"

@@ -54,6 +54,12 @@ class DeletedClaimReleaser:
     def _deleted(self, claim: dict[str, Any]) -> None:
         meta = claim.get("metadata") or {}
         uid = meta.get("uid")
-        if isinstance(uid, str) and uid:
+        if not isinstance(uid, str) or not uid:
+            return
+        client = KubeClient(self._creds, self._observe)  # the lends this node made go too
+        try:
             free_deleted_claim(self.data_root, uid, lock_timeout=DEFAULT_LOCK_TIMEOUT_SECONDS,
-                               name=f"{meta.get('namespace')}/{meta.get('name')}")
+                               name=f"{meta.get('namespace')}/{meta.get('name')}",
+                               client=client, deadline=Deadline(RECONCILE_SECONDS))
+        finally:
+            client.close()

@@ -28,6 +28,7 @@ from cni_plugin.doctor.checks import networks as check_networks
 from cni_plugin.doctor.checks import rbac as check_rbac
 from cni_plugin.doctor.checks import router as check_router
 from cni_plugin.doctor.checks import tenancy as check_tenancy
+from cni_plugin.doctor.claims import ipam_claims as check_ipam_claims
 from cni_plugin.doctor.galactic import galactic_datapath as check_galactic_datapath
 
 DEFAULT_CNI_CONF_DIR = "/etc/cni/net.d"
@@ -36,7 +37,8 @@ DEFAULT_CNI_BIN_DIR = "/opt/cni/bin"
 CHECKS: tuple[Callable[[Node], list[Finding]], ...] = (
     check_host_settings, check_networks, check_kernel, check_galactic_datapath,
     check_host_protection, check_agent,
-    check_api, check_rbac, check_router, check_tenancy, check_leftovers, check_ipam_blocks)
+    check_api, check_rbac, check_router, check_tenancy, check_leftovers, check_ipam_blocks,
+    check_ipam_claims)
 
 
 def diagnose(node: Node) -> list[Finding]:

@@ -24,6 +24,7 @@ def ipam_blocks(node: Node) -> list[Finding]:
             state = PoolState(path, API_SECONDS)
             try:
                 blocks, records = state.blocks(), state.records()
+                blocks = [b for b in blocks if b.state != "borrowed"]  # ipam.lends (claims.py)
             except CniError as exc:
                 findings.append(Finding("ipam.blocks", FAIL, f"cannot read {path}: {exc.msg}"))
                 continue

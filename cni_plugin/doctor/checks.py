@@ -204,7 +204,7 @@ def _network_file(node: Node, path: str) -> list[Finding]:
 def _stanza(node: Node, path: str, config: dict[str, Any], plugin: dict[str, Any]) -> Finding:
     merged = {"cniVersion": config.get("cniVersion"), "name": config.get("name"), **plugin}
     try:
-        stanza_host_values(merged, node.environ, _host_file(node))
+        stanza_host_values(merged, node.environ, host_file_of(node))
         conf = parse_netconf(merged)
         bin_path = (node.cni_bin_dir,)
         find_plugin("vpc-attach", bin_path)
@@ -224,7 +224,7 @@ def _stanza(node: Node, path: str, config: dict[str, Any], plugin: dict[str, Any
                    f"{conf.isolation}")
 
 
-def _host_file(node: Node) -> dict[str, Any]:
+def host_file_of(node: Node) -> dict[str, Any]:
     try:
         return read_host_file(node.environ)
     except CniError:

@@ -42,9 +42,8 @@ from cni_plugin.ipam.ipamclaims.holders import (
     migration_source,
 )
 from cni_plugin.ipam.ipamclaims.selection import find_claim_reference
-from cni_plugin.ipam.plugin.allocator import AddressTaken
 from cni_plugin.ipam.plugin.config import DEFAULT_LOCK_TIMEOUT_SECONDS, node_data_root
-from cni_plugin.ipam.plugin.store import ClaimOwner
+from cni_plugin.ipam.plugin.store import AddressTaken, ClaimOwner
 from cni_plugin.kube.client import ApiError, KubeClient, api_failure
 from cni_plugin.publish.migration import MigrationSource, target_ready
 from cni_plugin.publish.resources import PODS

@@ -17,10 +17,13 @@ from collections.abc import Collection
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.ipam.ipamclaims.api import IPAMCLAIMS
 from cni_plugin.ipam.plugin.allocator import claim_owners, free_claim
+from cni_plugin.ipam.plugin.kubeblocks import IPAM_BLOCKS
+from cni_plugin.ipam.plugin.lending import Lend
 from cni_plugin.kube.client import ApiError, KubeClient
 from netconf.errors import CniError
 
 log = logging.getLogger(__name__)
+LEND_DELETE_SECONDS = 10.0  # one lend's DELETE when the caller gave no deadline
 
 
 def api_free_gone_claims(client: KubeClient, data_root: str, *, lock_timeout: float,
@@ -42,16 +45,19 @@ def api_free_gone_claims(client: KubeClient, data_root: str, *, lock_timeout: fl
         if current is not None and (current.get("metadata") or {}).get("uid") == uid:
             continue
         freed.extend(free_deleted_claim(data_root, uid, lock_timeout=lock_timeout,
-                                        name=str(owner)))
+                                        name=str(owner), client=client, deadline=deadline))
     return freed
 
 
-def free_deleted_claim(data_root: str, uid: str, *, lock_timeout: float,
-                       name: str = "") -> list[str]:
-    """Free the records of the claim with this uid (it is known to be gone); logged, never
-    raised."""
+def free_deleted_claim(data_root: str, uid: str, *, lock_timeout: float, name: str = "",
+                       client: KubeClient | None = None,
+                       deadline: Deadline | None = None) -> list[str]:
+    """Free the records of the claim with this uid (it is known to be gone) and delete the
+    lends this node made for them (client: the API; without it GC deletes them); logged,
+    never raised."""
+    lends: list[Lend] = []
     try:
-        freed = free_claim(data_root, uid, lock_timeout)
+        freed = free_claim(data_root, uid, lock_timeout, lends)
     except CniError as exc:
         log.warning("cannot free the addresses of deleted IPAMClaim %s (uid %s): %s", name,
                     uid, exc.msg)
@@ -59,4 +65,13 @@ def free_deleted_claim(data_root: str, uid: str, *, lock_timeout: float,
     if freed:
         log.info("freed the addresses of deleted IPAMClaim %s (uid %s): %s", name, uid,
                  ", ".join(freed))
+    if client is not None:
+        for lend in lends:
+            try:
+                if client.delete(IPAM_BLOCKS, lend.name, uid=lend.uid or None,
+                                 deadline=deadline or Deadline(LEND_DELETE_SECONDS)):
+                    log.info("deleted lend %s of deleted IPAMClaim %s", lend.name, name)
+            except (ApiError, CniError) as exc:
+                log.warning("cannot delete lend %s of deleted IPAMClaim %s (GC deletes it): %s",
+                            lend.name, name, exc)
     return freed

@@ -23,13 +23,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from cni_plugin.ipam.plugin import claimed, claims
-from cni_plugin.ipam.plugin.blocks import pool_hash
+from cni_plugin.ipam.plugin import claimed, claims, lending
+from cni_plugin.ipam.plugin.blocks import block_of_index, pool_hash
 from cni_plugin.ipam.plugin.claims import BlockApi
 from cni_plugin.ipam.plugin.config import IpamConfig
 from cni_plugin.ipam.plugin.pool import Pool
 from cni_plugin.ipam.plugin.requests import PoolRequest
 from cni_plugin.ipam.plugin.store import (
+    AddressTaken,
     Attachment,
     ClaimOwner,
     PoolState,
@@ -42,20 +43,17 @@ from netconf.errors import INTERNAL_ERROR, IPAM_EXHAUSTED, CniError
 log = logging.getLogger(__name__)
 
 
-class AddressTaken(CniError):
-    """Code 102 for a requested address another attachment or claim holds (an exhausted pool
-    is plain 102): an IPAMClaim's failed condition says IPAddressConflict for it."""
-
-
 @dataclass(frozen=True)
 class Allocation:
     """A block of a pool held by an attachment; `created` when this call reserved it,
-    `adopted` the claim's record as it was when this call took it over."""
+    `adopted` the claim's record as it was when this call took it over, `lend` the lend of
+    another node's address this call created for the claim (lending.py)."""
 
     pool: Pool
     index: int
     created: bool
     adopted: Record | None = None
+    lend: lending.Lend | None = None
 
     @property
     def address(self) -> str:
@@ -89,12 +87,16 @@ def allocate(conf: IpamConfig, pool: Pool, attachment: Attachment,
                                       "a repeated ADD keeps the address it has; DEL first")
             return Allocation(pool, index, created=False)
         if claim is not None and (own := _claims_record(state, claim, requested)) is not None:
+            index = pool.index_of_name(own.name)
+            lend = _place(conf, pool, state, index, blocks, claim) if index is not None \
+                and conf.scope == "cluster" else None
             state.adopt(own, attachment)
             _note(conf, claim, state)
-            return _allocation(pool, own.name, created=False, adopted=own)
+            return _allocation(pool, own.name, created=False, adopted=own, lend=lend)
         name: str | None
+        lend = None
         if requested is not None:
-            name = _reserve_requested(conf, state, attachment, blocks, requested, claim)
+            name, lend = _reserve_requested(conf, state, attachment, blocks, requested, claim)
         elif conf.scope == "cluster":
             name = _reserve_in_cluster(conf, pool, state, attachment, blocks, claim)
         else:
@@ -107,7 +109,7 @@ def allocate(conf: IpamConfig, pool: Pool, attachment: Attachment,
         raise CniError(IPAM_EXHAUSTED,
                        f"pool {pool.subnet} of network {conf.network!r} is exhausted",
                        f"all {pool.capacity} allocatable /{pool.block_prefix} blocks are in use")
-    return _allocation(pool, name, created=True)
+    return _allocation(pool, name, created=True, lend=lend)
 
 
 def _note(conf: IpamConfig, claim: ClaimOwner, state: PoolState) -> None:
@@ -115,12 +117,33 @@ def _note(conf: IpamConfig, claim: ClaimOwner, state: PoolState) -> None:
         claimed.note(conf.data_root, claim.uid, state.directory)
 
 
-def _allocation(pool: Pool, name: str, *, created: bool,
-                adopted: Record | None = None) -> Allocation:
+def _allocation(pool: Pool, name: str, *, created: bool, adopted: Record | None = None,
+                lend: lending.Lend | None = None) -> Allocation:
     index = pool.index_of_name(name)
     if index is None:
         raise CniError(INTERNAL_ERROR, f"reserved {name!r}, which is not a block of {pool.subnet}")
-    return Allocation(pool, index, created=created, adopted=adopted)
+    return Allocation(pool, index, created=created, adopted=adopted, lend=lend)
+
+
+def _place(conf: IpamConfig, pool: Pool, state: PoolState, index: int,
+           blocks: BlockApi | None, claim: ClaimOwner | None) -> lending.Lend | None:
+    """Where allocation index of a cluster pool is used: in a block this node holds (or claims
+    now), whose lend to another node for the claim, if any, is recalled; in another node's
+    block, borrowed for the claim (code 102 without a claim: only claims' addresses are
+    lent). The lend this call created, if any."""
+    if blocks is None:
+        raise CniError(INTERNAL_ERROR, f"pool {pool.subnet} has scope 'cluster' but no "
+                       "API was given to claim a block")
+    holder = claims.hold_block_of(state, conf.network, pool, index, blocks, conf.data_root)
+    if holder is None:
+        if claim is not None:
+            lending.recall(state, conf.network, pool, index, blocks, claim)
+        return None
+    if claim is None:
+        raise claims.held_elsewhere(conf.network, pool, index, holder, blocks.node)
+    return lending.borrow(state, conf.network, pool, index,
+                          block_of_index(conf.network, pool, index), claims.node_of(holder) or "",
+                          blocks, claim)
 
 
 def _claims_record(state: PoolState, claim: ClaimOwner,
@@ -142,24 +165,23 @@ def _reserve_in_cluster(conf: IpamConfig, pool: Pool, state: PoolState, attachme
         if blocks is None:
             raise CniError(INTERNAL_ERROR, f"pool {pool.subnet} has scope 'cluster' but no "
                            "API was given to claim a block")
-        claims.claim(state, conf.network, pool, blocks)
+        claims.claim(state, conf.network, pool, blocks, conf.data_root)
     return name
 
 
 def _reserve_requested(conf: IpamConfig, state: PoolState, attachment: Attachment,
                        blocks: BlockApi | None, requested: PoolRequest,
-                       claim: ClaimOwner | None) -> str:
-    """The requested allocation, reserved for attachment; code 102 naming who holds it (in a
-    cluster pool: the node holding its block, or the claim or container on this node)."""
+                       claim: ClaimOwner | None) -> tuple[str, lending.Lend | None]:
+    """The requested allocation, reserved for attachment, and the lend made for it; code 102
+    naming who holds it (in a cluster pool: the node holding its block unless it is a claim's
+    address, lent then; or the claim or container on this node)."""
     pool, index = requested.pool, requested.index
-    if conf.scope == "cluster":
-        if blocks is None:
-            raise CniError(INTERNAL_ERROR, f"pool {pool.subnet} has scope 'cluster' but no "
-                           "API was given to claim a block")
-        claims.hold_block_of(state, conf.network, pool, index, blocks)
+    lend = _place(conf, pool, state, index, blocks, claim) if conf.scope == "cluster" else None
     name = pool.record_name(index)
     if state.reserve(attachment, [name], claim) is not None:
-        return name
+        return name, lend
+    if lend is not None and blocks is not None:  # what this call lent goes with it
+        lending.undo_lend_locked(state, blocks, lend)
     record = state.read_record(name)
     raise AddressTaken(IPAM_EXHAUSTED, f"requested address {pool.answer(index)} of pool "
                    f"{pool.subnet} is taken: {_holder(record)} holds it",
@@ -188,16 +210,17 @@ def allocate_all(conf: IpamConfig, attachment: Attachment,
             allocations.append(allocate(conf, pool, attachment, blocks,
                                         (requested or {}).get(pool), claim))
     except CniError:
-        undo(conf, attachment, allocations)
+        undo(conf, attachment, allocations, blocks)
         raise
     return allocations
 
 
-def undo(conf: IpamConfig, attachment: Attachment, allocations: list[Allocation]) -> None:
+def undo(conf: IpamConfig, attachment: Attachment, allocations: list[Allocation],
+         blocks: BlockApi | None = None) -> None:
     """Undo what allocate_all did and only that (a failed ADD's rollback): a record it reserved
     is freed, a claim's included (its status never got it); an adopted one is put back as it
-    was (never freed: the claim holds it); one the attachment already held stays. Best effort:
-    logged, never raised."""
+    was (never freed: the claim holds it); one the attachment already held stays; a lend it
+    created is deleted (blocks: the API). Best effort: logged, never raised."""
     for done in reversed(allocations):
         state = pool_state(conf, done.pool)
         try:
@@ -208,20 +231,30 @@ def undo(conf: IpamConfig, attachment: Attachment, allocations: list[Allocation]
                     state.restore(done.adopted, attachment)
         except CniError as exc:
             log.warning("cannot undo allocation in %s: %s", state.directory, exc.msg)
+    lends = [done.lend for done in allocations if done.lend is not None]
+    if lends and blocks is not None:
+        lending.undo_lends(blocks, lends, conf.lock_timeout)
 
 
-def free_claim(data_root: str, uid: str, lock_timeout: float) -> list[str]:
+def free_claim(data_root: str, uid: str, lock_timeout: float,
+               lends: list[lending.Lend] | None = None) -> list[str]:
     """Free every record the IPAMClaim with this uid owns on this node, in the pools noted
     for it under the node's ipamDataRoot (the claim is gone: the agent's watch, GC);
-    `pool directory/address` of each. Continues past a failing pool and raises its error
-    after visiting the others; the notes go once every pool is done."""
+    `pool directory/address` of each. The local records of lends made for those addresses go
+    too, and are appended to lends (the caller deletes them from the API; GC deletes any it
+    could not). Continues past a failing pool and raises its error after visiting the
+    others; the notes go once every pool is done."""
     freed: list[str] = []
     failures: list[CniError] = []
     for path in claimed.pools_of(data_root, uid):
         state = PoolState(path, lock_timeout)
         try:
             with state.locked():
-                freed.extend(f"{path}/{r.name}" for r in state.free_claim(uid))
+                records = state.free_claim(uid)
+                freed.extend(f"{path}/{r.name}" for r in records)
+                dropped = lending.forget_lends_of(state, (r.name for r in records))
+                if lends is not None:
+                    lends.extend(dropped)
         except CniError as exc:
             failures.append(exc)
     if failures:
@@ -308,6 +341,7 @@ def collect_garbage(conf: IpamConfig, valid: set[Attachment],
                 pool = configured_pool(conf, state)
                 if pool is not None and conf.scope == "cluster" and blocks is not None:
                     claims.settle(state, conf.network, pool, blocks)
+                    lending.drop_moved_on(state, blocks)
                     claims.release_spare_blocks(state, conf.network, pool, blocks)
         except CniError as exc:
             log.warning("GC of %s: %s", state.directory, exc.msg)

@@ -16,10 +16,12 @@ addresses: the next claim that meets it adopts it, GC deletes it.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import logging
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+from cni_plugin.ipam.plugin import claimed
 from cni_plugin.ipam.plugin.blocks import (
     ClusterBlock,
     block_of_cidr,
@@ -35,12 +37,14 @@ from netconf.errors import IPAM_EXHAUSTED, TRY_AGAIN_LATER, CniError
 log = logging.getLogger(__name__)
 CLAIMING, HELD = "claiming", "held"
 POOL_LABEL = "vpc-attach.datum.net/pool"  # the pool's hash: a claim lists only its pool
+LENT_LABEL = "vpc-attach.datum.net/lent"  # "true" on a lend of one address (lending.py)
 
 
 class BlockApi(Protocol):
     """The IPAMBlock objects as one node sees them (kubeblocks.KubeBlockApi; fakes in tests)."""
 
     node: str
+    created_by: str  # the created-by annotation of what this verb creates
 
     def node_uid(self) -> str:
         """The UID of this node's Node object (code 11 while it does not exist)."""
@@ -54,6 +58,9 @@ class BlockApi(Protocol):
     def create(self, block: ClusterBlock, node_uid: str) -> dict[str, Any] | None:
         """Create the block's object for this node; None when the name exists (409)."""
 
+    def create_lend(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create a lend (lending.lend_object); None when the name exists (409)."""
+
     def get(self, name: str) -> dict[str, Any] | None:
         """The object, or None."""
 
@@ -65,6 +72,12 @@ def node_of(obj: dict[str, Any]) -> str | None:
     """The node an IPAMBlock names."""
     node = (obj.get("spec") or {}).get("node")
     return node if isinstance(node, str) else None
+
+
+def is_lend(obj: dict[str, Any]) -> bool:
+    """Whether an IPAMBlock is a lend of one address (lending.py) rather than a block."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return labels.get(LENT_LABEL) == "true"
 
 
 def uid_of(obj: dict[str, Any]) -> str:
@@ -99,14 +112,18 @@ def reserve_in_held(state: PoolState, network: str, pool: Pool,
     return state.reserve(attachment, (pool.record_name(i) for i in indices), claim)
 
 
-def claim(state: PoolState, network: str, pool: Pool, api: BlockApi) -> ClusterBlock | None:
+def claim(state: PoolState, network: str, pool: Pool, api: BlockApi,
+          data_root: str = "") -> ClusterBlock | None:
     """Claim a block of pool for this node (code 102 when none is free, 11 when the API
     cannot be reached, 5 when the local record cannot be written); None when an unfinished
-    claim was adopted instead (the caller looks for room again)."""
+    claim was adopted instead (the caller looks for room again). data_root: the node's
+    ipamDataRoot, where the claims of lent addresses in the block are noted."""
     if settle(state, network, pool, api):
         return None
     node_uid = api.node_uid()
-    listed = {str(o["metadata"]["name"]): o for o in api.pool_blocks(network, pool)}
+    everything = api.pool_blocks(network, pool)
+    listed = {str(o["metadata"]["name"]): o for o in everything if not is_lend(o)}
+    lends = [o for o in everything if is_lend(o)]
     reassert(state, network, pool, api, listed, node_uid)
     held = {record.name for record in state.blocks()}
     count = blocks_of(network, pool)
@@ -122,7 +139,7 @@ def claim(state: PoolState, network: str, pool: Pool, api: BlockApi) -> ClusterB
                                               HELD))
                 return block
             continue
-        if _create_claim(state, pool, block, api, node_uid):
+        if _create_claim(state, pool, block, api, node_uid, lends, data_root):
             return block
     mine = sum(1 for o in listed.values() if node_of(o) == api.node)
     raise CniError(IPAM_EXHAUSTED, f"pool {pool.subnet} of network {network!r} is exhausted "
@@ -132,9 +149,10 @@ def claim(state: PoolState, network: str, pool: Pool, api: BlockApi) -> ClusterB
 
 
 def _create_claim(state: PoolState, pool: Pool, block: ClusterBlock, api: BlockApi,
-                  node_uid: str) -> bool:
+                  node_uid: str, lends: list[dict[str, Any]] | None, data_root: str) -> bool:
     """Create block's IPAMBlock for this node, its local record written `claiming` first and
-    `held` after; False (and no record) when another node has it."""
+    `held` after; False (and no record) when another node has it. lends: the pool's lends
+    (listed when None), whose addresses in the block are kept for their claims."""
     state.write_block(BlockRecord(block.name, str(block.cidr), None, CLAIMING))
     try:
         created = api.create(block, node_uid)
@@ -151,39 +169,74 @@ def _create_claim(state: PoolState, pool: Pool, block: ClusterBlock, api: BlockA
     state.write_block(BlockRecord(block.name, str(block.cidr), uid_of(created), HELD))
     log.info("claimed IPAM block %s (%s) of pool %s for node %s", block.name, block.cidr,
              pool.subnet, api.node)
+    keep_lent(state, block, api.pool_blocks(block.network, pool) if lends is None else lends,
+              data_root)
     return True
 
 
+def keep_lent(state: PoolState, block: ClusterBlock, lends: list[dict[str, Any]],
+              data_root: str) -> None:
+    """Addresses of a block this node just claimed that are lent to a claim's VM (the node
+    that held the block before was deleted, its IPAMBlock with it): each becomes the claim's
+    record here, as the old holder kept it, so this node never hands it out while the claim
+    exists (freed with the claim, like any claim's record)."""
+    for lend in lends:
+        spec = lend.get("spec") or {}
+        try:
+            address = ipaddress.ip_network(str(spec.get("cidr")))
+        except ValueError:
+            continue
+        index = block.pool.index_of_name(str(address.network_address))
+        namespace, _, name = str(spec.get("claim") or "").partition("/")
+        uid = str(spec.get("claimUID") or "")
+        if index is None or index not in block.indices() or not (namespace and name and uid):
+            continue
+        owner = ClaimOwner(namespace, name, uid)
+        if state.keep_for_claim(block.pool.record_name(index), owner):
+            log.warning("kept %s of newly claimed IPAM block %s for IPAMClaim %s: it is lent "
+                        "to node %s", address, block.name, owner, node_of(lend))
+        if data_root:
+            claimed.note(data_root, uid, state.directory)
+
+
 def hold_block_of(state: PoolState, network: str, pool: Pool, index: int,
-                  api: BlockApi) -> None:
+                  api: BlockApi, data_root: str = "") -> dict[str, Any] | None:
     """Make sure this node holds the cluster block of allocation `index` (a requested
-    address): held already, adopted, or claimed now; code 102 naming the node that holds it
-    otherwise (addresses are not lent across nodes)."""
+    address): held already, adopted, or claimed now (None); the IPAMBlock of the node that
+    holds it otherwise (the caller refuses it, or borrows the address for a claim)."""
     block = block_of_index(network, pool, index)
 
     def held() -> bool:
         return any(record.name == block.name for record, _ in held_blocks(state, network, pool))
 
     if held():  # the common case of a request: asks the API nothing
-        return
+        return None
     settle(state, network, pool, api)
     if held():
-        return
+        return None
     current = api.get(block.name)
     if current is None:
-        if _create_claim(state, pool, block, api, api.node_uid()):
-            return
+        if _create_claim(state, pool, block, api, api.node_uid(), None, data_root):
+            return None
         current = api.get(block.name)
     if current is not None and node_of(current) == api.node:  # ours without a local record
         state.write_block(BlockRecord(block.name, str(block.cidr), uid_of(current), HELD))
-        return
+        return None
     if current is None:  # deleted between our create and our read: ask again
         raise CniError(TRY_AGAIN_LATER, f"IPAM block {block.name} ({block.cidr}) changed "
                        "while it was being claimed")
-    raise CniError(IPAM_EXHAUSTED, f"requested address {pool.answer(index)} of pool "
-                   f"{pool.subnet} is in IPAM block {block.name} ({block.cidr}), held by node "
-                   f"{node_of(current)!r}", f"network {network!r}: this node ({api.node}) "
-                   "allocates only in blocks it holds; addresses are not lent across nodes")
+    return current
+
+
+def held_elsewhere(network: str, pool: Pool, index: int, holder: dict[str, Any],
+                   node: str) -> CniError:
+    """Code 102 for a requested address (no IPAMClaim's) in a block another node holds."""
+    block = block_of_index(network, pool, index)
+    return CniError(IPAM_EXHAUSTED, f"requested address {pool.answer(index)} of pool "
+                    f"{pool.subnet} is in IPAM block {block.name} ({block.cidr}), held by node "
+                    f"{node_of(holder)!r}", f"network {network!r}: this node ({node}) "
+                    "allocates only in blocks it holds; only an IPAMClaim's addresses are lent "
+                    "across nodes")
 
 
 def reassert(state: PoolState, network: str, pool: Pool, api: BlockApi,
@@ -221,7 +274,7 @@ def settle(state: PoolState, network: str, pool: Pool, api: BlockApi) -> int:
     forgotten otherwise; how many were adopted."""
     adopted = 0
     for record in state.blocks():
-        if record.state == HELD:
+        if record.state != CLAIMING:  # held, or a lend (lending.py)
             continue
         current = api.get(record.name)
         block = block_of_cidr(network, pool, record.cidr)

@@ -81,7 +81,14 @@ class KubeBlockApi:
 
     def create(self, block: ClusterBlock, node_uid: str) -> dict[str, Any] | None:
         """Create the block's object for this node; None on 409 (the name exists)."""
-        body = block_object(block, self.node, node_uid, self.created_by)
+        return self._create(block_object(block, self.node, node_uid, self.created_by),
+                            f"claim IPAM block {block.cidr}")
+
+    def create_lend(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create a lend (lending.lend_object); None on 409 (the address is lent already)."""
+        return self._create(body, f"lend {body['spec']['cidr']}")
+
+    def _create(self, body: dict[str, Any], doing: str) -> dict[str, Any] | None:
         try:
             created: dict[str, Any] = self.client.create(IPAM_BLOCKS, body,
                                                          deadline=self.deadline)
@@ -89,7 +96,7 @@ class KubeBlockApi:
         except ApiError as exc:
             if exc.status == 409:
                 return None
-            raise api_failure(exc, f"claim IPAM block {block.cidr}") from None
+            raise api_failure(exc, doing) from None
 
     def get(self, name: str) -> dict[str, Any] | None:
         """The object, or None."""

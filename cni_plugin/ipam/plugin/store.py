@@ -12,7 +12,9 @@ Layout (all writes happen under the pool's `lock`):
 - `.tmp-*`: files being written (temp + rename); leftovers of a crash are removed by GC;
 - `blocks/<IPAMBlock name>` (`scope: cluster` only): a cluster block this node claimed, holding
   `{"name", "cidr", "uid", "state"}`; state `claiming` is written before the claim's create and
-  becomes `held` after it, so a crash in between is settled by the next claim or GC (cluster.py).
+  becomes `held` after it, so a crash in between is settled by the next claim or GC (claims.py);
+  state `borrowed`: one address of another node's block lent to this node for an IPAMClaim,
+  named like its lend object (lending.py).
 """
 
 from __future__ import annotations
@@ -98,17 +100,23 @@ class Record:
 
 @dataclass(frozen=True)
 class BlockRecord:
-    """A cluster block this node claimed (`held`) or is claiming (`claiming`)."""
+    """A cluster block this node claimed (`held`) or is claiming (`claiming`), or one address of
+    another node's block lent to this node for an IPAMClaim (`borrowed`, lending.py)."""
 
     name: str
     cidr: str
     uid: str | None
-    state: str  # "claiming" | "held"
+    state: str  # "claiming" | "held" | "borrowed"
 
     def to_json(self) -> bytes:
         """The body of a block file."""
         return json.dumps({"name": self.name, "cidr": self.cidr, "uid": self.uid,
                            "state": self.state}).encode()
+
+
+class AddressTaken(CniError):
+    """Code 102 for a requested address another attachment or claim holds (an exhausted pool
+    is plain 102): an IPAMClaim's failed condition says IPAddressConflict for it."""
 
 
 def io_error(action: str, path: str, exc: OSError) -> CniError:
@@ -239,6 +247,20 @@ class PoolState:
         finally:
             _unlink(body)
 
+    def keep_for_claim(self, name: str, claim: ClaimOwner) -> bool:
+        """Write a claim's record no container holds at `name` unless a record is there
+        (link(2), as `reserve`); whether it was written."""
+        body = self._write_temp(Record(name, None, claim).to_json())
+        try:
+            os.link(body, self._path(name))
+            return True
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            raise io_error("create record", self._path(name), exc) from None
+        finally:
+            _unlink(body)
+
     def reindex(self, attachment: Attachment, name: str) -> None:
         """Point `attachment`'s index entry at `name` again; best effort, as `find` scans."""
         with contextlib.suppress(CniError):
@@ -298,6 +320,10 @@ class PoolState:
             _unlink(self._path(record.name))
             self._drop_index_of(record.attachment, record.name)
         return freed
+
+    def free_claim_record(self, name: str) -> None:
+        """Remove the claim's record at name that no container holds (a lend moved on)."""
+        _unlink(self._path(name))
 
     def _drop_index_of(self, attachment: Attachment | None, name: str) -> None:
         if attachment is None:
@@ -438,7 +464,10 @@ def _parse_block(name: str, body: str) -> BlockRecord:
     if not isinstance(data, dict) or not isinstance(data.get("cidr"), str):
         return BlockRecord(name, "", None, "claiming")
     uid = data.get("uid")
-    state = "held" if data.get("state") == "held" and isinstance(uid, str) else "claiming"
+    state = data.get("state")
+    if state == "borrowed":  # a lend this node made (lending.py): its uid may not be known yet
+        return BlockRecord(name, data["cidr"], uid if isinstance(uid, str) else None, state)
+    state = "held" if state == "held" and isinstance(uid, str) else "claiming"
     return BlockRecord(name, data["cidr"], uid if isinstance(uid, str) else None, state)
 
 

@@ -7,7 +7,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cni_plugin.core.request import Request
@@ -111,11 +111,24 @@ class OwnedAdd:
     conf: IpamConfig
     attachment: Attachment
     allocations: list[allocator.Allocation]
+    environ: Mapping[str, str] = field(default_factory=dict)  # the node's settings
 
     def undo(self) -> None:
         """The created-only undo (a failed ADD's rollback): a fresh record is freed, an
-        adopted claim's record put back as it was; best effort."""
-        allocator.undo(self.conf, self.attachment, self.allocations)
+        adopted claim's record put back as it was, a lend this ADD made deleted; best
+        effort."""
+        blocks = None
+        if any(a.lend is not None for a in self.allocations):
+            try:
+                blocks = block_api(self.environ, self.attachment.container_id,
+                                   self.attachment.ifname)
+            except CniError as exc:
+                log.warning("cannot undo this ADD's lends (GC deletes them): %s", exc.msg)
+        try:
+            allocator.undo(self.conf, self.attachment, self.allocations, blocks)
+        finally:
+            if blocks is not None:
+                blocks.close()
 
 
 def add_owned(request: Request, claim: ClaimOwner | None = None,
@@ -137,7 +150,8 @@ def add_owned(request: Request, claim: ClaimOwner | None = None,
     finally:
         if blocks is not None:
             blocks.close()
-    return OwnedAdd(_pool_result(conf, allocations), conf, inv.attachment, allocations)
+    return OwnedAdd(_pool_result(conf, allocations), conf, inv.attachment, allocations,
+                    inv.environ)
 
 
 def claim_requests(conf: IpamConfig, claim: ClaimOwner, claim_ips: tuple[str, ...],
