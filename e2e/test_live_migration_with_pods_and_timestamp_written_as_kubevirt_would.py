@@ -3,7 +3,8 @@ KubeVirt does not run here: the test makes the IPAMClaim as ipam-extensions does
 and target virt-launcher Pods as virt-controller and kubevirt's webhook leave them, and adds
 the ready timestamp to the target Pod as virt-controller does once the target's domain runs
 (`e2e/harness/ipamclaims.py`). Both Pods name the claim, so both get its addresses (each node
-its own `scope: node` pool of vpc-attach-ipam: the claim's addresses are requested exactly).
+its own `scope: node` pool of vpc-attach-ipam: the claim's addresses are requested exactly) on
+the VM's tap.
 
 A gobgpd collector peered with both nodes' routers holds the VM's prefixes once from node 1
 until the timestamp, then once from node 2 (the cut-over time printed, not asserted); a
@@ -56,6 +57,8 @@ pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.both_paths]
 PATH = "agent" if VIA_AGENT else "in-process"
 IFNAME = "net1"  # Multus's name for the VM network's element
 FAMILIES = ("IPv6", "IPv4")
+# As the shipped tap example (examples/tap-vm.conflist) makes the VM's tap.
+TAP = {"owner": 107, "group": 107, "multiQueue": True, "vnetHdr": True}
 CUT_OVER_POLL_S = 0.01  # how often the collector's RIB is read while timing the cut-over
 # The node's host settings an agent reads at start (the DaemonSet's come from its host file).
 HOST_SETTINGS = ("VPC_ATTACH_NODE_NAME", "VPC_ATTACH_KUBECONFIG", "VPC_ATTACH_LOCK_DIR",
@@ -84,13 +87,15 @@ class Deployment:
     root: Path
 
     def conf(self, node: GalacticNode, att: str) -> dict[str, Any]:
-        """The VM network on `node`: allowPersistentIPs, publishing BGP and both slices, a
-        node-scope pool in the node's own data directory."""
+        """The VM network on `node`: the VM's tap as the shipped example makes it,
+        allowPersistentIPs, publishing BGP and both slices, a node-scope pool in the node's
+        own data directory."""
         ipam = {"type": "vpc-attach-ipam", "dataDir": str(self.root / f"ipam-{node.index}"),
-                "ipv6_subnet": "fd00:63::/64", "ipv4_subnet": "10.63.0.0/24"}
+                "ipv6_subnet": "fd00:65::/64", "ipv4_subnet": "10.65.0.0/24"}
         return base_conf(self.vpc, att, name=f"vms-{self.vpc}", allowPersistentIPs=True,
-                         ipam=ipam, publish={"bgp": True, "endpointSlice": True,
-                                             "endpointSliceFamilies": list(FAMILIES)})
+                         attachment="tap", mtu=1400, tap=TAP, ipam=ipam,
+                         publish={"bgp": True, "endpointSlice": True,
+                                  "endpointSliceFamilies": list(FAMILIES)})
 
     def routes(self, prefixes: set[str]) -> list[tuple[str, str]]:
         """The collector's (prefix, router) paths of these prefixes, sorted."""
