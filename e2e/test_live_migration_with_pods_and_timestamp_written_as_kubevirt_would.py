@@ -17,7 +17,9 @@ after the timestamp, standing in for kubelet's poll of the runtime every few sec
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -59,6 +61,7 @@ IFNAME = "net1"  # Multus's name for the VM network's element
 FAMILIES = ("IPv6", "IPv4")
 # As the shipped tap example (examples/tap-vm.conflist) makes the VM's tap.
 TAP = {"owner": 107, "group": 107, "multiQueue": True, "vnetHdr": True}
+DOCTOR_TIMEOUT_S = 60.0
 CUT_OVER_POLL_S = 0.01  # how often the collector's RIB is read while timing the cut-over
 # The node's host settings an agent reads at start (the DaemonSet's come from its host file).
 HOST_SETTINGS = ("VPC_ATTACH_NODE_NAME", "VPC_ATTACH_KUBECONFIG", "VPC_ATTACH_LOCK_DIR",
@@ -211,6 +214,20 @@ def pending_records(node: GalacticNode) -> list[str]:
     return sorted(p.name for p in directory.glob("*.json")) if directory.exists() else []
 
 
+def doctor_migration_targets(node: GalacticNode) -> list[dict[str, str]]:
+    """`vpc-attach doctor --json`'s migration.targets finding, run inside the node with its
+    settings, as an operator runs it there."""
+    plugin = node.node.plugin
+    done = subprocess.run(
+        [*plugin.prefix, str(plugin.cni_bin / "vpc-attach"), "doctor", "--json"],
+        env={key: value for key, value in plugin.env("", "", "", IFNAME).items()
+             if not key.startswith("CNI_")},
+        capture_output=True, text=True, timeout=DOCTOR_TIMEOUT_S, check=False)
+    assert done.stdout.strip(), done.stderr
+    return [finding for finding in json.loads(done.stdout)["checks"]
+            if finding["check"] == "migration.targets"]
+
+
 def test_migration_target_announced_on_the_ready_timestamp_set_as_kubevirt_would(
         deployment: Deployment) -> None:
     first, second = deployment.nodes
@@ -236,6 +253,10 @@ def test_migration_target_announced_on_the_ready_timestamp_set_as_kubevirt_would
             checked = target.call("CHECK", with_prev(deployment.conf(second, "41"),
                                                      answer.body))
             assert checked.status == 0, checked.stdout  # unannounced on purpose, not drift
+            waiting = doctor_migration_targets(second)
+            print(f"doctor on node 2 before the timestamp: {waiting}")
+            assert [f["status"] for f in waiting] == ["ok"]
+            assert f"{deployment.namespace}/{target.name}" in waiting[0]["detail"]
 
             kubevirt_marks_target_ready(deployment.kube, deployment.namespace, target.name,
                                         time.strftime("%Y-%m-%d %H:%M:%S +0000 UTC",
@@ -351,7 +372,7 @@ def test_a_third_pod_of_a_claim_is_refused_with_pods_made_as_kubevirt_would(
 @pytest.mark.skipif(VIA_AGENT, reason="the agent pass's node agents know node 2's records "
                     "already (they served its earlier ADDs): the restart runs in the "
                     "in-process pass, with agents of its own")
-def test_a_target_marked_while_its_agent_was_down_is_cut_over_by_the_next_agent(
+def test_a_target_marked_as_kubevirt_would_while_its_agent_was_down_is_cut_over_by_the_next_agent(
         deployment: Deployment, tmp_path: Path) -> None:
     """The target's ADD goes through an agent of node 2 that then crashes (SIGKILL); KubeVirt
     marks the target ready while no agent runs; the next agent, started with the node's host
