@@ -85,6 +85,13 @@ def test_a_newer_pod_that_does_not_own_the_claim_is_no_source() -> None:
     assert migration_source(same_second, launcher("source"), owner_pod=None) is None
 
 
+def test_the_source_attached_again_while_its_target_waits_announces_at_once() -> None:
+    """A newer Pod is never the source, even when it owns the claim (the target's ADD wrote
+    ownerPod): the source's sandbox made again announces the VM where it runs."""
+    newer = holders([launcher("target", created="2026-12-06T10:03:00Z")], CLAIM, but="")
+    assert migration_source(newer, launcher("source"), owner_pod="target") is None
+
+
 def test_no_other_holder_means_no_migration() -> None:
     assert migration_source([], launcher("vm"), owner_pod="vm") is None
 

@@ -4,8 +4,9 @@ KubeVirt runs a VM's source and target virt-launcher Pods side by side during a 
 both naming the VM network's claim. As OVN-Kubernetes reads them (`DiscoverLiveMigrationStatus`):
 a Pod that completed (phase Succeeded or Failed) holds nothing, two living Pods are source and
 target, a third is an unexpected state. Here a Pod being deleted holds nothing either: its DEL
-is on the way, and the next Pod must not wait for it to announce. The target is the Pod that is
-not the claim's `ownerPod` (the Pod that last attached with it), else the newer one.
+is on the way, and the next Pod must not wait for it to announce. The target is the newer Pod
+(OVN-Kubernetes sorts by creation time); of two made in the same second, the one that is not
+the claim's `ownerPod` (the Pod that last attached with it).
 """
 
 from __future__ import annotations
@@ -74,14 +75,15 @@ def holders(pods: Iterable[Mapping[str, Any]], claim: str, *, but: str) -> list[
 def migration_source(others: list[Holder], pod: Mapping[str, Any],
                      owner_pod: str | None) -> Holder | None:
     """The source this Pod takes the claim over from, when it is a live migration's target:
-    exactly one other holder, which is the claim's owner (it attached with the claim last) or
-    was created before it (a second earlier: the timestamps count seconds). None: this Pod
-    announces at once (no other holder, or one that holds nothing announced yet). More than
-    one other holder is refused before (`MAX_HOLDERS`)."""
+    exactly one other holder, created before it (KubeVirt makes the target after the source)
+    or, made in the same second (the timestamps count seconds), the claim's owner (the Pod
+    that attached with the claim last). None: this Pod announces at once (no other holder; a
+    newer one, so this is the source attached again; or one that attached nothing yet). More
+    than one other holder is refused before (`MAX_HOLDERS`)."""
     if len(others) != 1:
         return None
     other = others[0]
     created = str((pod.get("metadata") or {}).get("creationTimestamp") or "")
-    if other.name == owner_pod or (other.created and other.created < created):
+    if other.created < created or (other.created == created and other.name == owner_pod):
         return other
     return None
