@@ -9,9 +9,11 @@ the VM's tap.
 A gobgpd collector peered with both nodes' routers holds the VM's prefixes once from node 1
 until the timestamp, then once from node 2 (the cut-over time printed, not asserted); a
 migration whose target goes before the timestamp leaves the source's routes and nothing of
-the target; a third Pod of the claim is refused. Through the agent, the target node's agent
-cuts over on its Pod watch; in-process, the runtime's next STATUS does (the test calls it right
-after the timestamp, standing in for kubelet's poll of the runtime every few seconds).
+the target; a third Pod of the claim is refused; a target marked before its ADD is announced
+by it; a target marked while its node's agent was down is cut over by the next agent. Through
+the agent, the target node's agent cuts over on its Pod watch; in-process, a STATUS of the
+network on the target node does (the test runs it right after the timestamp, standing in for
+a runtime's poll, which reaches a network behind Multus only when run by hand).
 """
 
 from __future__ import annotations
