@@ -35,6 +35,8 @@ from cni_plugin.publish.resources import (
     ADVERTISEMENTS,
     CONTAINER_ID_ANNOTATION,
     ENDPOINT_SLICES,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
     NETNS_KEY,
     NODE_KEY,
     SUBNET_V4_KEY,
@@ -107,8 +109,10 @@ def advertisement(name: str, annotations: dict[str, str]) -> dict[str, Any]:
             "spec": {"routerRef": {"name": "router-1"}, "prefixes": prefixes_of(annotations)}}
 
 
-def endpoint_slice(name: str, owner: str, ready: bool) -> dict[str, Any]:
+def endpoint_slice(name: str, owner: str, ready: bool, *,
+                   managed_by: str = MANAGED_BY) -> dict[str, Any]:
     return {"metadata": {"name": name, "namespace": "vms",
+                         "labels": {MANAGED_BY_LABEL: managed_by},
                          "annotations": {CONTAINER_ID_ANNOTATION: owner}},
             "endpoints": [{"addresses": ["x"], "conditions": {"ready": ready,
                                                               "serving": ready}}]}
@@ -179,6 +183,14 @@ def test_a_cut_over_announces_the_target_then_withdraws_only_the_source() -> Non
     assert ready(api.get(ENDPOINT_SLICES, "target-ipv6", namespace="vms", deadline=Deadline(5)))
     assert not ready(api.get(ENDPOINT_SLICES, "source-ipv6", namespace="vms",
                              deadline=Deadline(5)))
+
+
+def test_a_slice_of_that_name_not_managed_by_vpc_attach_is_left_alone() -> None:
+    api = scene()
+    api.put(ENDPOINT_SLICES, endpoint_slice("source-ipv6", "ctr-source", True,
+                                            managed_by="someone-else"))
+    api_cut_over(client(api), pending(), Deadline(5))
+    assert ready(api.get(ENDPOINT_SLICES, "source-ipv6", namespace="vms", deadline=Deadline(5)))
 
 
 def test_a_cut_over_run_again_changes_nothing_more() -> None:

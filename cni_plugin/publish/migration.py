@@ -27,6 +27,8 @@ from cni_plugin.publish.resources import (
     CONTAINER_ID_ANNOTATION,
     ENDPOINT_SLICES,
     GROUP,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
     NODE_KEY,
     SUBNET_V4_KEY,
     SUBNET_V6_KEY,
@@ -236,16 +238,18 @@ def api_withdraw_source(client: KubeClient, namespace: str, name: str, node: str
 
 def _api_set_slices_ready(client: KubeClient, namespace: str, names: list[str], ready: bool,
                           deadline: Deadline, owner: str | None) -> None:
-    """Set the endpoints' ready and serving conditions of these slices (those of `owner`'s
-    container only, when given)."""
+    """Set the endpoints' ready and serving conditions of these slices (vpc-attach's only, and
+    those of `owner`'s container only, when given)."""
     for name in names:
         for _ in range(MAX_ATTEMPTS):
             found = client.get(ENDPOINT_SLICES, name, namespace=namespace, deadline=deadline)
             if found is None:
                 break
             recorded = (found["metadata"].get("annotations") or {}).get(CONTAINER_ID_ANNOTATION)
-            if owner is not None and recorded != owner:
-                break
+            labels = found["metadata"].get("labels") or {}
+            if labels.get(MANAGED_BY_LABEL) != MANAGED_BY or \
+                    (owner is not None and recorded != owner):
+                break  # not ours to change (SPEC §6), or another container's now
             endpoints = found.get("endpoints") or []
             if all((e.get("conditions") or {}).get("ready") is ready for e in endpoints):
                 break
