@@ -4,6 +4,7 @@ the report's table and exit status (every check against real nodes: e2e/test_doc
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -140,3 +141,36 @@ def test_the_table_shows_each_problems_fix_and_counts_the_problems() -> None:
         "                    fix: create one",
         "api.server  ok      answered",
         "1 problem(s)"]
+
+
+def test_pending_migration_targets_are_listed_and_an_unannounced_ready_one_warned(
+        tmp_path: Path) -> None:
+    from typing import cast
+
+    from cni_plugin.doctor.migrations import migration_targets
+    from cni_plugin.kube.client import KubeClient
+    from cni_plugin.publish.migration import (
+        READY_ANNOTATION,
+        MigrationSource,
+        PendingTarget,
+        write_pending,
+    )
+    node = _node(tmp_path)
+    node.settings = dataclasses.replace(node.settings, lock_dir=str(tmp_path / "locks"))
+    assert [f.status for f in migration_targets(node)] == [OK]
+    write_pending(node.settings.lock_dir, PendingTarget(
+        network="vms", container_id="ctr-target", ifname="net1", pod_namespace="vms",
+        pod_name="target", pod_uid="uid-t", node="node-2", bgp_namespace="galactic-system",
+        advertisement="ad", annotations={}, spec={}, owner_references=[], created_by="c",
+        slices=[], source=MigrationSource("vms", "source", "node-1"), source_advertisement="s"))
+    waiting = migration_targets(node)
+    assert waiting[0].status == OK and "vms/target" in waiting[0].detail
+    assert "source vms/source on node node-1" in waiting[0].detail
+
+    class Pods:
+        def get(self, *_: Any, **__: Any) -> dict[str, Any]:
+            return {"metadata": {"uid": "uid-t", "annotations": {READY_ANNOTATION: "now"}}}
+
+    node.client = cast(KubeClient, Pods())
+    overdue = migration_targets(node)
+    assert overdue[0].status == WARN and "marked ready but not announced" in overdue[0].detail

@@ -59,7 +59,7 @@ def test_racing_first_uses_start_one_watch(kubeconfig: str,
     class CountingWatch:
         def __init__(self, _creds: object, resource: Resource, _selector: str,
                      _observe: object = None, _absent_ok: bool = False, *,
-                     namespace: str | None = None) -> None:
+                     namespace: str | None = None, **_listeners: object) -> None:
             self.path = resource.path(namespace)
 
         def start(self) -> CountingWatch:
@@ -92,7 +92,7 @@ def test_knowing_the_nodes_router_starts_the_watch_of_its_vrf_instances(
     class SyncedWatch:
         def __init__(self, _creds: object, resource: Resource, selector: str,
                      _observe: object = None, _absent_ok: bool = False, *,
-                     namespace: str | None = None) -> None:
+                     namespace: str | None = None, **_listeners: object) -> None:
             self.path, self.selector = resource.path(namespace), selector
 
         def start(self) -> SyncedWatch:

@@ -368,7 +368,7 @@ def _prime(cluster: WarmCluster) -> str | None:
     if not host.kubeconfig or not host.node_name:
         return host.kubeconfig
     try:
-        cluster.prime(host.kubeconfig, host.namespace, host.node_name)
+        cluster.prime(host.kubeconfig, host.namespace, host.node_name, host.lock_dir)
     except (OSError, CniError) as exc:
         log.warning("agent: cannot watch with kubeconfig %r yet: %s", host.kubeconfig, exc)
     return host.kubeconfig

@@ -9,8 +9,9 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
+from cni_plugin.agent.migrations import MigrationCutovers
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.kube.client import ApiError, ApiObserver, KubeClient, Resource, Target
 from cni_plugin.kube.config import KubeCredentials, load_kubeconfig
@@ -43,14 +44,16 @@ class WatchCache:
     `items()` is None until the first list succeeded and whenever the watch is broken, so
     callers fall back to asking the API server: a cache is never trusted when stale. With
     `absent_ok`, a collection whose CRD is not installed (404) is in sync and `missing`, and
-    is listed again every RETRY_SECONDS until it appears. `on_listed` hears every (re)listing
-    and `on_deleted` every deleted object, in the watch's thread (their failures are logged).
+    is listed again every RETRY_SECONDS until it appears. `on_listed` hears every (re)listing,
+    `on_changed` every added or modified object (once the cache holds it) and `on_deleted`
+    every deleted object, in the watch's thread (their failures are logged).
     """
 
     def __init__(self, creds: KubeCredentials, resource: Resource, field_selector: str,
                  observe: ApiObserver | None = None, absent_ok: bool = False, *,
                  namespace: str | None = None,
                  on_listed: Callable[[list[dict[str, Any]]], None] | None = None,
+                 on_changed: Callable[[dict[str, Any]], None] | None = None,
                  on_deleted: Callable[[dict[str, Any]], None] | None = None) -> None:
         self._creds = creds
         self._observe = observe
@@ -60,6 +63,7 @@ class WatchCache:
         self._selector = field_selector
         self._absent_ok = absent_ok
         self._on_listed, self._on_deleted = on_listed, on_deleted
+        self._on_changed = on_changed
         self._objects: dict[str, dict[str, Any]] = {}
         self._synced = False
         self.missing = False
@@ -172,6 +176,8 @@ class WatchCache:
                     self._objects[_key(obj)] = obj
         if kind == "DELETED" and self._on_deleted is not None:
             self._hear(self._on_deleted, obj)
+        elif kind in ("ADDED", "MODIFIED") and self._on_changed is not None:
+            self._hear(self._on_changed, obj)
         return str(version) if version else None
 
     def _hear(self, listener: Callable[[Any], None], what: Any) -> None:
@@ -179,6 +185,16 @@ class WatchCache:
             listener(what)
         except Exception:  # a listener's bug must not stop the watch
             log.exception("watch %s: listener failed", self.describe())
+
+
+class PodListener(Protocol):
+    """What hears the Pod watch (the node's migration cut-overs)."""
+
+    def pods_listed(self, pods: list[dict[str, Any]]) -> None:
+        """Every (re)listing."""
+
+    def pod_changed(self, pod: dict[str, Any]) -> None:
+        """An added or modified Pod."""
 
 
 class CachedTenancy:
@@ -217,6 +233,7 @@ class WarmCluster:
         self._watches: dict[tuple[str, str, str], WatchCache] = {}
         # (kubeconfig, namespace, node): advertisements holding the node's containers, listed once
         self._holders: dict[tuple[str, str, str], frozenset[str]] = {}
+        self._cutovers: dict[tuple[str, str], MigrationCutovers] = {}
 
     def _credentials(self, kubeconfig: str) -> KubeCredentials:
         mtime = os.stat(kubeconfig).st_mtime
@@ -259,14 +276,17 @@ class WarmCluster:
         client.close()
 
     def _watch(self, kubeconfig: str, resource: Resource, selector: str,
-               absent_ok: bool = False, *, namespace: str | None = None) -> WatchCache:
+               absent_ok: bool = False, *, namespace: str | None = None,
+               listener: PodListener | None = None) -> WatchCache:
         key = (kubeconfig, resource.path(namespace), selector)
         creds = self._credentials(kubeconfig)
         with self._lock:  # created under the lock: racing first uses start one watch, not two
             cache = self._watches.get(key)
             if cache is None:
-                cache = self._watches[key] = WatchCache(creds, resource, selector, self._observe,
-                                                        absent_ok, namespace=namespace).start()
+                cache = self._watches[key] = WatchCache(
+                    creds, resource, selector, self._observe, absent_ok, namespace=namespace,
+                    on_listed=listener.pods_listed if listener else None,
+                    on_changed=listener.pod_changed if listener else None).start()
         return cache
 
     def holders(self, kubeconfig: str, namespace: str, node: str, client: KubeClient,
@@ -296,11 +316,14 @@ class WarmCluster:
         """A `WarmSession`: a pooled client and the watch caches for kubeconfig."""
         return WarmSession(self, kubeconfig)
 
-    def prime(self, kubeconfig: str, namespace: str, node: str) -> None:
+    def prime(self, kubeconfig: str, namespace: str, node: str, lock_dir: str = "") -> None:
         """Start the watches of this node's routers and Pods, and of the VPCBindings and
         namespaces, and list the advertisements holding this node's containers, now, not on
-        the first Pod."""
+        the first Pod; the migration targets pending under lock_dir are looked after from now
+        (those a previous agent left)."""
         self.watch_routers(kubeconfig, namespace, node)
+        if lock_dir:
+            self.migrations(kubeconfig, node).expect(lock_dir)
         self.watch_pods(kubeconfig, node)
         self.watch_tenancy(kubeconfig)
         threading.Thread(target=self._list_holders, args=(kubeconfig, namespace, node),
@@ -329,8 +352,20 @@ class WarmCluster:
                            namespace=namespace)
 
     def watch_pods(self, kubeconfig: str, node: str) -> WatchCache:
-        """The watch of this node's Pods (started if it is not yet)."""
-        return self._watch(kubeconfig, PODS, f"spec.nodeName={node}")
+        """The watch of this node's Pods (started if it is not yet), which tells this node's
+        migration cut-overs of every Pod it sees change."""
+        return self._watch(kubeconfig, PODS, f"spec.nodeName={node}",
+                           listener=self.migrations(kubeconfig, node))
+
+    def migrations(self, kubeconfig: str, node: str) -> MigrationCutovers:
+        """This node's live-migration targets waiting for KubeVirt's ready mark (made on
+        first use)."""
+        with self._lock:
+            found = self._cutovers.get((kubeconfig, node))
+            if found is None:
+                found = self._cutovers[(kubeconfig, node)] = MigrationCutovers(
+                    self, kubeconfig, node)
+        return found
 
     def watch_tenancy(self, kubeconfig: str) -> tuple[WatchCache, WatchCache]:
         """The watches of every VPCBinding and every namespace (started if they are not yet)."""
@@ -412,6 +447,12 @@ class WarmSession:
         """Kept for this verb only (the watch had not seen it yet)."""
         meta = pod.get("metadata") or {}
         self._pods[(str(meta.get("namespace")), str(meta.get("name")))] = pod
+
+    def expect_migration(self, node: str, lock_dir: str) -> None:
+        """A migration target is pending under lock_dir: the Pod watch cuts it over on
+        KubeVirt's ready mark (checked once now too, in case it came already)."""
+        self._cluster.watch_pods(self._kubeconfig, node)
+        self._cluster.migrations(self._kubeconfig, node).expect(lock_dir)
 
     def shared_may_hold(self, namespace: str, name: str, node: str,
                         deadline: Deadline) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import os
 import time
 from collections.abc import Iterator
@@ -38,6 +39,13 @@ def acquire(fd: int, timeout: float, *, shared: bool = False) -> bool:
 def lock_path(lock_dir: str, name: str) -> str:
     """The lock file of a host object name in lock_dir (a host link, a VRF, 'host', …)."""
     return os.path.join(lock_dir, f"{name}.lock")
+
+
+def container_lock_path(lock_dir: str, container_id: str, ifname: str) -> str:
+    """The lock of a (container, ifname), held for a whole ADD or DEL (SPEC §9). One of 256
+    files: unrelated containers rarely share one."""
+    key = f"{container_id}/{ifname}".encode()
+    return lock_path(lock_dir, f"container-{hashlib.sha256(key).hexdigest()[:2]}")
 
 
 @contextmanager

@@ -9,7 +9,6 @@ writes stdout.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
 from collections.abc import Mapping
@@ -19,7 +18,7 @@ from functools import cached_property
 from typing import Any
 
 from cni_plugin.core.deadline import Deadline
-from cni_plugin.core.locks import file_lock, lock_path
+from cni_plugin.core.locks import container_lock_path, file_lock, lock_path
 from netconf.capabilities import requested_mac
 from netconf.config import NetConf, decode_json, lookup_ci, parse_netconf
 from netconf.errors import INVALID_ENV, CniError
@@ -135,9 +134,8 @@ class Invocation:
     def container_lock(self) -> AbstractContextManager[None]:
         """The lock of this (container, ifname), held for a whole ADD or DEL (SPEC §9), so the
         two never interleave. One of 256 files: unrelated containers rarely share one."""
-        key = f"{self.env.container_id}/{self.env.ifname}".encode()
-        bucket = hashlib.sha256(key).hexdigest()[:2]
-        return file_lock(self.lock_path(f"container-{bucket}"), self.deadline.remaining())
+        return file_lock(container_lock_path(self.host.lock_dir, self.env.container_id,
+                                             self.env.ifname), self.deadline.remaining())
 
     @property
     def created_by(self) -> str:

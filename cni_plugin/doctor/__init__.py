@@ -30,6 +30,7 @@ from cni_plugin.doctor.checks import router as check_router
 from cni_plugin.doctor.checks import tenancy as check_tenancy
 from cni_plugin.doctor.claims import ipam_claims as check_ipam_claims
 from cni_plugin.doctor.galactic import galactic_datapath as check_galactic_datapath
+from cni_plugin.doctor.migrations import migration_targets as check_migration_targets
 
 DEFAULT_CNI_CONF_DIR = "/etc/cni/net.d"
 DEFAULT_CNI_BIN_DIR = "/opt/cni/bin"
@@ -38,7 +39,7 @@ CHECKS: tuple[Callable[[Node], list[Finding]], ...] = (
     check_host_settings, check_networks, check_kernel, check_galactic_datapath,
     check_host_protection, check_agent,
     check_api, check_rbac, check_router, check_tenancy, check_leftovers, check_ipam_blocks,
-    check_ipam_claims)
+    check_ipam_claims, check_migration_targets)
 
 
 def diagnose(node: Node) -> list[Finding]:

@@ -21,11 +21,13 @@ from cni_plugin.core.request import Invocation
 from cni_plugin.core.rollback import Rollback
 from cni_plugin.kube.client import ApiError, api_failure
 from cni_plugin.publish.context import PublishContext, Router
+from cni_plugin.publish.resources import PODS
 from cni_plugin.publish.source import VerbCluster
 from netconf.errors import INVALID_CONFIG, STATUS_NOT_AVAILABLE, TRY_AGAIN_LATER, CniError
 
 if TYPE_CHECKING:
     from cni_plugin.publish.bgp.advertisement import Found
+    from cni_plugin.publish.migration import MigrationSource
 
 
 @contextmanager
@@ -140,8 +142,11 @@ class Publication:
             vrf_id, _read = settling.result()
         return SettledInstance(vrf_id, router.srv6_locator, router.node_id)
 
-    def api_publish(self, addressing: Addressing) -> None:
-        """BGP state first, then the EndpointSlices; every creation recorded for rollback."""
+    def api_publish(self, addressing: Addressing,
+                    migrating_from: MigrationSource | None = None) -> None:
+        """BGP state first, then the EndpointSlices; every creation recorded for rollback.
+        A live migration's target (`migrating_from` its source) is recorded instead of
+        announced, its slices not ready, until KubeVirt marks it ready (`publish.migration`)."""
         ctx, router, rollback = self._ctx, self._router, self._rollback
         if ctx is None:
             return
@@ -149,14 +154,63 @@ class Publication:
         from cni_plugin.publish.bgp import advertisement
         deadline = ctx.inv.deadline
         settled = self.settled()
+        ours: dict[str, str] = {}
+        spec: dict[str, object] = {}
         with api_boundary("publish the attachment"):
             if router is not None and self._settling is not None and settled is not None:
                 _vrf_id, read = self._settling.result()
-                advertisement.ensure_advertisement(ctx, router, settled.vrf_id, addressing,
-                                                   rollback, deadline, read)
+                if migrating_from is None:
+                    advertisement.ensure_advertisement(ctx, router, settled.vrf_id, addressing,
+                                                       rollback, deadline, read)
+                else:
+                    ours = advertisement.container_annotations(ctx, addressing)
+                    spec = advertisement.advertisement_spec(ctx, router, settled.vrf_id)
+            slices: list[str] = []
             if ctx.inv.conf.publish.endpoint_slice:
-                endpointslice.ensure_slices(ctx, addressing, settled.sid if settled else None,
-                                            rollback, deadline)
+                slices = endpointslice.ensure_slices(ctx, addressing,
+                                                     settled.sid if settled else None,
+                                                     rollback, deadline,
+                                                     ready=migrating_from is None)
+            if migrating_from is not None:
+                self._record_pending(ctx, migrating_from, ours, spec, slices)
+
+    def _record_pending(self, ctx: PublishContext, source: MigrationSource,
+                        ours: dict[str, str], spec: dict[str, object],
+                        slices: list[str]) -> None:
+        """The migration target's record (removed by a rollback), and the agent told of it."""
+        from cni_plugin.core import naming
+        from cni_plugin.publish import migration
+        from cni_plugin.publish.endpointslice import FAMILY_SUFFIX, slice_name
+        inv, lock_dir = ctx.inv, ctx.inv.host.lock_dir
+        conf = inv.conf
+        pending = migration.PendingTarget(
+            network=conf.name, container_id=inv.env.container_id, ifname=inv.env.ifname,
+            pod_namespace=inv.pod.namespace or "", pod_name=inv.pod.name or "",
+            pod_uid=_pod_uid(ctx), node=ctx.node, bgp_namespace=ctx.namespace,
+            advertisement=ctx.advertisement_name, annotations=ours, spec=dict(spec),
+            owner_references=ctx.node_owner(inv.deadline) if ours else [],
+            created_by=inv.created_by, slices=slices, source=source,
+            source_advertisement=naming.advertisement_name(conf.vpc, conf.vpcattachment,
+                                                           source.node),
+            source_slices=[slice_name(source.name, conf.vpc, conf.vpcattachment, family)
+                           for family in FAMILY_SUFFIX] if conf.publish.endpoint_slice else [])
+        self._rollback.created(f"pending migration target {inv.env.container_id}",
+                               lambda _d: migration.remove_pending(lock_dir, inv.env.container_id,
+                                                                   inv.env.ifname))
+        migration.write_pending(lock_dir, pending)
+        ctx.session.expect_migration(ctx.node, lock_dir)
+
+
+def _pod_uid(ctx: PublishContext) -> str:
+    """The Pod's uid: from CNI_ARGS, else the Pod as the verb read it."""
+    pod = ctx.inv.pod
+    if pod.uid:
+        return pod.uid
+    namespace, name = pod.namespace or "", pod.name or ""
+    found = ctx.session.pod(ctx.node, namespace, name)
+    if found is None:
+        found = ctx.client.get(PODS, name, namespace=namespace, deadline=ctx.inv.deadline)
+    return str(((found or {}).get("metadata") or {}).get("uid") or "")
 
 
 class Publisher:
@@ -250,11 +304,20 @@ def published_differences(inv: Invocation, cluster: VerbCluster,
         if ctx is None:
             return []
         diffs: list[str] = []
-        if inv.conf.publish.bgp:
+        if inv.conf.publish.bgp and not _pending_target(inv):
             diffs += advertisement_differences(ctx, addressing, inv.deadline)
         if inv.conf.publish.endpoint_slice:
             diffs += endpointslice.slice_differences(ctx, addressing, inv.deadline)
         return diffs
+
+
+def _pending_target(inv: Invocation) -> bool:
+    """Whether this container is a live migration's target not announced yet (its
+    advertisement lacks it on purpose until KubeVirt marks it ready)."""
+    if not inv.conf.allow_persistent_ips:
+        return False
+    from cni_plugin.publish.migration import record_path
+    return os.path.exists(record_path(inv.host.lock_dir, inv.env.container_id, inv.env.ifname))
 
 
 def published_sid(inv: Invocation, cluster: VerbCluster) -> SettledInstance | None:

@@ -59,7 +59,7 @@ def _pod_identity(ctx: PublishContext, deadline: Deadline) -> tuple[str, str, st
 
 
 def _slice_body(ctx: PublishContext, namespace: str, pod: str, uid: str, name: str,
-                family: str, address: str, sid: str | None) -> dict[str, Any]:
+                family: str, address: str, sid: str | None, ready: bool) -> dict[str, Any]:
     conf = ctx.inv.conf
     tenant = naming.tenant_id(conf.vpc, conf.vpcattachment)
     annotations = {TENANT_LABEL: tenant, CONTAINER_ID_ANNOTATION: ctx.inv.env.container_id,
@@ -80,7 +80,7 @@ def _slice_body(ctx: PublishContext, namespace: str, pod: str, uid: str, name: s
         "addressType": family,
         "endpoints": [{
             "addresses": [address],
-            "conditions": {"ready": True, "serving": True},
+            "conditions": {"ready": ready, "serving": ready},
             "nodeName": ctx.node,
             "targetRef": {"kind": "Pod", "namespace": namespace, "name": pod, "uid": uid},
         }],
@@ -89,20 +89,24 @@ def _slice_body(ctx: PublishContext, namespace: str, pod: str, uid: str, name: s
 
 
 def ensure_slices(ctx: PublishContext, addressing: Addressing, sid: str | None, rollback: Rollback,
-                  deadline: Deadline) -> None:
-    """Create or refresh a slice per configured family the attachment has an address of."""
+                  deadline: Deadline, *, ready: bool = True) -> list[str]:
+    """Create or refresh a slice per configured family the attachment has an address of (its
+    endpoint not ready while a migration target waits for KubeVirt); their names."""
     families = [f for f in ctx.inv.conf.publish.endpoint_slice_families
                 if any(a.version == FAMILY_VERSION[f] for a in addressing.workload)]
     if not families:
-        return
+        return []
     namespace, pod, uid = _pod_identity(ctx, deadline)
+    names = []
     conf = ctx.inv.conf
     for family in families:
         address = next(str(a.ip) for a in addressing.workload
                        if a.version == FAMILY_VERSION[family])
         name = slice_name(pod, conf.vpc, conf.vpcattachment, family)
-        body = _slice_body(ctx, namespace, pod, uid, name, family, address, sid)
+        body = _slice_body(ctx, namespace, pod, uid, name, family, address, sid, ready)
         _write_slice(ctx, namespace, name, body, rollback, deadline)
+        names.append(name)
+    return names
 
 
 def _write_slice(ctx: PublishContext, namespace: str, name: str, body: dict[str, Any],

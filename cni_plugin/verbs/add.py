@@ -80,10 +80,14 @@ def _add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborators) ->
                 addressing = Addressing.from_result(allocated)
                 result = chain(prev, created.configure(addressing))
                 answer_sid(inv, attachment, publication, created, addressing, rollback)
-                publication.api_publish(addressing)
+                # A live migration's target is recorded, announced once KubeVirt marks it ready.
+                publication.api_publish(addressing, None if pod_claim is None
+                                        else pod_claim.migrating_from)
             if pod_claim is not None:  # last: a claim holding others rolls all of it back
                 from cni_plugin.verbs import persistent_ips
                 persistent_ips.api_record_allocation(cluster, pod_claim, allocated, inv.deadline)
+                if pod_claim.migrating_from is not None and pod_claim.ready:
+                    persistent_ips.api_cut_over_now(inv, cluster)  # marked ready already
     return result
 
 

@@ -63,6 +63,9 @@ def _undo_add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborator
         _best_effort(failures, "release IPAM", lambda: ipam.run("DEL", inv.stdin, inv.deadline))
     _best_effort(failures, "withdraw published objects",
                  lambda: unpublish(inv, cluster))
+    if inv.conf.allow_persistent_ips:  # a migration target that never cut over: forgotten
+        from cni_plugin.publish import migration
+        migration.remove_pending(inv.host.lock_dir, inv.env.container_id, inv.env.ifname)
     if inv.conf.attachment != "existing":
         attachment = attachment_of(inv)  # what the kernel steps read of the request
         lock_dir, node_env, deadline = inv.host.lock_dir, inv.node_env, inv.deadline

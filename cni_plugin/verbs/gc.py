@@ -62,6 +62,7 @@ def gc(inv: Invocation, collaborators: Collaborators) -> None:
         if inv.conf.allow_persistent_ips:  # addresses of deleted IPAMClaims
             from cni_plugin.verbs import persistent_ips  # only then: see verbs/add.py
             _best_effort(failures, lambda: persistent_ips.api_free_gone_claims(inv, cluster))
+            persistent_ips.forget_pending_targets_except(inv, valid)
     try:
         _forward_ipam(inv)
     except CniError as exc:

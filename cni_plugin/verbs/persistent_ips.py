@@ -6,6 +6,11 @@ are gone (`api_free_gone_claims`); STATUS checks the permissions ADD uses
 (`api_check_claim_access`). Every step goes through the verb's one
 cluster session; the Pod comes from the agent's Pod cache when there is one.
 
+A live migration (KubeVirt's source and target Pods of one claim): the claim's other living
+Pods are listed with the claim; a second one makes this Pod the target, recorded instead of
+announced until KubeVirt's ready timestamp (`publish.migration`; STATUS cuts over without an
+agent: `api_cut_over_ready_targets`); a third is refused, code 102.
+
 The plugin is not told its NetworkAttachmentDefinition, so the element is the one whose
 interface is CNI_IFNAME (asked for, or Multus's `net<position + 1>`), and the claim's
 `spec.network` must be this config's `name`. Why: docs/architecture.md ("IPAMClaims").
@@ -16,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Invocation
@@ -27,10 +33,19 @@ from cni_plugin.ipam.ipamclaims.api import (
     api_write_ipamclaim_status,
 )
 from cni_plugin.ipam.ipamclaims.claim import Allocated, AllocationFailed, FailureReason, IPAMClaim
+from cni_plugin.ipam.ipamclaims.holders import (
+    COMPLETED_PHASES,
+    MAX_HOLDERS,
+    VM_NAME_LABEL,
+    Holder,
+    holders,
+    migration_source,
+)
 from cni_plugin.ipam.ipamclaims.selection import find_claim_reference
 from cni_plugin.ipam.plugin.config import DEFAULT_LOCK_TIMEOUT_SECONDS, node_data_root
 from cni_plugin.ipam.plugin.store import AddressTaken, ClaimOwner
-from cni_plugin.kube.client import ApiError, api_failure
+from cni_plugin.kube.client import ApiError, KubeClient, api_failure
+from cni_plugin.publish.migration import MigrationSource, target_ready
 from cni_plugin.publish.resources import PODS
 from cni_plugin.publish.source import VerbCluster
 from cni_plugin.publish.status import api_review_access
@@ -49,12 +64,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PodClaim:
-    """The IPAMClaim this attachment's Pod names, as read; the Pod's name (its owner); and
-    the identity vpc-attach-ipam records (by uid: a claim made again is another one)."""
+    """The IPAMClaim this attachment's Pod names, as read; the Pod's name (its owner); the
+    identity vpc-attach-ipam records (by uid: a claim made again is another one); and, when
+    the Pod is a live migration's target, the source it takes the claim over from and
+    whether KubeVirt marked it ready already."""
 
     claim: IPAMClaim
     pod: str
     owner: ClaimOwner
+    migrating_from: MigrationSource | None = None
+    ready: bool = False
 
 
 def api_read_pod_claim(inv: Invocation, cluster: VerbCluster) -> PodClaim | None:
@@ -87,7 +106,43 @@ def api_read_pod_claim(inv: Invocation, cluster: VerbCluster) -> PodClaim | None
     if claim.deleting:
         raise CniError(TRY_AGAIN_LATER, f"IPAMClaim {claim} is being deleted",
                        "its addresses are freed once it is gone")
-    return PodClaim(claim, name, ClaimOwner(claim.namespace, claim.name, claim.uid))
+    source = _migration_source(api_claim_holders(session.client(), pod, claim, inv.deadline),
+                               pod, claim)
+    return PodClaim(claim, name, ClaimOwner(claim.namespace, claim.name, claim.uid), source,
+                    target_ready(pod))
+
+
+def api_claim_holders(client: KubeClient, pod: dict[str, Any], claim: IPAMClaim,
+                      deadline: Deadline) -> list[Holder]:
+    """The other living Pods naming the claim: one LIST of the Pod's namespace, narrowed to
+    the VM's virt-launcher Pods by KubeVirt's label when the Pod carries it."""
+    meta = pod["metadata"]
+    vm = (meta.get("labels") or {}).get(VM_NAME_LABEL)
+    try:
+        pods = client.list(PODS, namespace=claim.namespace, deadline=deadline,
+                           labels=f"{VM_NAME_LABEL}={vm}" if vm else None,
+                           fields=",".join(f"status.phase!={p}" for p in COMPLETED_PHASES))
+    except ApiError as exc:
+        raise api_failure(exc, f"list the Pods holding IPAMClaim {claim}") from None
+    return holders(pods, claim.name, but=str(meta.get("uid") or ""))
+
+
+def _migration_source(others: list[Holder], pod: dict[str, Any],
+                      claim: IPAMClaim) -> MigrationSource | None:
+    """The source when this Pod is a live migration's target; code 102 when two other Pods
+    hold the claim already (a migration's source and target)."""
+    if len(others) >= MAX_HOLDERS:
+        meta = pod["metadata"]
+        raise CniError(IPAM_EXHAUSTED, f"IPAMClaim {claim} is held by {len(others)} Pods "
+                       f"already ({'; '.join(str(h) for h in others)}): Pod "
+                       f"{meta.get('namespace')}/{meta.get('name')} cannot be a third",
+                       "a live migration moves a VM between two Pods of its claim, a source "
+                       "and a target; this Pod gets the claim's addresses once one of them "
+                       "is gone")
+    source = migration_source(others, pod, claim.owner_pod)
+    if source is None:
+        return None
+    return MigrationSource(source.namespace, source.name, source.node)
 
 
 def start_claimed_add(inv: Invocation, ipam: delegate.IpamBackend,
@@ -109,6 +164,52 @@ def api_record_allocation(cluster: VerbCluster, pod_claim: PodClaim, allocated: 
     ips = tuple(str(ip.address) for ip in allocated.ips)
     return api_write_ipamclaim_status(cluster.session().client(), pod_claim.claim,
                                       Allocated(ips), pod=pod_claim.pod, deadline=deadline)
+
+
+def api_cut_over_now(inv: Invocation, cluster: VerbCluster) -> None:
+    """ADD of a migration target KubeVirt marked ready before it: its announcement is taken
+    over at once. Best effort: a failure leaves the record, which the agent or STATUS finish."""
+    from cni_plugin.publish import migration
+    lock_dir = inv.host.lock_dir
+    path = migration.record_path(lock_dir, inv.env.container_id, inv.env.ifname)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            pending = migration.PendingTarget.from_json(handle.read())
+        migration.api_cut_over(cluster.session().client(), pending, inv.deadline)
+    except (OSError, ValueError, ApiError, CniError) as exc:
+        log.warning("migration target %s: cut-over left to the agent or STATUS: %s",
+                    inv.env.container_id, getattr(exc, "msg", exc))
+        return
+    migration.remove_pending(lock_dir, inv.env.container_id, inv.env.ifname)
+
+
+def api_cut_over_ready_targets(inv: Invocation, cluster: VerbCluster) -> None:
+    """STATUS: cut over this network's migration targets on this node whose Pods KubeVirt
+    marked ready (one GET per pending target; none on a node without one). Best effort:
+    STATUS answers whether ADD would work, and a failed cut-over is tried again next time."""
+    from cni_plugin.publish import migration
+    lock_dir = inv.host.lock_dir
+    if not migration.pending_targets(lock_dir):
+        return
+    try:
+        client = cluster.session().client()
+        migration.api_complete_ready(
+            client, lock_dir, inv.deadline,
+            lambda namespace, name: client.get(PODS, name, namespace=namespace,
+                                               deadline=inv.deadline),
+            network=inv.conf.name)
+    except (ApiError, CniError) as exc:
+        log.warning("STATUS: migration cut-over failed, tried again next time: %s",
+                    getattr(exc, "msg", exc))
+
+
+def forget_pending_targets_except(inv: Invocation, valid: set[tuple[str, str]]) -> None:
+    """GC: drop this network's pending migration targets of containers no longer valid."""
+    from cni_plugin.publish import migration
+    for pending in migration.pending_targets(inv.host.lock_dir):
+        if pending.network == inv.conf.name and \
+                (pending.container_id, pending.ifname) not in valid:
+            migration.remove_pending(inv.host.lock_dir, pending.container_id, pending.ifname)
 
 
 def api_record_failure(cluster: VerbCluster, pod_claim: PodClaim, failure: CniError,
@@ -143,12 +244,14 @@ def api_free_gone_claims(inv: Invocation, cluster: VerbCluster) -> list[str]:
 
 def api_check_claim_access(inv: Invocation, cluster: VerbCluster) -> None:
     """STATUS with `allowPersistentIPs`: code 50 unless the plugin's identity may read
-    IPAMClaims and update their status (what ADD does), or without a kubeconfig."""
+    IPAMClaims, update their status and list Pods (what ADD does), or without a kubeconfig."""
     try:
         client = cluster.session().client()
         for verb, subresource in (("get", ""), ("update", "status")):
             api_review_access(client, IPAMCLAIMS.group, IPAMCLAIMS.plural, verb,
                               subresource=subresource, deadline=inv.deadline)
+        # the Pods naming a claim (a live migration's other Pod)
+        api_review_access(client, "", "pods", "list", deadline=inv.deadline)
     except ApiError as exc:
         raise CniError(STATUS_NOT_AVAILABLE, api_failure(exc, "check IPAMClaim access").msg,
                        exc.message) from None

@@ -32,6 +32,9 @@ def status(inv: Invocation, collaborators: Collaborators) -> None:
         if inv.conf.allow_persistent_ips:
             from cni_plugin.verbs import persistent_ips  # only then: see verbs/add.py
             persistent_ips.api_check_claim_access(inv, cluster)
+            # The runtime polls STATUS: without an agent, this announces migration targets
+            # KubeVirt marked ready since (docs/architecture.md, "Live migration").
+            persistent_ips.api_cut_over_ready_targets(inv, cluster)
         sids = inv.conf.attachment != "existing" and inv.conf.isolation == "vrf" and \
             router_has_sids(inv, cluster)
     if sids:

@@ -163,6 +163,45 @@ def launcher_pod(name: str, namespace: str, node: str, claim: str | None) -> dic
                      "containers": [{"name": "compute", "image": "registry.invalid/virt:1"}]}}
 
 
+# What virt-controller puts on a VM's virt-launcher Pods and, once the target node's domain is
+# ready during a live migration, on the target Pod (pkg/virt-controller/watch/migration: a JSON
+# patch `add` of the annotation, its value the VMI's TargetNodeDomainReadyTimestamp).
+KUBEVIRT_VM_NAME_LABEL = "vm.kubevirt.io/name"
+MIGRATION_TARGET_READY = "kubevirt.io/migration-target-ready-timestamp"
+
+
+def virt_launcher_pod(kube: Kube, namespace: str, node: str, claim: str,
+                      vm: str) -> tuple[str, str]:
+    """A virt-launcher Pod of `vm` on node, as virt-controller makes it (the VM's label) and
+    kubevirt's webhook leaves it (the claim reference in its only network-selection element,
+    net1); (name, uid)."""
+    element = {"name": "blue-nad", "namespace": namespace, "ipam-claim-reference": claim}
+    name = f"virt-launcher-{vm}-{secrets.token_hex(3)}"
+    pod = kube.create(f"/api/v1/namespaces/{namespace}/pods", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {KUBEVIRT_VM_NAME_LABEL: vm},
+                     "annotations": {NETWORKS_ANNOTATION: json.dumps([element])}},
+        "spec": {"nodeName": node, "automountServiceAccountToken": False,
+                 "containers": [{"name": "compute", "image": "registry.invalid/virt:1"}]}})
+    return name, str(pod["metadata"]["uid"])
+
+
+def kubevirt_marks_target_ready(kube: Kube, namespace: str, pod: str, timestamp: str) -> None:
+    """What virt-controller does when the migration target's domain is ready: the ready
+    timestamp added to the target Pod's annotations (virt-controller sends a JSON patch `add`;
+    this merge patch has the same effect and the harness's client sends objects)."""
+    kube.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{pod}",
+                 {"metadata": {"annotations": {MIGRATION_TARGET_READY: timestamp}}},
+                 content_type="application/merge-patch+json")
+
+
+def pod_completed(kube: Kube, namespace: str, pod: str) -> None:
+    """What kubelet reports once a Pod's containers exited for good: phase Succeeded."""
+    kube.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{pod}/status",
+                 {"status": {"phase": "Succeeded"}},
+                 content_type="application/merge-patch+json")
+
+
 def kubevirt_deletes_claim(kube: Kube, namespace: str, claim: str) -> str:
     """The VM is gone: ipam-extensions drops its finalizer and the claim is deleted; the uid
     it had."""
@@ -227,11 +266,14 @@ class Scene:
         return Launcher(self.plugin, self.node, self.namespace, pod, container, netns)
 
     def attached_and_detached(self, pod: tuple[str, str], container: str) -> dict[str, Any]:
-        """ADD then DEL of the Pod's container in a netns of its own; the ADD's result."""
+        """ADD then DEL of the Pod's container in a netns of its own, and the Pod completed
+        (its VM stopped: the phase kubelet gives a virt-launcher Pod that exited, so it holds
+        the claim no more); the ADD's result."""
         with temporary_netns("vpa-pip") as netns:
             launcher = self.launcher(pod, container, netns)
             result: dict[str, Any] = launcher.ok("ADD", self.conf)
             launcher.ok("DEL", with_prev(self.conf, result))
+        pod_completed(self.kube, self.namespace, pod[0])
         return result
 
     def files(self) -> IpamFiles:

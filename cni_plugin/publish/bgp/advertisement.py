@@ -71,6 +71,15 @@ def _advertisement_spec(router: Router, vrf_id: int, target: str,
             "function": "End.DT46"}
 
 
+def advertisement_spec(ctx: PublishContext, router: Router, vrf_id: int) -> dict[str, Any]:
+    """This node's advertisement's spec but its prefixes (a migration target's record keeps
+    it to create the object at the cut-over, SPEC §16)."""
+    target = naming.route_target(router.local_asn, ctx.inv.conf.vpc)
+    spec = _advertisement_spec(router, vrf_id, target, [])
+    del spec["prefixes"]
+    return spec
+
+
 @dataclass(frozen=True)
 class Found:
     """What ADD read before writing: this node's advertisement of the attachment, and the shared
