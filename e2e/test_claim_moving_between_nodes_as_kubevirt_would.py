@@ -12,7 +12,9 @@ block), installs their host routes, and its router alone announces them: no samp
 collector's RIB holds a prefix from two routers. Node 1 refuses the address to a Pod without
 the claim (102 naming the claim); `vpc-attach doctor` on each node names the claim and the
 lend from its side. Moved on to node 3, node 3 takes the lends over; back on
-node 1 the VM needs none (node 1 deletes them); out on node 2 again it borrows again. The
+node 1 the VM needs none (node 1 deletes them); out on node 2 again it borrows again; live
+migrated from node 2 to node 3 (the target's Pod and KubeVirt's ready timestamp written on its
+behalf), node 3 takes the lends over at the target's ADD and the routes at the timestamp. The
 claim deleted, the lend objects go and node 1 hands the address out again. The tests share
 one deployment (the module's `move`) and run in file order; each prints the collector's RIB,
 the claim's status, the pool's IPAMBlocks and each node's records at its step."""
@@ -54,6 +56,7 @@ from e2e.harness.ipamclaims import (
     claims_namespace,
     claims_path,
     kubevirt_deletes_claim,
+    kubevirt_marks_target_ready,
 )
 from e2e.harness.kernel import remove_vpc_objects, run_ip, temporary_netns
 from e2e.harness.kube import Kube
@@ -634,15 +637,60 @@ def test_the_vm_moving_out_to_node_2_again_borrows_the_addresses_again(move: Mov
     assert_lent(move, second, first)
 
 
+def test_a_live_migration_from_node_2_to_node_3_takes_the_lends_and_the_routes_on_the_timestamp(
+        move: Move) -> None:
+    """Issue 32 items 3 and 4 together, in the cluster pool: KubeVirt starts the migration
+    target's Pod on node 3 while the source still runs on node 2 (the test makes the Pod and
+    writes the ready timestamp on KubeVirt's behalf). The target's ADD takes the lends over at
+    once (the holder's records keep the addresses unique meanwhile) but announces nothing; the
+    collector keeps node 2's routes until the timestamp, then holds node 3's only, never
+    neither in between; the source's DEL afterwards changes nothing."""
+    first, second, third = move.sites
+    assert move.vm is not None and move.vm.site is second, "step 6 left the VM on node 2"
+    source = move.vm
+    answer, launcher = move.attach(third, move.claim)
+    assert answer.status == 0, answer.stdout
+    assert sorted(ip["address"] for ip in answer.body["ips"]) == move.addresses
+    assert_lent(move, third, first)
+    move.settle("6m-a: the migration target attached on node 3, not announced", second)
+    adv = advertisement(move.kube, naming.advertisement_name(move.vpc, ATT, third.name))
+    assert adv is None or not set(adv["spec"].get("prefixes") or []) & move.prefixes()
+    with rib_sampled(move.fabric) as samples:
+        kubevirt_marks_target_ready(move.kube, move.namespace, launcher.pod,
+                                    time.strftime("%Y-%m-%d %H:%M:%S +0000 UTC", time.gmtime()))
+        marked = time.monotonic()
+        if not VIA_AGENT:  # kubelet's poll of the runtime's status, made at once
+            third.scene.plugin.ok("STATUS", move.conf)
+        rib = move.settle("6m-b: KubeVirt marked the target ready", third)
+        cut_over = time.monotonic() - marked
+    runs = timeline(samples, move.prefixes(), move.names())
+    print(f"[{PATH}] step 6m: cut-over {cut_over:.3f} s from the ready timestamp to the RIB "
+          f"holding node 3's routes only; samples: {shown(runs)}")
+    # Make before break: the target is announced before the source is withdrawn, so the
+    # collector may hold both for a moment, but never neither.
+    states = [state for state, _ in runs]
+    assert states[0] == ("node 2",) and states[-1] == ("node 3",), shown(runs)
+    assert ("none",) not in states and all(set(state) <= {"node 2", "node 3"}
+                                           for state in states), shown(runs)
+    assert all({route.prefix for route in rib} >= move.prefixes() for rib in samples), \
+        "a sample in which a prefix was announced by nobody"
+    # The migration completed: KubeVirt deletes the source Pod, its DEL runs on node 2.
+    move.detach(source.launcher, move.conf, source.result)
+    move.vm = VmPod(third, launcher, answer.body)
+    assert move.settle("6m-c: the source's Pod deleted", third) == rib
+    status = claim_status(move.kube, move.namespace, move.claim)
+    assert sorted(status["ips"]) == move.addresses
+
+
 def test_the_claim_deleted_the_lends_go_and_node_1_hands_the_address_out_again(
         move: Move) -> None:
     """The VM's Pod goes, then kubevirt lets the claim go: the lend objects are deleted and
     every node that held or borrowed the addresses frees its records (the agents' watches; GC
     on nodes without an agent, run here in the in-process pass); a new Pod on node 1 asking
     for the addresses gets them and node 1's router announces them."""
-    first, second, _ = move.sites
-    assert move.vm is not None and move.vm.site is second, "step 6 left the VM on node 2"
-    assert move.lends(), "step 6 left no lend to delete"
+    first, _, third = move.sites
+    assert move.vm is not None and move.vm.site is third, "step 6m left the VM on node 3"
+    assert move.lends(), "step 6m left no lend to delete"
     move.stop_vm()
     move.settle("7a: the VM's Pod deleted", None)
     started = time.monotonic()
