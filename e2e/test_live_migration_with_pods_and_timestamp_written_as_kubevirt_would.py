@@ -57,7 +57,9 @@ from e2e.harness.tenancy import bound
 from e2e.harness.wait import wait_until
 from e2e.test_galactic_router import ROUTE_TIMEOUT_S, GalacticNode, start_node
 
-pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.both_paths]
+# Every test but the agent restart's runs in both passes: that one brings agents of its own,
+# and in the agent pass the node agents would have served node 2's earlier ADDs already.
+pytestmark = [pytest.mark.root, pytest.mark.cluster]
 PATH = "agent" if VIA_AGENT else "in-process"
 IFNAME = "net1"  # Multus's name for the VM network's element
 FAMILIES = ("IPv6", "IPv4")
@@ -230,6 +232,7 @@ def doctor_migration_targets(node: GalacticNode) -> list[dict[str, str]]:
             if finding["check"] == "migration.targets"]
 
 
+@pytest.mark.both_paths
 def test_migration_target_announced_on_the_ready_timestamp_set_as_kubevirt_would(
         deployment: Deployment) -> None:
     first, second = deployment.nodes
@@ -290,6 +293,7 @@ def test_migration_target_announced_on_the_ready_timestamp_set_as_kubevirt_would
             assert deployment.routes(prefixes) == deployment.held_by(second, prefixes)
 
 
+@pytest.mark.both_paths
 def test_a_target_marked_ready_before_its_add_is_announced_by_the_add_as_kubevirt_would(
         deployment: Deployment) -> None:
     """The runtime retried the target's ADD after KubeVirt marked the Pod (its first sandbox
@@ -318,6 +322,7 @@ def test_a_target_marked_ready_before_its_add_is_announced_by_the_add_as_kubevir
                        detail=lambda: str(deployment.routes(prefixes)))
 
 
+@pytest.mark.both_paths
 def test_failed_migration_keeps_the_source_with_pods_made_as_kubevirt_would(
         deployment: Deployment) -> None:
     first, second = deployment.nodes
@@ -344,6 +349,7 @@ def test_failed_migration_keeps_the_source_with_pods_made_as_kubevirt_would(
         assert first.address in deployment.fabric.established()
 
 
+@pytest.mark.both_paths
 def test_a_third_pod_of_a_claim_is_refused_with_pods_made_as_kubevirt_would(
         deployment: Deployment) -> None:
     first, second = deployment.nodes
@@ -371,9 +377,6 @@ def test_a_third_pod_of_a_claim_is_refused_with_pods_made_as_kubevirt_would(
         assert deployment.routes(prefixes) == deployment.held_by(first, prefixes)
 
 
-@pytest.mark.skipif(VIA_AGENT, reason="the agent pass's node agents know node 2's records "
-                    "already (they served its earlier ADDs): the restart runs in the "
-                    "in-process pass, with agents of its own")
 def test_a_target_marked_as_kubevirt_would_while_its_agent_was_down_is_cut_over_by_the_next_agent(
         deployment: Deployment, tmp_path: Path) -> None:
     """The target's ADD goes through an agent of node 2 that then crashes (SIGKILL); KubeVirt
