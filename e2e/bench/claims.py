@@ -42,17 +42,24 @@ def create_claims_and_pods(run: Run, made: list[Subject],
             continue
         ids = [SEED, *run_ids] if subject.claims == ADOPT else run_ids
         pods = {f"{subject.key}-{run_id}": claim_of(subject, run_id) for run_id in ids}
+        labels = {f"{subject.key}-{run_id}": _vm_of(subject, run_id) for run_id in ids
+                  if claim_of(subject, run_id) is not None}
         vms = {} if subject.vpc is None else \
             {vm: network_name(subject.vpc) for vm in _vms(subject, run_ids)}
         began = time.monotonic()
         with run.clusters[subject.cluster].admin() as admin:
             population.vm_claims(admin, vms, NETWORK)
-            uids = population.launcher_pods(admin, run.node, pods)
+            uids = population.launcher_pods(admin, run.node, pods, labels)
         run.pods.setdefault(subject.cluster, {}).update(uids)
         created.setdefault(subject.cluster, []).extend(uids)
         log(f"{subject.key}: {len(vms)} IPAMClaim(s), {len(uids)} virt-launcher Pods "
             f"({time.monotonic() - began:.0f} s)")
     return created
+
+
+def _vm_of(subject: Subject, run_id: str) -> str:
+    """The VM whose virt-launcher Pod the subject's Pod of this run id is."""
+    return subject.key if subject.claims == ADOPT else f"{subject.key}-{run_id}"
 
 
 def _vms(subject: Subject, run_ids: list[str]) -> list[str]:

@@ -27,7 +27,13 @@ from cni_plugin.publish.resources import (
     VERSION,
     VRF_INSTANCES,
 )
-from e2e.harness.ipamclaims import claims_path, kubevirt_claim, launcher_pod
+from e2e.harness.ipamclaims import (
+    KUBEVIRT_VM_NAME_LABEL,
+    claims_path,
+    kubevirt_claim,
+    launcher_pod,
+    pod_completed,
+)
 from e2e.harness.kube import ApiError, Kube
 from e2e.harness.publishing import BGP_NS, create_pod, create_router
 from e2e.harness.wait import wait_until
@@ -76,14 +82,23 @@ def bench_pods(kube: Kube, node: str, names: Iterable[str]) -> dict[str, str]:
     return dict(zip(names, _parallel(kube, make, names), strict=True))
 
 
-def launcher_pods(kube: Kube, node: str, claims: Mapping[str, str | None]) -> dict[str, str]:
+def launcher_pods(kube: Kube, node: str, claims: Mapping[str, str | None],
+                  vms: Mapping[str, str]) -> dict[str, str]:
     """virt-launcher Pods on the bench node as kubevirt's webhook leaves them, each naming its
-    IPAMClaim (or none: None), created in parallel; name -> uid."""
+    IPAMClaim (or none: None) and labelled with its VM (vms: Pod name -> VM) as virt-controller
+    labels them, created in parallel; name -> uid. A Pod of a claim is completed at once (phase
+    Succeeded, as kubelet reports a virt-launcher that exited): the bench makes every run's Pod
+    before the rounds, where KubeVirt runs one of a VM's Pods at a time, and a claim's living
+    Pods are its holders (a third is refused, issue 32's live migration)."""
     names = list(claims)
 
     def make(kube: Kube, name: str) -> str:
-        made = kube.create(PODS.path(BENCH_NAMESPACE),
-                           launcher_pod(name, BENCH_NAMESPACE, node, claims[name]))
+        body = launcher_pod(name, BENCH_NAMESPACE, node, claims[name])
+        if name in vms:
+            body["metadata"]["labels"] = {KUBEVIRT_VM_NAME_LABEL: vms[name]}
+        made = kube.create(PODS.path(BENCH_NAMESPACE), body)
+        if claims[name] is not None:
+            pod_completed(kube, BENCH_NAMESPACE, name)
         return str(made["metadata"]["uid"])
 
     return dict(zip(names, _parallel(kube, make, names), strict=True))
