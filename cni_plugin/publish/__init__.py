@@ -21,7 +21,6 @@ from cni_plugin.core.request import Invocation
 from cni_plugin.core.rollback import Rollback
 from cni_plugin.kube.client import ApiError, api_failure
 from cni_plugin.publish.context import PublishContext, Router
-from cni_plugin.publish.resources import PODS
 from cni_plugin.publish.source import VerbCluster
 from netconf.errors import INVALID_CONFIG, STATUS_NOT_AVAILABLE, TRY_AGAIN_LATER, CniError
 
@@ -206,10 +205,8 @@ def _pod_uid(ctx: PublishContext) -> str:
     pod = ctx.inv.pod
     if pod.uid:
         return pod.uid
-    namespace, name = pod.namespace or "", pod.name or ""
-    found = ctx.session.pod(ctx.node, namespace, name)
-    if found is None:
-        found = ctx.client.get(PODS, name, namespace=namespace, deadline=ctx.inv.deadline)
+    from cni_plugin.publish.endpointslice import pod_object
+    found = pod_object(ctx, ctx.inv.deadline)
     return str(((found or {}).get("metadata") or {}).get("uid") or "")
 
 

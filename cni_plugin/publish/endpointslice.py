@@ -40,15 +40,23 @@ def slice_name(pod: str, vpc: str, attachment: str, family: str) -> str:
     return f"{pod[:MAX_NAME - len(suffix) - 11]}-{digest}{suffix}"
 
 
+def pod_object(ctx: PublishContext, deadline: Deadline) -> dict[str, Any] | None:
+    """The verb's Pod: from the session (the agent's cache, or what the verb read already),
+    else one GET when it is not there or the cache lags behind a recreated Pod."""
+    pod = ctx.inv.pod
+    namespace, name = pod.namespace or "", pod.name or ""
+    obj = ctx.session.pod(ctx.node, namespace, name)
+    if obj is None or (pod.uid and pod.uid != obj["metadata"]["uid"]):
+        obj = ctx.client.get(PODS, name, namespace=namespace, deadline=deadline)
+    return obj
+
+
 def _pod_identity(ctx: PublishContext, deadline: Deadline) -> tuple[str, str, str]:
     pod = ctx.inv.pod
     if not pod.namespace or not pod.name:
         raise CniError(PUBLISH_FAILURE, "publishing an EndpointSlice needs the Pod",
                        "K8S_POD_NAMESPACE and K8S_POD_NAME are missing from CNI_ARGS")
-    obj = ctx.session.pod(ctx.node, pod.namespace, pod.name)
-    if obj is None or (pod.uid and pod.uid != obj["metadata"]["uid"]):
-        # not (yet) in the cache, or the cache lags behind a recreated Pod
-        obj = ctx.client.get(PODS, pod.name, namespace=pod.namespace, deadline=deadline)
+    obj = pod_object(ctx, deadline)
     if obj is None:
         raise CniError(PUBLISH_FAILURE, f"Pod {pod.namespace}/{pod.name} does not exist")
     uid = str(obj["metadata"]["uid"])

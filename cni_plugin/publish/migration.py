@@ -21,6 +21,7 @@ from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.locks import container_lock_path, file_lock
 from cni_plugin.core.records import write_record
 from cni_plugin.kube.client import CREATED_BY_ANNOTATION, ApiError, KubeClient
+from cni_plugin.publish.bgp.advertisement import write_or_delete
 from cni_plugin.publish.bgp.spec import MAX_ATTEMPTS, drop_containers, prefixes_of
 from cni_plugin.publish.resources import (
     ADVERTISEMENTS,
@@ -223,15 +224,7 @@ def api_withdraw_source(client: KubeClient, namespace: str, name: str, node: str
         if not gone:
             return set()
         drop_containers(annotations, gone)
-        remaining = prefixes_of(annotations)
-        if not remaining:
-            if client.delete(ADVERTISEMENTS, name, namespace=namespace, deadline=deadline,
-                             uid=meta["uid"], resource_version=meta["resourceVersion"]):
-                return gone
-            continue
-        meta["annotations"] = annotations
-        current["spec"]["prefixes"] = remaining
-        if client.put_unless_changed(ADVERTISEMENTS, current, deadline=deadline):
+        if write_or_delete(client, namespace, current, annotations, deadline):
             return gone
     raise CniError(TRY_AGAIN_LATER, f"BGPAdvertisement {name!r} keeps changing")
 

@@ -14,7 +14,7 @@ from cni_plugin.core import naming
 from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.rollback import Rollback
-from cni_plugin.kube.client import update_with_retry
+from cni_plugin.kube.client import KubeClient, update_with_retry
 from cni_plugin.publish.bgp.spec import (
     MAX_ATTEMPTS,
     drop_containers,
@@ -252,25 +252,26 @@ def _drop_containers(ctx: PublishContext, name: str,
         if not gone:
             return
         drop_containers(annotations, gone)
-        if _write_or_delete(ctx, current, annotations, name, deadline):
+        if write_or_delete(ctx.client, ctx.namespace, current, annotations, deadline):
             log.info(done.format(", ".join(sorted(gone)), name) + " (node %s)", ctx.node)
             return
     raise CniError(TRY_AGAIN_LATER, f"BGPAdvertisement {name!r} keeps changing")
 
 
-def _write_or_delete(ctx: PublishContext, current: dict[str, Any], annotations: dict[str, str],
-                     name: str, deadline: Deadline) -> bool:
-    """Put the advertisement with these annotations, or delete it when they advertise nothing;
-    False when it changed meanwhile (re-read)."""
+def write_or_delete(client: KubeClient, namespace: str, current: dict[str, Any],
+                    annotations: dict[str, str], deadline: Deadline) -> bool:
+    """Put the advertisement `current` with these annotations, or delete it when they
+    advertise nothing (uid + resourceVersion preconditions: a concurrent writer keeps it);
+    False when it changed meanwhile (re-read). Also a migration's withdrawal of its source."""
     prefixes = prefixes_of(annotations)
     meta = current["metadata"]
     if not prefixes:
-        return ctx.client.delete(ADVERTISEMENTS, name, namespace=ctx.namespace,
-                                 deadline=deadline, uid=meta["uid"],
-                                 resource_version=meta["resourceVersion"])
+        return client.delete(ADVERTISEMENTS, meta["name"], namespace=namespace,
+                             deadline=deadline, uid=meta["uid"],
+                             resource_version=meta["resourceVersion"])
     meta["annotations"] = annotations
     current["spec"]["prefixes"] = prefixes
-    return ctx.client.put_unless_changed(ADVERTISEMENTS, current, deadline=deadline)
+    return client.put_unless_changed(ADVERTISEMENTS, current, deadline=deadline)
 
 
 def _within_limits(name: str, prefixes: list[str], annotations: dict[str, str]) -> None:
