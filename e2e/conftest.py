@@ -19,6 +19,8 @@ import pytest
 from e2e.harness import cnibin, kernel, plugin
 from e2e.harness.agentproc import AgentProcess, OwnAgents
 from e2e.harness.cluster import Cluster
+from e2e.harness.galactic.build import GalacticBuild, ensure_galactic_built
+from e2e.harness.galactic.fabric import apply_galactic_crds
 from e2e.harness.kube import Kube
 from e2e.harness.nodes import api_port, relay
 from e2e.harness.plugin import Plugin
@@ -180,3 +182,13 @@ def standalone() -> Iterator[Path]:
         yield build_standalone(work / "dist")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def galactic(kube: Kube) -> GalacticBuild:
+    """galactic-router, galactic-cni, gobgpd/gobgp and our programs on galactic's packages
+    (setup.sh built them: a cache hit), and the CRDs the router watches beyond ours, in this
+    test cluster; for every test module that runs galactic beside vpc-attach."""
+    build = ensure_galactic_built()
+    apply_galactic_crds(kube, build.crd_dir)
+    return build

@@ -39,10 +39,9 @@ from cni_plugin.core import naming
 from cni_plugin.ipam.plugin.kubeblocks import IPAM_BLOCKS
 from cni_plugin.publish.resources import PODS, ROUTERS
 from e2e.harness.agentproc import AgentProcess, OwnAgents
-from e2e.harness.galactic.build import GalacticBuild, ensure_galactic_built
+from e2e.harness.galactic.build import GalacticBuild
 from e2e.harness.galactic.fabric import (
     Fabric,
-    apply_galactic_crds,
     create_peer,
     is_true,
     running_fabric,
@@ -88,15 +87,6 @@ FREED_WITHIN_S = 30.0  # the agent's watch (at once) or GC frees a deleted claim
 SAMPLE_EVERY_S = 0.05
 SAMPLES_AFTER_SETTLING = 20  # the collector keeps holding what it settled on
 PATH = "agent" if VIA_AGENT else "in-process"
-
-
-@pytest.fixture(scope="module")
-def galactic(kube: Kube) -> GalacticBuild:
-    """galactic-router and gobgpd/gobgp (a cache hit after setup.sh), and the CRDs the router
-    watches beyond ours."""
-    build = ensure_galactic_built()
-    apply_galactic_crds(kube, build.crd_dir)
-    return build
 
 
 def tap_vm_network(vpc: str) -> dict[str, Any]:

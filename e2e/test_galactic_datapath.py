@@ -26,7 +26,7 @@ import pytest
 from cni_plugin.core import naming
 from cni_plugin.galactic import layout
 from e2e.harness.agentproc import OwnAgents
-from e2e.harness.galactic.build import GalacticBuild, ensure_galactic_built
+from e2e.harness.galactic.build import GalacticBuild
 from e2e.harness.galactic.datapath import (
     INGRESS_FILTER,
     PINS,
@@ -36,7 +36,6 @@ from e2e.harness.galactic.datapath import (
     galactic_datapath,
     session_state,
 )
-from e2e.harness.galactic.fabric import apply_galactic_crds
 from e2e.harness.galactic.maps import EgressRoute
 from e2e.harness.galactic.sweep import run_sweep
 from e2e.harness.kernel import temporary_netns
@@ -112,14 +111,6 @@ class Pod:
                                 container_id=self.container, netns=self.path,
                                 CNI_ARGS=self.cni_args)
             self.deleted = True
-
-
-@pytest.fixture(scope="module")
-def galactic(kube: Kube) -> GalacticBuild:
-    """galactic's binaries (built by setup.sh: a cache hit) and the CRDs its router watches."""
-    build = ensure_galactic_built()
-    apply_galactic_crds(kube, build.crd_dir)
-    return build
 
 
 @pytest.fixture(scope="module")

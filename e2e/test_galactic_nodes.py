@@ -37,10 +37,9 @@ from cni_plugin.publish.endpointslice import slice_name
 from cni_plugin.publish.resources import ENDPOINT_SLICES, PODS
 from e2e.harness.agentproc import OwnAgents
 from e2e.harness.faults import Fault, FaultProxy, ProxiedCluster, Rule, Seen, start_proxy
-from e2e.harness.galactic.build import GalacticBuild, ensure_galactic_built
+from e2e.harness.galactic.build import GalacticBuild
 from e2e.harness.galactic.fabric import (
     Fabric,
-    apply_galactic_crds,
     is_true,
     running_fabric,
 )
@@ -115,15 +114,6 @@ AGAIN = "ADD on node 2 again (instance kept, advertisement created)"
 SCALE_DOWN = "DEL on node 3, another Pod left (advertisement updated)"
 LAST_POD = "DEL of node 2's last Pod (advertisement deleted)"
 REFUSED_SLICE = "ADD on node 1 refused its slice (rolled back)"
-
-
-@pytest.fixture(scope="module")
-def galactic(kube: Kube) -> GalacticBuild:
-    """galactic-router, gobgpd/gobgp (a cache hit after setup.sh) and the CRDs the router
-    watches beyond ours."""
-    build = ensure_galactic_built()
-    apply_galactic_crds(kube, build.crd_dir)
-    return build
 
 
 # A node, its Pods, and what its fault proxy saw ------------------------------------------------

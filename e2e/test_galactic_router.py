@@ -19,11 +19,10 @@ from cni_plugin.core import naming
 from cni_plugin.publish.endpointslice import slice_name
 from cni_plugin.publish.resources import ROUTERS
 from e2e.harness.agentproc import OwnAgents
-from e2e.harness.galactic.build import GalacticBuild, ensure_galactic_built
+from e2e.harness.galactic.build import GalacticBuild
 from e2e.harness.galactic.fabric import (
     ASN,
     Fabric,
-    apply_galactic_crds,
     condition,
     create_peer,
     is_true,
@@ -49,15 +48,6 @@ pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.both_paths]
 LOCATOR = "2001:db8:ff01::/48"
 ROUTE_TIMEOUT_S = 90.0
 FAMILIES = ("IPv6", "IPv4")
-
-
-@pytest.fixture(scope="module")
-def galactic(kube: Kube) -> GalacticBuild:
-    """galactic-router, gobgpd/gobgp and the verdict program (setup.sh built them; a cache hit
-    here), and the CRDs the router watches beyond ours, in this test cluster only."""
-    build = ensure_galactic_built()
-    apply_galactic_crds(kube, build.crd_dir)
-    return build
 
 
 def router_id(index: int) -> str:

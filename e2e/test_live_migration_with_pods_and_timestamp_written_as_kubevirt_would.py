@@ -34,8 +34,8 @@ from cni_plugin.core import naming
 from cni_plugin.publish.endpointslice import slice_name
 from cni_plugin.publish.migration import RECORDS_DIR
 from e2e.harness.agentproc import AgentProcess, OwnAgents
-from e2e.harness.galactic.build import GalacticBuild, ensure_galactic_built
-from e2e.harness.galactic.fabric import Fabric, apply_galactic_crds, running_fabric
+from e2e.harness.galactic.build import GalacticBuild
+from e2e.harness.galactic.fabric import Fabric, running_fabric
 from e2e.harness.ipamclaims import (
     claims_namespace,
     kubevirt_creates_claim,
@@ -70,15 +70,6 @@ CUT_OVER_POLL_S = 0.01  # how often the collector's RIB is read while timing the
 # The node's host settings an agent reads at start (the DaemonSet's come from its host file).
 HOST_SETTINGS = ("VPC_ATTACH_NODE_NAME", "VPC_ATTACH_KUBECONFIG", "VPC_ATTACH_LOCK_DIR",
                  "VPC_ATTACH_HOST_CONFIG", "VPC_ATTACH_NAMESPACE", "VPC_ATTACH_IPAM_DATA_ROOT")
-
-
-@pytest.fixture(scope="module")
-def galactic(kube: Kube) -> GalacticBuild:
-    """galactic-router and gobgpd/gobgp (a cache hit after setup.sh) and the CRDs the router
-    watches beyond ours."""
-    build = ensure_galactic_built()
-    apply_galactic_crds(kube, build.crd_dir)
-    return build
 
 
 @dataclass
