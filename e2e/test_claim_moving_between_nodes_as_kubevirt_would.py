@@ -653,6 +653,10 @@ def test_a_live_migration_from_node_2_to_node_3_takes_the_lends_and_the_routes_o
             third.scene.plugin.ok("STATUS", move.conf)
         rib = move.settle("6m-b: KubeVirt marked the target ready", third)
         cut_over = time.monotonic() - marked
+        # The sampler runs on its own thread: let it see the settled RIB too (as move_vm).
+        settled = len(samples)
+        wait_until(f"{SAMPLES_AFTER_SETTLING} samples of the settled RIB",
+                   lambda: len(samples) >= settled + SAMPLES_AFTER_SETTLING, ROUTE_TIMEOUT_S)
     runs = timeline(samples, move.prefixes(), move.names())
     print(f"[{PATH}] step 6m: cut-over {cut_over:.3f} s from the ready timestamp to the RIB "
           f"holding node 3's routes only; samples: {shown(runs)}")
