@@ -492,11 +492,10 @@ def _ptp_conflist() -> dict[str, Any]:
 
 
 def _scale(admin: Kube, name: str, replicas: int) -> None:
-    path = f"/apis/apps/v1/namespaces/default/deployments/{name}/scale"
-    scale = admin.get(path)
-    assert scale is not None
-    scale["spec"]["replicas"] = replicas
-    admin.put(path, scale)
+    """Set the replicas by a merge patch of the scale subresource: it carries no
+    resourceVersion, so the deployment controller's own writes cannot make it conflict."""
+    admin.request("PATCH", f"/apis/apps/v1/namespaces/default/deployments/{name}/scale",
+                  {"spec": {"replicas": replicas}}, content_type="application/merge-patch+json")
 
 
 def test_a_deployment_behind_ptp_publishes_each_pod_and_withdraws_them(
