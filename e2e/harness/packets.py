@@ -15,9 +15,12 @@ from e2e.harness.wait import wait_until
 
 # How long a sender, asker or ping may run beyond its own socket timeout before the test calls it
 # hung. Only a hang waits this long; a sender that could not send says so within its timeout.
-# A sender is a Python process started in a namespace: well under a second natively, but 11.6 s
-# once in the emulated VM while the native tests kept both cores busy (CI, test_datapath[vrf]).
+# A sender or listener is a Python process started in a namespace: well under a second natively,
+# but 11.6 s once in the emulated VM while the native tests kept both cores busy (CI,
+# test_datapath[vrf]; a listener's ready line missed a 10 s bound the same way). A listener's
+# wait ends early when its process dies.
 SEND_TIMEOUT = 60.0
+LISTENER_READY_S = 60.0
 
 # Binds the wildcard (v4 and v6), prints one line per datagram or connection, flushed.
 _LISTENER = r"""
@@ -163,9 +166,14 @@ def listener(netns: str, kind: str, port: int, work: Path, answer: bool = False,
         proc = subprocess.Popen(in_netns(netns, sys.executable, "-c", script, kind, str(port),
                                          *argv),
                                 stdout=sink, stderr=subprocess.STDOUT, text=True)
+    def alive() -> None:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{kind} listener on {port} exited ({proc.returncode}): "
+                               f"{out.read_text().strip()}")
+
     try:
         wait_until(f"{kind} listener on {port}", lambda: out.read_text().startswith("ready"),
-                   10.0)
+                   LISTENER_READY_S, alive=alive)
         yield Listener(proc, out)
     finally:
         proc.kill()
