@@ -13,6 +13,7 @@ own admin client, the records with the harness's reader."""
 
 from __future__ import annotations
 
+import ipaddress
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,10 +22,12 @@ from typing import Any
 
 import pytest
 
+from cni_plugin.ipam.plugin.kubeblocks import IPAM_BLOCKS
 from e2e.harness.faults import Fault, Rule, start_proxy
 from e2e.harness.ipamclaims import Scene, allocated, claim_status, claims_path, vm_scene
 from e2e.harness.kernel import temporary_netns
 from e2e.harness.kube import Kube
+from e2e.harness.nodes import NODES, node_objects
 from e2e.harness.plugin import Answer, Plugin, base_conf, with_prev
 from e2e.harness.rbac import identity_without
 from e2e.harness.report import report
@@ -200,6 +203,50 @@ def test_two_claims_racing_for_the_last_address_one_gets_it_the_other_is_subnet_
         launchers[won].ok("DEL", with_prev(confs[won], answers[won].body))
 
 
+def test_a_cluster_block_claimed_after_its_nodes_deletion_keeps_a_stopped_vms_address(
+        scene: Scene, cluster: Any, pytestconfig: pytest.Config) -> None:
+    """`scope: cluster`: the VM's Pod ran on node 1 and stopped (no Pod of it anywhere, so
+    nothing is lent), then Node 1 was deleted and the garbage collector took its IPAMBlocks.
+    Node 2 claims that block for a Pod asking for the neighbouring address: the claim's
+    address stays the claim's there (another Pod asking for it gets 102 naming the claim) and
+    the VM's next Pod, on node 2, gets it."""
+    kube = scene.kube
+    ipam = {**scene.conf["ipam"], "scope": "cluster", "address_families": ["IPv4"]}
+    with node_objects(kube, 2, prefix="pip-node") as (first, second):
+        scene.plugin.environ["VPC_ATTACH_NODE_NAME"] = first
+        scene.conf = {**scene.conf, "ipam": {**ipam, "dataDir": str(scene.data_dir / first)}}
+        claim = scene.claim()
+        (address,) = ips_of(scene.attached_and_detached(scene.pod(claim), "ctr-vm-1"))
+        ip = ipaddress.ip_interface(address).ip
+        assert any(ip in ipaddress.ip_network(b["spec"]["cidr"]) for b in kube.list(
+            IPAM_BLOCKS.path(), fields=f"spec.node={first}")), "node 1 holds its block"
+        kube.delete(f"{NODES}/{first}")
+        wait_until(f"IPAMBlocks of deleted Node {first} to be collected", lambda: not kube.list(
+            IPAM_BLOCKS.path(), fields=f"spec.node={first}"), timeout=90)
+
+        scene.plugin.environ["VPC_ATTACH_NODE_NAME"] = second
+        on_second = {**scene.conf, "ipam": {**ipam, "dataDir": str(scene.data_dir / second)}}
+        with temporary_netns("vpa-pip") as netns_a, temporary_netns("vpa-pip") as netns_b:
+            neighbour = scene.launcher(scene.pod(None), "ctr-neighbour", netns_a)
+            near = {**on_second, "vpcattachment": "62",
+                    "runtimeConfig": {"ips": [str(ip + 1)]}}
+            beside = neighbour.ok("ADD", near)
+            (block,) = [b for b in kube.list(IPAM_BLOCKS.path(), fields=f"spec.node={second}")
+                        if ip in ipaddress.ip_network(b["spec"]["cidr"])]
+            intruder = scene.launcher(scene.pod(None), "ctr-intruder", netns_b)
+            answer = intruder.add({**on_second, "vpcattachment": "63",
+                                   "runtimeConfig": {"ips": [str(ip)]}})
+            report(pytestconfig, "A Pod asking for a stopped VM's address on the node that "
+                   "claimed its deleted holder's block", scene.data_dir / "refused.json",
+                   {"block": block["spec"], "answer": answer.body})
+            assert answer.code == 102, answer.stdout
+            assert f"IPAMClaim {scene.namespace}/{claim} holds it" in answer.body["msg"]
+            neighbour.ok("DEL", with_prev(near, beside))
+        scene.conf = on_second
+        again = scene.attached_and_detached(scene.pod(claim), "ctr-vm-2")
+        assert ips_of(again) == [address], "the VM's next Pod, on node 2, gets its address"
+
+
 def claim_uid(scene: Scene, claim: str) -> str:
     stored = scene.kube.get(claims_path(scene.namespace, claim))
     assert stored is not None
@@ -310,6 +357,7 @@ def test_status_with_allow_persistent_ips_passes_with_the_packaged_role(scene: S
 
 @pytest.mark.parametrize(("dropped", "missing"), [
     ("ipamclaims", "get ipamclaims.k8s.cni.cncf.io"),
+    ("ipamclaims:list", "list ipamclaims.k8s.cni.cncf.io"),
     ("ipamclaims/status", "update ipamclaims/status.k8s.cni.cncf.io")])
 def test_status_is_code_50_naming_an_ipamclaim_permission_the_plugin_lacks(
         scene: Scene, cluster: Any, dropped: str, missing: str) -> None:

@@ -33,7 +33,7 @@ from cni_plugin.ipam.plugin.blocks import (
     parse_object_name,
     pool_hash,
 )
-from cni_plugin.ipam.plugin.config import IpamConfig, parse_ipam
+from cni_plugin.ipam.plugin.config import IpamConfig, parse_ipam, parse_network
 from cni_plugin.ipam.plugin.kubeblocks import block_object
 from cni_plugin.ipam.plugin.pool import Pool
 from cni_plugin.ipam.plugin.requests import match_pools
@@ -62,6 +62,7 @@ class FakeBlocks:
 
     def __init__(self) -> None:
         self.objects: dict[str, dict[str, Any]] = {}
+        self.ipamclaims: list[dict[str, Any]] = []  # IPAMClaim objects, every namespace
         self.lock = threading.Lock()
         self.uids = 0
 
@@ -135,6 +136,11 @@ class FakeApi:
                 return False
             del self.store.objects[name]
             return True
+
+    def network_claims(self, network: str) -> list[dict[str, Any]]:
+        self._call("list ipamclaims")
+        with self.store.lock:
+            return [c for c in self.store.ipamclaims if c["spec"]["network"] == network]
 
     def requests(self) -> int:
         return sum(self.calls.values())
@@ -812,3 +818,91 @@ def test_gc_on_a_former_borrower_forgets_the_lend_and_the_claims_record_there(
     assert len(lending.borrowed(state_c)) == 1, "the lend naming this node stays"
     assert allocate_claimed(conf_b, b, "vm-4", VM_CLAIM, ip)[0].lend is not None, \
         "the claim's next Pod on node b borrows again"
+
+
+def ipamclaim_object(owner: ClaimOwner, *ips: str, network: str = NETWORK) -> dict[str, Any]:
+    """An IPAMClaim as the API lists it, its status written by the IPAM that allocated."""
+    return {"apiVersion": "k8s.cni.cncf.io/v1alpha1", "kind": "IPAMClaim",
+            "metadata": {"namespace": owner.namespace, "name": owner.name, "uid": owner.uid},
+            "spec": {"network": network, "interface": "pod16367aacb67"},
+            "status": {"ips": list(ips)}}
+
+
+def holder_deleted_while_the_vm_runs_nowhere(
+        tmp_path: Path, subnet: str) -> tuple[FakeBlocks, IpamConfig, FakeApi, str]:
+    """The claim's VM ran on node a and stopped (no Pod anywhere, so no lend); then node a's
+    Node was deleted, the garbage collector taking its block. Node c (its network config
+    allowing persistent IPs) and the claim's address."""
+    store = FakeBlocks()
+    conf_a = cluster_conf(tmp_path / "a", ipv4_subnet=subnet)
+    a = FakeApi(store, "node-a")
+    (address,) = [x.address for x in allocate_claimed(conf_a, a, "vm-1", VM_CLAIM)]
+    allocator.release(conf_a, Attachment("vm-1", "eth0"), a)  # the VM's Pod deleted
+    store.ipamclaims.append(ipamclaim_object(VM_CLAIM, address))
+    store.ipamclaims.append(ipamclaim_object(OTHER_VM_CLAIM, address, network="elsewhere"))
+    store.objects.clear()  # node a's Node deleted: its block with it
+    conf_c = replace(cluster_conf(tmp_path / "c", ipv4_subnet=subnet), persistent_ips=True,
+                     data_root=str(tmp_path / "c"))
+    return store, conf_c, FakeApi(store, "node-c"), address
+
+
+def test_a_block_claimed_after_its_holder_went_keeps_the_address_of_a_claim_running_nowhere(
+        tmp_path: Path) -> None:
+    # A pool of blocks of one address: node c's plain ADDs claim every block (claim()), the
+    # dead holder's one among them, until the pool is full.
+    _, conf_c, c, address = holder_deleted_while_the_vm_runs_nowhere(tmp_path, "172.27.0.0/28")
+    handed = [allocate(conf_c, c, f"pod-{n}")[0] for n in range(12)]
+    with pytest.raises(CniError) as full:
+        allocate(conf_c, c, "one-too-many")
+    assert full.value.code == IPAM_EXHAUSTED
+    assert address not in handed, "the claim's address is never handed to another Pod"
+    assert c.calls["list ipamclaims"] == c.calls["create"] == 13, "listed once per block claim"
+    (state,) = allocator.pool_states(conf_c)
+    ip = address.split("/")[0]
+    assert [r.claim for r in state.records() if r.name == ip] == [VM_CLAIM]
+    with pytest.raises(CniError) as info:
+        allocate_requested(conf_c, c, "intruder", ip)
+    assert info.value.code == IPAM_EXHAUSTED and "IPAMClaim vms/vm-a.blue" in info.value.msg
+    (home,) = allocate_claimed(conf_c, c, "vm-2", VM_CLAIM, ip)
+    assert home.address == address and home.adopted is not None, "the VM's next Pod gets it"
+    assert allocator.free_claim(str(tmp_path / "c"), VM_CLAIM.uid, 5) == \
+        [f"{state.directory}/{ip}"], "noted: freed with the claim"
+
+
+def test_a_block_claimed_for_a_request_keeps_the_address_of_a_claim_running_nowhere(
+        tmp_path: Path) -> None:
+    _, conf_c, c, address = holder_deleted_while_the_vm_runs_nowhere(tmp_path, "172.27.0.0/24")
+    ip = ipaddress.ip_address(address.split("/")[0])
+    assert allocate_requested(conf_c, c, "pod", str(ip + 1)) == [f"{ip + 1}/32"]
+    with pytest.raises(CniError) as info:
+        allocate_requested(conf_c, c, "intruder", str(ip))
+    assert info.value.code == IPAM_EXHAUSTED and "IPAMClaim vms/vm-a.blue" in info.value.msg
+
+
+def test_a_network_without_persistent_ips_never_lists_ipamclaims(tmp_path: Path) -> None:
+    _, conf_c, c, _ = holder_deleted_while_the_vm_runs_nowhere(tmp_path, "172.27.0.0/28")
+    allocate(replace(conf_c, persistent_ips=False), c, "pod")
+    assert c.calls["list ipamclaims"] == 0 and c.calls["create"] == 1
+
+
+def test_ipamclaims_that_cannot_be_listed_leave_no_block_and_no_record(tmp_path: Path) -> None:
+    store, conf_c, c, _ = holder_deleted_while_the_vm_runs_nowhere(tmp_path, "172.27.0.0/28")
+
+    def refused(network: str) -> list[dict[str, Any]]:
+        raise CniError(TRY_AGAIN_LATER, "cannot list the IPAMClaims whose addresses a block "
+                       "keeps: forbidden")
+
+    c.network_claims = refused  # type: ignore[method-assign]
+    with pytest.raises(CniError) as info:
+        allocate(conf_c, c, "pod")
+    assert info.value.code == TRY_AGAIN_LATER
+    assert store.objects == {} and not list((tmp_path / "c").rglob("blocks/*"))
+
+
+def test_the_network_configs_allow_persistent_ips_reaches_the_ipam_config() -> None:
+    network = {"cniVersion": "1.1.0", "name": NETWORK,
+               "ipam": {"type": "vpc-attach-ipam", "ipv4_subnet": "172.27.0.0/24",
+                        "scope": "cluster"}}
+    assert not parse_network(network).persistent_ips
+    assert parse_network({**network, "allowPersistentIPs": True}).persistent_ips
+    assert not parse_network({**network, "allowPersistentIPs": "true"}).persistent_ips

@@ -244,10 +244,11 @@ def api_free_gone_claims(inv: Invocation, cluster: VerbCluster) -> list[str]:
 
 def api_check_claim_access(inv: Invocation, cluster: VerbCluster) -> None:
     """STATUS with `allowPersistentIPs`: code 50 unless the plugin's identity may read
-    IPAMClaims, update their status and list Pods (what ADD does), or without a kubeconfig."""
+    IPAMClaims, list them (a cluster block's claim keeps their addresses), update their
+    status and list Pods (what ADD does), or without a kubeconfig."""
     try:
         client = cluster.session().client()
-        for verb, subresource in (("get", ""), ("update", "status")):
+        for verb, subresource in (("get", ""), ("list", ""), ("update", "status")):
             api_review_access(client, IPAMCLAIMS.group, IPAMCLAIMS.plural, verb,
                               subresource=subresource, deadline=inv.deadline)
         # the Pods naming a claim (a live migration's other Pod)

@@ -23,14 +23,25 @@ TOKEN_SECONDS = 3600
 
 
 def _rules_without(drop: set[tuple[str, str]]) -> list[dict[str, Any]]:
-    """The packaged ClusterRole's rules, less the (API group, resource) pairs in drop."""
+    """The packaged ClusterRole's rules, less the (API group, resource) pairs in drop; a
+    resource written `resource:verb` drops that verb of it only."""
     rules = []
     for rule in yaml.safe_load(CLUSTER_ROLE.read_text())["rules"]:
-        resources = [r for r in rule["resources"]
-                     if not any((g, r) in drop for g in rule["apiGroups"])]
-        if resources:
-            rules.append({**rule, "resources": resources})
+        for resource in rule["resources"]:
+            dropped = _dropped_verbs(rule, resource, drop)
+            verbs = [v for v in rule["verbs"] if v not in dropped]
+            if verbs:
+                rules.append({**rule, "resources": [resource], "verbs": verbs})
     return rules
+
+
+def _dropped_verbs(rule: dict[str, Any], resource: str, drop: set[tuple[str, str]]) -> set[str]:
+    dropped: set[str] = set()
+    for group, entry in drop:
+        name, _, verb = entry.partition(":")
+        if group in rule["apiGroups"] and name == resource:
+            dropped |= {verb} if verb else set(rule["verbs"])
+    return dropped
 
 
 @contextlib.contextmanager

@@ -134,7 +134,8 @@ def _place(conf: IpamConfig, pool: Pool, state: PoolState, index: int,
     if blocks is None:
         raise CniError(INTERNAL_ERROR, f"pool {pool.subnet} has scope 'cluster' but no "
                        "API was given to claim a block")
-    holder = claims.hold_block_of(state, conf.network, pool, index, blocks, conf.data_root)
+    holder = claims.hold_block_of(state, conf.network, pool, index, blocks, conf.data_root,
+                                  conf.persistent_ips)
     if holder is None:
         if claim is not None:
             lending.recall(state, conf.network, pool, index, blocks, claim)
@@ -165,7 +166,7 @@ def _reserve_in_cluster(conf: IpamConfig, pool: Pool, state: PoolState, attachme
         if blocks is None:
             raise CniError(INTERNAL_ERROR, f"pool {pool.subnet} has scope 'cluster' but no "
                            "API was given to claim a block")
-        claims.claim(state, conf.network, pool, blocks, conf.data_root)
+        claims.claim(state, conf.network, pool, blocks, conf.data_root, conf.persistent_ips)
     return name
 
 

@@ -19,6 +19,7 @@ import hashlib
 import ipaddress
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cni_plugin.ipam.plugin import claimed
@@ -30,7 +31,7 @@ from cni_plugin.ipam.plugin.blocks import (
     candidates,
     pool_hash,
 )
-from cni_plugin.ipam.plugin.pool import Pool
+from cni_plugin.ipam.plugin.pool import IPAddress, Pool
 from cni_plugin.ipam.plugin.store import Attachment, BlockRecord, ClaimOwner, PoolState
 from netconf.errors import IPAM_EXHAUSTED, TRY_AGAIN_LATER, CniError
 
@@ -66,6 +67,9 @@ class BlockApi(Protocol):
 
     def delete(self, name: str, uid: str) -> bool:
         """Delete it if it still has uid; False when it was gone or replaced."""
+
+    def network_claims(self, network: str) -> list[dict[str, Any]]:
+        """Every IPAMClaim of network (`spec.network`), in every namespace."""
 
 
 def node_of(obj: dict[str, Any]) -> str | None:
@@ -113,17 +117,19 @@ def reserve_in_held(state: PoolState, network: str, pool: Pool,
 
 
 def claim(state: PoolState, network: str, pool: Pool, api: BlockApi,
-          data_root: str = "") -> ClusterBlock | None:
+          data_root: str = "", persistent: bool = False) -> ClusterBlock | None:
     """Claim a block of pool for this node (code 102 when none is free, 11 when the API
     cannot be reached, 5 when the local record cannot be written); None when an unfinished
     claim was adopted instead (the caller looks for room again). data_root: the node's
-    ipamDataRoot, where the claims of lent addresses in the block are noted."""
+    ipamDataRoot, where the claims of kept addresses in the block are noted; persistent: the
+    network allows IPAMClaims (`allowPersistentIPs`), whose addresses a new block keeps."""
     if settle(state, network, pool, api):
         return None
     node_uid = api.node_uid()
     everything = api.pool_blocks(network, pool)
     listed = {str(o["metadata"]["name"]): o for o in everything if not is_lend(o)}
-    lends = [o for o in everything if is_lend(o)]
+    keeping = Keeping(api, network, pool, persistent,
+                      [o for o in everything if is_lend(o)])
     reassert(state, network, pool, api, listed, node_uid)
     held = {record.name for record in state.blocks()}
     count = blocks_of(network, pool)
@@ -139,7 +145,7 @@ def claim(state: PoolState, network: str, pool: Pool, api: BlockApi,
                                               HELD))
                 return block
             continue
-        if _create_claim(state, pool, block, api, node_uid, lends, data_root):
+        if _create_claim(state, pool, block, api, node_uid, keeping, data_root):
             return block
     mine = sum(1 for o in listed.values() if node_of(o) == api.node)
     raise CniError(IPAM_EXHAUSTED, f"pool {pool.subnet} of network {network!r} is exhausted "
@@ -149,10 +155,11 @@ def claim(state: PoolState, network: str, pool: Pool, api: BlockApi,
 
 
 def _create_claim(state: PoolState, pool: Pool, block: ClusterBlock, api: BlockApi,
-                  node_uid: str, lends: list[dict[str, Any]] | None, data_root: str) -> bool:
+                  node_uid: str, keeping: Keeping, data_root: str) -> bool:
     """Create block's IPAMBlock for this node, its local record written `claiming` first and
-    `held` after; False (and no record) when another node has it. lends: the pool's lends
-    (listed when None), whose addresses in the block are kept for their claims."""
+    `held` after; False (and no record) when another node has it. The addresses in the block
+    that IPAMClaims hold (keeping, read before anything is made) become their records."""
+    kept = keeping.addresses()
     state.write_block(BlockRecord(block.name, str(block.cidr), None, CLAIMING))
     try:
         created = api.create(block, node_uid)
@@ -169,41 +176,99 @@ def _create_claim(state: PoolState, pool: Pool, block: ClusterBlock, api: BlockA
     state.write_block(BlockRecord(block.name, str(block.cidr), uid_of(created), HELD))
     log.info("claimed IPAM block %s (%s) of pool %s for node %s", block.name, block.cidr,
              pool.subnet, api.node)
-    keep_lent(state, block, api.pool_blocks(block.network, pool) if lends is None else lends,
-              data_root)
+    keep(state, block, kept, data_root)
     return True
 
 
-def keep_lent(state: PoolState, block: ClusterBlock, lends: list[dict[str, Any]],
-              data_root: str) -> None:
-    """Addresses of a block this node just claimed that are lent to a claim's VM (the node
-    that held the block before was deleted, its IPAMBlock with it): each becomes the claim's
-    record here, as the old holder kept it, so this node never hands it out while the claim
-    exists (freed with the claim, like any claim's record)."""
+@dataclass(frozen=True)
+class Kept:
+    """An address an IPAMClaim holds, whichever node holds its block: a node claiming that
+    block keeps it as the claim's record, as the block's former holder did."""
+
+    address: IPAddress
+    owner: ClaimOwner
+    why: str  # for the log: where the claim's hold on it was read
+
+
+class Keeping:
+    """The claims' addresses a block claimed now must keep, read once per claim: the pool's
+    lends (a claim's VM running on another node) and, when the network allows IPAMClaims, each
+    claim's `status.ips` (a VM running nowhere while its holder's Node was deleted)."""
+
+    def __init__(self, api: BlockApi, network: str, pool: Pool, persistent: bool,
+                 lends: list[dict[str, Any]] | None = None) -> None:
+        self.api, self.network, self.pool, self.persistent = api, network, pool, persistent
+        self._lends = lends
+        self._kept: list[Kept] | None = None
+
+    def addresses(self) -> list[Kept]:
+        """Every kept address of the pool's network (one or two LISTs, the first time)."""
+        if self._kept is None:
+            lends = self._lends if self._lends is not None else \
+                [o for o in self.api.pool_blocks(self.network, self.pool) if is_lend(o)]
+            kept = lent_addresses(lends)
+            if self.persistent:
+                kept += claimed_addresses(self.api.network_claims(self.network), self.network)
+            self._kept = kept
+        return self._kept
+
+
+def lent_addresses(lends: Iterable[dict[str, Any]]) -> list[Kept]:
+    """The addresses of lends and the claims they are lent for."""
+    kept = []
     for lend in lends:
         spec = lend.get("spec") or {}
-        try:
-            address = ipaddress.ip_network(str(spec.get("cidr")))
-        except ValueError:
-            continue
-        index = block.pool.index_of_name(str(address.network_address))
         namespace, _, name = str(spec.get("claim") or "").partition("/")
         uid = str(spec.get("claimUID") or "")
-        if index is None or index not in block.indices() or not (namespace and name and uid):
+        try:
+            address = ipaddress.ip_network(str(spec.get("cidr"))).network_address
+        except ValueError:
             continue
-        owner = ClaimOwner(namespace, name, uid)
-        if state.keep_for_claim(block.pool.record_name(index), owner):
-            log.warning("kept %s of newly claimed IPAM block %s for IPAMClaim %s: it is lent "
-                        "to node %s", address, block.name, owner, node_of(lend))
+        if namespace and name and uid:
+            kept.append(Kept(address, ClaimOwner(namespace, name, uid),
+                             f"lent to node {node_of(lend)!r}"))
+    return kept
+
+
+def claimed_addresses(objects: Iterable[dict[str, Any]], network: str) -> list[Kept]:
+    """The addresses in the `status.ips` of network's IPAMClaims, and their claims."""
+    kept = []
+    for obj in objects:
+        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+        namespace, name, uid = (str(meta.get(k) or "") for k in ("namespace", "name", "uid"))
+        if spec.get("network") != network or not (namespace and name and uid):
+            continue
+        for ip in (obj.get("status") or {}).get("ips") or ():
+            try:
+                address = ipaddress.ip_interface(str(ip)).ip
+            except ValueError:
+                continue
+            kept.append(Kept(address, ClaimOwner(namespace, name, uid), "in its status.ips"))
+    return kept
+
+
+def keep(state: PoolState, block: ClusterBlock, kept: Iterable[Kept], data_root: str) -> None:
+    """The kept addresses in a block this node just claimed become their claims' records, so
+    this node never hands one out while its claim exists (freed with the claim, like any
+    claim's record; noted under data_root so that the claim's deletion finds them)."""
+    for entry in kept:
+        index = block.pool.index_containing(entry.address)
+        if index is None or index not in block.indices():
+            continue
+        if state.keep_for_claim(block.pool.record_name(index), entry.owner):
+            log.warning("kept %s of newly claimed IPAM block %s for IPAMClaim %s: %s",
+                        entry.address, block.name, entry.owner, entry.why)
         if data_root:
-            claimed.note(data_root, uid, state.directory)
+            claimed.note(data_root, entry.owner.uid, state.directory)
 
 
 def hold_block_of(state: PoolState, network: str, pool: Pool, index: int,
-                  api: BlockApi, data_root: str = "") -> dict[str, Any] | None:
+                  api: BlockApi, data_root: str = "",
+                  persistent: bool = False) -> dict[str, Any] | None:
     """Make sure this node holds the cluster block of allocation `index` (a requested
-    address): held already, adopted, or claimed now (None); the IPAMBlock of the node that
-    holds it otherwise (the caller refuses it, or borrows the address for a claim)."""
+    address): held already, adopted, or claimed now (None; the claims' addresses in it kept
+    as `claim` keeps them); the IPAMBlock of the node that holds it otherwise (the caller
+    refuses it, or borrows the address for a claim)."""
     block = block_of_index(network, pool, index)
 
     def held() -> bool:
@@ -216,7 +281,8 @@ def hold_block_of(state: PoolState, network: str, pool: Pool, index: int,
         return None
     current = api.get(block.name)
     if current is None:
-        if _create_claim(state, pool, block, api, api.node_uid(), None, data_root):
+        if _create_claim(state, pool, block, api, api.node_uid(),
+                         Keeping(api, network, pool, persistent), data_root):
             return None
         current = api.get(block.name)
     if current is not None and node_of(current) == api.node:  # ours without a local record

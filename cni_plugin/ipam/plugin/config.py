@@ -1,8 +1,9 @@
 """The `vpc-attach-ipam` block of a network config (SPEC §4), validated into an `IpamConfig`.
 
-The whole network config arrives on stdin; only `cniVersion`, `name`, `ipam` and (per verb)
-`prevResult` or the GC attachment list are read from it. Every problem is code 7 naming the key
-as `ipam.<key>`; see README.md next to this file for the keys and the decisions behind them.
+The whole network config arrives on stdin; only `cniVersion`, `name`, `ipam`,
+`allowPersistentIPs` and (per verb) `prevResult` or the GC attachment list are read from it.
+Every problem is code 7 naming the key as `ipam.<key>`; see README.md next to this file for the
+keys and the decisions behind them.
 """
 
 from __future__ import annotations
@@ -95,6 +96,9 @@ class IpamConfig:
     data_root: str = ""  # the node's ipamDataRoot, resolved (set by confine_data_dir)
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT_SECONDS
     scope: Scope = DEFAULT_SCOPE
+    # The network config's top-level `allowPersistentIPs`: its IPAMClaims' addresses are kept
+    # by a node claiming a cluster block (claims.Keeping), not only by the node that held it.
+    persistent_ips: bool = False
 
     @property
     def network_dir(self) -> str:
@@ -121,7 +125,8 @@ def parse_network(data: Mapping[str, Any]) -> IpamConfig:
         raise CniError(INVALID_CONFIG, "missing config key 'ipam'")
     if not isinstance(ipam, Mapping):
         raise CniError(INVALID_CONFIG, "invalid config key 'ipam': must be an object")
-    return parse_ipam(ipam, cni_version=version, network=name)
+    conf = parse_ipam(ipam, cni_version=version, network=name)
+    return replace(conf, persistent_ips=lookup_ci(data, "allowPersistentIPs") is True)
 
 
 def parse_ipam(ipam: Mapping[str, Any], cni_version: str, network: str) -> IpamConfig:

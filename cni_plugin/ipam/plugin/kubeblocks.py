@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from cni_plugin.core.deadline import Deadline
+from cni_plugin.ipam.ipamclaims.api import IPAMCLAIMS
 from cni_plugin.ipam.plugin.blocks import ClusterBlock, pool_hash
 from cni_plugin.ipam.plugin.claims import POOL_LABEL
 from cni_plugin.ipam.plugin.pool import Pool
@@ -87,6 +88,18 @@ class KubeBlockApi:
     def create_lend(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """Create a lend (lending.lend_object); None on 409 (the address is lent already)."""
         return self._create(body, f"lend {body['spec']['cidr']}")
+
+    def network_claims(self, network: str) -> list[dict[str, Any]]:
+        """Every IPAMClaim of network, in every namespace (none while the IPAMClaim CRD is not
+        installed: no claim can hold an address then)."""
+        try:
+            claims = self.client.list(IPAMCLAIMS, deadline=self.deadline)
+        except ApiError as exc:
+            if exc.status == 404:
+                return []
+            raise api_failure(exc, "list the IPAMClaims whose addresses a block keeps") \
+                from None
+        return [c for c in claims if (c.get("spec") or {}).get("network") == network]
 
     def _create(self, body: dict[str, Any], doing: str) -> dict[str, Any] | None:
         try:
