@@ -208,7 +208,7 @@ class Keeping:
                 [o for o in self.api.pool_blocks(self.network, self.pool) if is_lend(o)]
             kept = lent_addresses(lends)
             if self.persistent:
-                kept += claimed_addresses(self.api.network_claims(self.network), self.network)
+                kept += claimed_addresses(self.api.network_claims(self.network))
             self._kept = kept
         return self._kept
 
@@ -230,13 +230,14 @@ def lent_addresses(lends: Iterable[dict[str, Any]]) -> list[Kept]:
     return kept
 
 
-def claimed_addresses(objects: Iterable[dict[str, Any]], network: str) -> list[Kept]:
-    """The addresses in the `status.ips` of network's IPAMClaims, and their claims."""
+def claimed_addresses(objects: Iterable[dict[str, Any]]) -> list[Kept]:
+    """The addresses in the `status.ips` of IPAMClaims (BlockApi.network_claims), and their
+    claims."""
     kept = []
     for obj in objects:
-        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+        meta = obj.get("metadata") or {}
         namespace, name, uid = (str(meta.get(k) or "") for k in ("namespace", "name", "uid"))
-        if spec.get("network") != network or not (namespace and name and uid):
+        if not (namespace and name and uid):
             continue
         for ip in (obj.get("status") or {}).get("ips") or ():
             try:
