@@ -95,6 +95,11 @@ class Deployment:
                          publish={"bgp": True, "endpointSlice": True,
                                   "endpointSliceFamilies": list(FAMILIES)})
 
+    def new_vm(self) -> tuple[str, str]:
+        """A fresh VM's name and the claim ipam-extensions creates for its network."""
+        vm = f"vm-{secrets.token_hex(3)}"
+        return vm, kubevirt_creates_claim(self.kube, self.namespace, f"vms-{self.vpc}", vm)
+
     def routes(self, prefixes: set[str]) -> list[tuple[str, str]]:
         """The collector's (prefix, router) paths of these prefixes, sorted."""
         return sorted((r.prefix, r.router) for r in self.fabric.rib() if r.prefix in prefixes)
@@ -227,9 +232,7 @@ def doctor_migration_targets(node: GalacticNode) -> list[dict[str, str]]:
 def test_migration_target_announced_on_the_ready_timestamp_set_as_kubevirt_would(
         deployment: Deployment) -> None:
     first, second = deployment.nodes
-    vm = f"vm-{secrets.token_hex(3)}"
-    claim = kubevirt_creates_claim(deployment.kube, deployment.namespace,
-                                   f"vms-{deployment.vpc}", vm)
+    vm, claim = deployment.new_vm()
     with vm_pod(deployment, first, "41", claim, vm) as source:
         assert source.add().status == 0
         prefixes = announced_from_source(deployment, source)
@@ -290,9 +293,7 @@ def test_a_target_marked_ready_before_its_add_is_announced_by_the_add_as_kubevir
     """The runtime retried the target's ADD after KubeVirt marked the Pod (its first sandbox
     failed): the ADD announces it and withdraws the source before it answers."""
     first, second = deployment.nodes
-    vm = f"vm-{secrets.token_hex(3)}"
-    claim = kubevirt_creates_claim(deployment.kube, deployment.namespace,
-                                   f"vms-{deployment.vpc}", vm)
+    vm, claim = deployment.new_vm()
     with vm_pod(deployment, first, "46", claim, vm) as source:
         assert source.add().status == 0
         prefixes = announced_from_source(deployment, source)
@@ -317,9 +318,7 @@ def test_a_target_marked_ready_before_its_add_is_announced_by_the_add_as_kubevir
 def test_failed_migration_keeps_the_source_with_pods_made_as_kubevirt_would(
         deployment: Deployment) -> None:
     first, second = deployment.nodes
-    vm = f"vm-{secrets.token_hex(3)}"
-    claim = kubevirt_creates_claim(deployment.kube, deployment.namespace,
-                                   f"vms-{deployment.vpc}", vm)
+    vm, claim = deployment.new_vm()
     with vm_pod(deployment, first, "42", claim, vm) as source:
         assert source.add().status == 0
         prefixes = announced_from_source(deployment, source)
@@ -344,9 +343,7 @@ def test_failed_migration_keeps_the_source_with_pods_made_as_kubevirt_would(
 def test_a_third_pod_of_a_claim_is_refused_with_pods_made_as_kubevirt_would(
         deployment: Deployment) -> None:
     first, second = deployment.nodes
-    vm = f"vm-{secrets.token_hex(3)}"
-    claim = kubevirt_creates_claim(deployment.kube, deployment.namespace,
-                                   f"vms-{deployment.vpc}", vm)
+    vm, claim = deployment.new_vm()
     with vm_pod(deployment, first, "43", claim, vm) as source, \
             vm_pod(deployment, second, "43", claim, vm) as target:
         assert source.add().status == 0
@@ -378,9 +375,7 @@ def test_a_target_marked_as_kubevirt_would_while_its_agent_was_down_is_cut_over_
     plugin = second.node.plugin
     host = {key: value for key, value in plugin.env("ADD", "", "", IFNAME).items()
             if key in HOST_SETTINGS}
-    vm = f"vm-{secrets.token_hex(3)}"
-    claim = kubevirt_creates_claim(deployment.kube, deployment.namespace,
-                                   f"vms-{deployment.vpc}", vm)
+    vm, claim = deployment.new_vm()
     with vm_pod(deployment, first, "45", claim, vm) as source:
         assert source.add().status == 0
         prefixes = announced_from_source(deployment, source)
