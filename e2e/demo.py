@@ -3,7 +3,8 @@ control plane, and show everything it created; then detach and tear it all down.
 
     python -m e2e.demo [--keep]
 
-Starts etcd + kube-apiserver + kube-controller-manager (e2e/harness/cluster), creates this node's
+Starts etcd + kube-apiserver (e2e/harness/cluster; no kube-controller-manager: attaching needs
+none, and its build would delay the first part on a cold machine), creates this node's
 BGPRouter and a Pod object, runs the installed executable exactly as a runtime would (CNI_* env,
 config on stdin, authenticated as the plugin's ServiceAccount), prints the CNI result, the kernel
 objects and the published Kubernetes objects, then runs DEL (unless --keep).
@@ -66,8 +67,8 @@ def main() -> int:
     )
 
     work = Path(tempfile.mkdtemp(prefix="vpc-attach-demo-"))
-    print(f"starting a local control plane in {work / 'cluster'} ...", flush=True)
-    cluster = Cluster.up(work / "cluster")
+    print(f"starting etcd and kube-apiserver in {work / 'cluster'} ...", flush=True)
+    cluster = Cluster.up(work / "cluster", controller_manager=False)
     try:
         kube = cluster.admin()
         create_router(kube, NODE, locator="2001:db8:ff01::/48", node_id=1)

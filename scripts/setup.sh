@@ -91,10 +91,11 @@ if [ ! -e "$stamp" ]; then
 fi
 
 # Go builds, cached outside the repository keyed by version (a cache hit runs no go at all).
-# The demo's first part runs only the control plane; a node also chains reference CNI plugins
+# The demo's first part runs only etcd and kube-apiserver (kube-controller-manager, a quarter of
+# a cold build's CPU, comes with the node's binaries); a node also chains reference CNI plugins
 # (and the tests run cnitool), built while the cluster's binaries are: on 2 cores one go build
 # leaves a core idle while it downloads modules or links.
-cluster=(build --control-plane)
+cluster=(build --api-server)
 tools_pid=
 if [ $level -ge 2 ]; then
   cluster=(build)

@@ -31,10 +31,16 @@ def main(argv: list[str] | None = None) -> int:
         "kube-controller-manager) and the node (kubelet, kube-scheduler, kubectl, containerd, "
         "containerd-shim-runc-v2, ctr, runc)",
     )
-    build_parser.add_argument(
+    only = build_parser.add_mutually_exclusive_group()
+    only.add_argument(
         "--control-plane",
         action="store_true",
-        help="only the control plane (what Cluster.up and the demo's first part run)",
+        help="only the control plane (what Cluster.up runs)",
+    )
+    only.add_argument(
+        "--api-server",
+        action="store_true",
+        help="only etcd and kube-apiserver (what the demo's first part runs)",
     )
     pin_parser = commands.add_parser(
         "pin-kubernetes",
@@ -59,11 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         if args.command == "build":
-            built = (
-                build.ensure_control_plane_built()
-                if args.control_plane
-                else build.ensure_all_built()
-            )
+            if args.control_plane or args.api_server:
+                built = build.ensure_control_plane_built(controller_manager=args.control_plane)
+            else:
+                built = build.ensure_all_built()
             for name, path in built.items():
                 print(f"{name}: {path}", file=sys.stderr)
             # What `up` applies besides packaging/: fetched now, so `up` needs no network.

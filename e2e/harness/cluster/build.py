@@ -146,7 +146,8 @@ RUNC = GoComponent(
 )
 
 COMPONENTS = (ETCD, KUBERNETES, CONTAINERD, RUNC)
-CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
+API_SERVER_BINARIES = ("etcd", "kube-apiserver")
+CONTROL_PLANE_BINARIES = (*API_SERVER_BINARIES, "kube-controller-manager")
 NODE_BINARIES = (
     "kubelet",
     "kube-scheduler",
@@ -213,9 +214,12 @@ def ensure_all_built() -> dict[str, Path]:
     return _ensure_binaries(COMPONENTS, CONTROL_PLANE_BINARIES + NODE_BINARIES)
 
 
-def ensure_control_plane_built() -> dict[str, Path]:
-    """Build (if needed) etcd, kube-apiserver and kube-controller-manager; return their paths."""
-    return _ensure_binaries((ETCD, KUBERNETES), CONTROL_PLANE_BINARIES)
+def ensure_control_plane_built(controller_manager: bool = True) -> dict[str, Path]:
+    """Build (if needed) etcd, kube-apiserver and (unless told not to) kube-controller-manager;
+    return their paths. Without it the build is the demo's: kube-controller-manager's own
+    packages are a quarter of the CPU a cold build of the three takes."""
+    wanted = CONTROL_PLANE_BINARIES if controller_manager else API_SERVER_BINARIES
+    return _ensure_binaries((ETCD, KUBERNETES), wanted)
 
 
 def ensure_node_built() -> dict[str, Path]:

@@ -94,36 +94,43 @@ class Cluster:
         state_dir: Path | str,
         manifest_dirs: tuple[Path, ...] = DEFAULT_MANIFEST_DIRS,
         extra_controllers: tuple[str, ...] = (),
+        controller_manager: bool = True,
     ) -> Cluster:
         """Build the binaries if needed, start the control plane in ``state_dir`` and bootstrap it.
 
         ``state_dir`` must not exist or be empty. ``extra_controllers`` are controller-manager
-        controllers beyond CONTROLLERS (a node needs the workload controllers). On failure
-        every process started so far is stopped and the state dir is kept for its logs
-        (``down`` removes it).
+        controllers beyond CONTROLLERS (a node needs the workload controllers). Without
+        ``controller_manager`` (the demo's first part, which runs before that binary is built)
+        nothing collects garbage or makes ServiceAccounts, so the API server's ServiceAccount
+        admission, which would refuse every Pod until the controller made `default`, is off.
+        On failure every process started so far is stopped and the state dir is kept for its
+        logs (``down`` removes it).
         """
         started = time.monotonic()
-        binaries = build.ensure_control_plane_built()
+        binaries = build.ensure_control_plane_built(controller_manager)
         directory = _claim_state_dir(Path(state_dir))
         components: dict[str, processes.Component] = {}
         try:
             pki = create_pki(directory / "pki")
             etcd_url = _start_etcd(directory, binaries["etcd"], components)
             server, admin = _start_apiserver(
-                directory, binaries["kube-apiserver"], pki, etcd_url, components
+                directory, binaries["kube-apiserver"], pki, etcd_url, components,
+                service_account_admission=controller_manager,
             )
-            _start_controller_manager(
-                directory,
-                binaries["kube-controller-manager"],
-                pki,
-                server,
-                components,
-                (*CONTROLLERS, *extra_controllers),
-            )
+            if controller_manager:
+                _start_controller_manager(
+                    directory,
+                    binaries["kube-controller-manager"],
+                    pki,
+                    server,
+                    components,
+                    (*CONTROLLERS, *extra_controllers),
+                )
             with admin:
                 # Beside ours, the IPAMClaim CRD: read by the plugin, shipped by its own module.
                 _apply_manifests(admin, [*load_manifests(manifest_dirs), ipamclaim_crd()])
-                _wait_default_service_account(admin)
+                if controller_manager:
+                    _wait_default_service_account(admin)
                 token = _mint_plugin_token(admin)
                 _wait_plugin_authorized(server, pki, token)
         except BaseException:
@@ -416,6 +423,7 @@ def _start_apiserver(
     pki: Pki,
     etcd_url: str,
     components: dict[str, processes.Component],
+    service_account_admission: bool = True,
 ) -> tuple[str, Kube]:
     server = ""
 
@@ -450,6 +458,8 @@ def _start_apiserver(
             "--profiling=false",
             "--v=1",
         ]
+        if not service_account_admission:
+            argv.append("--disable-admission-plugins=ServiceAccount")
         return argv, functools.partial(
             _wait_ready, "kube-apiserver", admin(), "/readyz", APISERVER_READY_S
         )
