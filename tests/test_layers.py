@@ -24,6 +24,7 @@ LAYERS: dict[str, int] = {
     "cni_plugin.core": 1,
     "cni_plugin.kernel": 2, "cni_plugin.kube": 2, "cni_plugin.ipam": 2, "cni_plugin.galactic": 2,
     "cni_plugin.publish": 2, "cni_plugin.attachment": 2, "cni_plugin.tenancy": 2,
+    "cni_plugin.policy": 2,
     "cni_plugin.verbs": 3,
     "cni_plugin.dispatch": 4,
     "cni_plugin.cli": 5, "cni_plugin.ipam_cli": 5, "cni_plugin.stdio": 5, "cni_plugin.agent": 5,
@@ -42,6 +43,10 @@ DOMAIN_USES: dict[str, set[str]] = {
     "cni_plugin.publish": {"cni_plugin.kube"},
     # Tenancy reads the cluster through publishing's ClusterSource and resources.
     "cni_plugin.tenancy": {"cni_plugin.kube", "cni_plugin.publish"},
+    # Policy (SPEC §17) reads the cluster (kube, publish's resources), matches labels as
+    # tenancy does, reads the Pod's network selections as IPAMClaims do, writes the kernel.
+    "cni_plugin.policy": {"cni_plugin.kernel", "cni_plugin.kube", "cni_plugin.publish",
+                          "cni_plugin.tenancy", "cni_plugin.ipam"},
 }
 # The kernel's steps take the names, tables and paths they read, never the whole request: the
 # verbs pick those out of the Invocation once (cni_plugin/verbs/facts.py).

@@ -11,7 +11,7 @@ import ipaddress
 import os
 import socket
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -74,6 +74,7 @@ NLA_TYPE_MASK = ~(NLA_F_NESTED | 1 << 14) & 0xFFFF  # without NESTED / NET_BYTEO
 DEFAULT_TIMEOUT = 10.0
 RECV_BUFFER = 1 << 16  # the kernel sends dumps in parts of at most 32 KiB
 DUMP_ATTEMPTS = 4
+REQUESTS_PER_SEND = 128  # a batch of requests per datagram, well inside the socket buffer
 
 # Headers and integer attributes are host byte order; IP addresses network order.
 _NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
@@ -650,6 +651,38 @@ class Rtnl:
                     if error is not None:
                         raise error
                     return
+
+    def requests(self, messages: Sequence[tuple[int, int, bytes]],
+                 ignore: tuple[int, ...] = ()) -> None:
+        """Many (type, flags, body) requests, up to REQUESTS_PER_SEND in one datagram, each
+        acknowledged; the first error whose errno is not in `ignore` is raised once every
+        answer of its datagram has come."""
+        for start in range(0, len(messages), REQUESTS_PER_SEND):
+            chunk = messages[start:start + REQUESTS_PER_SEND]
+            first = (self._seq + 1) & 0xFFFFFFFF
+            datagram = b""
+            for offset, (msg_type, flags, body) in enumerate(chunk):
+                datagram += pack_message(msg_type, flags | NLM_F_REQUEST | NLM_F_ACK,
+                                         (first + offset) & 0xFFFFFFFF, body)
+            self._seq = (first + len(chunk) - 1) & 0xFFFFFFFF
+            wait = self._wait()
+            try:
+                self._sock.send(datagram)
+            except TimeoutError:
+                raise NetlinkError(errno.ETIMEDOUT,
+                                   f"the kernel took no request within {wait:g}s") from None
+            pending = {(first + offset) & 0xFFFFFFFF for offset in range(len(chunk))}
+            failure: NetlinkError | None = None
+            while pending:
+                for msg in self._messages():
+                    if msg.type != NLMSG_ERROR or msg.seq not in pending:
+                        continue
+                    pending.discard(msg.seq)
+                    error = error_of(msg)
+                    if error is not None and error.code not in ignore and failure is None:
+                        failure = error
+            if failure is not None:
+                raise failure
 
     def dump(self, msg_type: int, body: bytes, consistent: bool = False) -> list[Message]:
         """Every object a dump returns; read again while the kernel flags it inconsistent.
