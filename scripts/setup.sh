@@ -55,6 +55,8 @@ if [ $level -ge 3 ]; then
   want_cmd containerd containerd
   want_cmd runc runc
   want_cmd iperf3 iperf3
+  # The tests' independent reader of a link's offloads (vpc-attach itself uses ethtool's netlink).
+  want_cmd ethtool ethtool
   # galactic-router's generated eBPF objects (e2e/harness/galactic): clang-14, llvm-strip-14,
   # libbpf; bpftool: the tests' independent reader of galactic's pinned eBPF maps and programs.
   want_cmd clang-14 clang-14
