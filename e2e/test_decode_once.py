@@ -1,6 +1,7 @@
 """Parse once, carry the type (issue 31): one ADD decodes its network config and its CNI_ARGS
-once, in process as through the agent. The log line, the agent's metrics and the Pod's Event
-read the `Invocation` the dispatcher's `Outcome` carries, never the raw request again.
+once, and reads the node's host file once (issue 38), in process as through the agent. The log
+line, the agent's metrics and the Pod's Event read the `Invocation` the dispatcher's `Outcome`
+carries, never the raw request again.
 
 Counted: every `json.loads` of the config's text anywhere in this process, and every cut of
 the CNI_ARGS text into pairs (a `str` that counts its `split` and `partition`). The IPAM
@@ -11,6 +12,7 @@ needs no agent pass.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import threading
@@ -106,8 +108,8 @@ def serving_agent(socket: Path) -> Iterator[Agent]:
 
 
 def _delete(tmp_path: Path, cni_bin: Path, netns: str, container_id: str,
-            conf: dict[str, Any], result: dict[str, Any] | None) -> None:
-    environ = _environ(tmp_path, cni_bin, netns, container_id, command="DEL")
+            conf: dict[str, Any], result: dict[str, Any] | None, **extra: str) -> None:
+    environ = {**_environ(tmp_path, cni_bin, netns, container_id, command="DEL"), **extra}
     stdin = json.dumps(with_prev(conf, result) if result else conf).encode()
     assert run(Request(environ, stdin)).status == 0
 
@@ -176,3 +178,48 @@ def test_an_add_through_the_agent_decodes_config_and_cni_args_once(
             assert any(json.loads(line).get("verb") == "ADD" for line in lines)
         finally:
             _delete(tmp_path, cni_bin, netns, "decode-agent", conf, result)
+
+
+@pytest.fixture
+def host_file_reads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[list[str]]:
+    """A host file the node's settings come from, and every open of it in this process."""
+    host_file = tmp_path / "host.json"
+    host_file.write_text(json.dumps({"lockDir": str(tmp_path / "locks"),
+                                     "ipamDataRoot": str(tmp_path), "tenancy": "off"}))
+    reads: list[str] = []
+    real_open = builtins.open
+
+    def counting_open(file: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(file) == str(host_file):
+            reads.append(str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    yield reads
+
+
+def test_an_add_in_process_reads_the_host_file_once(
+        host_file_reads: list[str], cni_bin: Path, netns: str, vpc: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The log settings, the parse, host protection, and vpc-attach-ipam in-process (its data
+    root) all read the settings the verb read once."""
+    ipam = {"type": "vpc-attach-ipam", "ipv6_subnet": "fd00:d3::/64",
+            "dataDir": str(tmp_path / "ipam")}
+    conf = base_conf(vpc, "3", ipam=ipam)
+    environ = {**_environ(tmp_path, cni_bin, netns, "reads-in-process"),
+               "VPC_ATTACH_HOST_CONFIG": str(tmp_path / "host.json")}
+    for name in ("VPC_ATTACH_LOCK_DIR", "VPC_ATTACH_TENANCY"):  # from the host file
+        environ.pop(name)
+    result = None
+    try:
+        with pytest.raises(SystemExit) as exited:
+            answer_stdio(environ, json.dumps(conf).encode())
+        assert exited.value.code == 0, capsys.readouterr().out
+        reads = len(host_file_reads)
+        result = json.loads(capsys.readouterr().out)
+        assert result["ips"], result
+        assert (tmp_path / "locks").is_dir(), "the lock dir came from the host file"
+        assert reads == 1, f"the host file was read {reads} times"
+    finally:
+        _delete(tmp_path, cni_bin, netns, "reads-in-process", conf, result,
+                VPC_ATTACH_HOST_CONFIG=str(tmp_path / "host.json"))

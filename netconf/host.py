@@ -3,20 +3,28 @@
 They come from the VPC_ATTACH_* environment (the runtime's), then the host file written by the
 installer, then defaults. A network config is tenant input: one that sets a host setting is
 code 7, unless the node allows it (`stanzaHostSettings: allow`), when the stanza comes first.
-Resolving them reads at most one local file and never the network.
+Resolving them reads at most one local file and never the network. A verb reads it once:
+`NodeSettings` holds the request's VPC_ATTACH_* environment and the host file, and resolves the
+settings of the node alone (galactic's, the datapath's, `ipamDataRoot`) from them when a step
+first reads them.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from netconf.base62 import ATTACHMENT_LIMIT, VPC_LIMIT, decode_base62
 from netconf.errors import INVALID_CONFIG, CniError
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+NODE_ENV_PREFIX = "VPC_ATTACH_"  # every setting of the node in the environment
 HOST_CONFIG_ENV = "VPC_ATTACH_HOST_CONFIG"
 DEFAULT_HOST_CONFIG = "/etc/vpc-attach/host.json"
 DEFAULT_NAMESPACE = "galactic-system"
@@ -33,12 +41,6 @@ STANZA_HOST_SETTINGS_ENV = "VPC_ATTACH_STANZA_HOST_SETTINGS"
 IPAM_DATA_ROOT_KEY = "ipamDataRoot"
 IPAM_DATA_ROOT_ENV = "VPC_ATTACH_IPAM_DATA_ROOT"
 DEFAULT_IPAM_DATA_ROOT = "/var/lib/cni/vpc-attach-ipam"
-# galactic's datapath on the node (SPEC §15): where its pins are, the underlay (host file key,
-# environment variable); settings of the node alone, like the datapath settings below.
-GALACTIC_PIN_DIR = ("galacticPinDir", "VPC_ATTACH_GALACTIC_PIN_DIR")
-UNDERLAY_INTERFACES = ("underlayInterfaces", "VPC_ATTACH_UNDERLAY_INTERFACES")
-UNDERLAY_MTU = ("underlayMTU", "VPC_ATTACH_UNDERLAY_MTU")
-NAT66_SHARD_SIDS = ("nat66ShardSIDs", "VPC_ATTACH_NAT66_SHARD_SIDS")
 DEFAULT_GALACTIC_PIN_DIR = "/sys/fs/bpf/galactic"
 # The smallest underlay that still carries an encapsulated IPv6 packet of the minimum MTU.
 MIN_UNDERLAY_MTU = 1280 + 40
@@ -57,12 +59,11 @@ _SOURCES: dict[str, tuple[str, str | None]] = {
     "log_backups": ("logBackups", "VPC_ATTACH_LOG_BACKUPS"),
     "tenancy": ("tenancy", "VPC_ATTACH_TENANCY"),
 }
-# Settings of the node alone: never taken from a network config, whatever it allows.
-_NODE_ONLY: dict[str, str] = {STANZA_HOST_SETTINGS_KEY: STANZA_HOST_SETTINGS_ENV,
-                              IPAM_DATA_ROOT_KEY: IPAM_DATA_ROOT_ENV,
-                              "tenancy": "VPC_ATTACH_TENANCY",
-                              **dict((GALACTIC_PIN_DIR, UNDERLAY_INTERFACES, UNDERLAY_MTU,
-                                      NAT66_SHARD_SIDS))}
+# Settings of the node alone: never taken from a network config, whatever it allows (with every
+# field of a node settings group, below: `node_only_keys`). Host file key -> environment variable.
+_NODE_ONLY: dict[str, str | None] = {STANZA_HOST_SETTINGS_KEY: STANZA_HOST_SETTINGS_ENV,
+                                     IPAM_DATA_ROOT_KEY: IPAM_DATA_ROOT_ENV,
+                                     "tenancy": "VPC_ATTACH_TENANCY"}
 
 
 @dataclass(frozen=True)
@@ -126,16 +127,17 @@ def resolve_with_sources(config: Mapping[str, Any], environ: Mapping[str, str],
     return settings, {setting: sources.get(setting, "default") for setting in _SOURCES}
 
 
-def lenient_host_settings(config: Mapping[str, Any], environ: Mapping[str, str]
-                          ) -> HostSettings:
+def lenient_host_settings(config: Mapping[str, Any], environ: Mapping[str, str],
+                          host_file: Mapping[str, Any] | None = None) -> HostSettings:
     """The settings as far as they are usable, for what must never fail (the operator log
     around a verb, an Event about a refused config): a config's only where the node allows
     them, an unreadable host file as absent, and an invalid value as its default (the verb
-    itself reports it, code 7)."""
-    try:
-        host_file = read_host_file(environ)
-    except CniError:
-        host_file = {}
+    itself reports it, code 7). host_file: as read already, if it was (unreadable: empty)."""
+    if host_file is None:
+        try:
+            host_file = read_host_file(environ)
+        except CniError:
+            host_file = {}
     try:
         stanza = stanza_host_values(config, environ, host_file)
     except CniError:
@@ -173,14 +175,15 @@ def stanza_host_values(config: Mapping[str, Any], environ: Mapping[str, str],
     """The host settings a network config sets, by host-file key; code 7 naming the first one
     unless the node allows stanza host settings (keys match case-insensitively)."""
     allowed = stanza_host_settings_allowed(environ, host_file)  # a bad value is code 7 always
-    known = {key.lower(): key for key, _ in (*_SOURCES.values(), *_NODE_ONLY.items())}
+    node_only = node_only_keys()
+    known = {key.lower(): key for key, _ in (*_SOURCES.values(), *node_only.items())}
     found = {known[key.lower()]: value for key, value in config.items()
              if isinstance(key, str) and key.lower() in known}
     for key, value in found.items():
-        if (key in _NODE_ONLY or not allowed) \
+        if (key in node_only or not allowed) \
                 and not _is_node_value(key, value, environ, host_file):
             raise _not_in_stanza(key, environ)
-    return {key: value for key, value in found.items() if key not in _NODE_ONLY}
+    return {key: value for key, value in found.items() if key not in node_only}
 
 
 def _is_node_value(key: str, value: Any, environ: Mapping[str, str],
@@ -209,15 +212,18 @@ def stanza_host_settings_allowed(environ: Mapping[str, str], host_file: Mapping[
 
 
 def _not_in_stanza(key: str, environ: Mapping[str, str]) -> CniError:
-    env_name = _NODE_ONLY.get(key) or next(env for k, env in _SOURCES.values() if k == key)
+    node_only = node_only_keys()
+    env_name = node_only[key] if key in node_only \
+        else next(env for k, env in _SOURCES.values() if k == key)
     host_file = environ.get(HOST_CONFIG_ENV) or DEFAULT_HOST_CONFIG
     why = "a network config may not choose where vpc-attach writes, what it connects to or " \
           "who it is"
-    if key not in _NODE_ONLY:
+    if key not in node_only:
         why += f"; a single-tenant node may allow it with {STANZA_HOST_SETTINGS_KEY}: allow"
-    return CniError(INVALID_CONFIG, f"config key {key!r} is a host setting: set it in the host "
-                    f"file {host_file} or the environment variable {env_name}, not in the "
-                    "network config", why)
+    where = f"the host file {host_file}" + (f" or the environment variable {env_name}"
+                                            if env_name else "")
+    return CniError(INVALID_CONFIG, f"config key {key!r} is a host setting: set it in {where}, "
+                    "not in the network config", why)
 
 
 def ipam_data_root(environ: Mapping[str, str], host_file: Mapping[str, Any]) -> str:
@@ -269,9 +275,123 @@ def _count(value: Any, key: str, low: int, high: int) -> int:
     return number
 
 
+# Settings of the node alone, in groups (SPEC §14, §15): each field is declared once with
+# `node_setting` (its host-file key, environment variable, parser and default), and is then
+# read from the environment, else the host file, refused in a network config, and resolved
+# with its group by `NodeSettings`. A new setting is one field in its group.
+T = TypeVar("T")
+G = TypeVar("G", bound="DataclassInstance")
+
+
+@dataclass(frozen=True)
+class NodeSetting(Generic[T]):
+    """Where one setting of the node comes from and how its value is read."""
+
+    key: str  # the host file's key (refused in a network config)
+    env: str | None  # the environment variable; None: the host file only
+    parse: Callable[[Any, NodeSetting[T]], T]  # the value as set (never None or "") -> typed
+    env_form: Callable[[str], Any] | None = None  # the variable's text -> the host file's form
+
+    def raw(self, environ: Mapping[str, str], host_file: Mapping[str, Any]) -> Any:
+        """The value as set: the environment's, else the host file's; None when unset."""
+        text = environ.get(self.env) if self.env else None
+        if text not in (None, ""):
+            assert text is not None
+            return self.env_form(text) if self.env_form else text
+        value = host_file.get(self.key)
+        return None if value in (None, "") else value
+
+    @property
+    def named(self) -> str:
+        """Where an operator sets it, for a message."""
+        return f"host file key {self.key}" + (f", environment {self.env}" if self.env else "")
+
+
+def node_setting(key: str, env: str | None, parse: Callable[[Any, NodeSetting[T]], T],
+                 default: T, *, env_form: Callable[[str], Any] | None = None) -> T:
+    """A field of a node settings group (its default when unset)."""
+    source = NodeSetting(key, env, parse, env_form)
+    return field(default=default, metadata={"node_setting": source})
+
+
+_GROUPS: list[type[Any]] = []
+
+
+def node_settings_group(group: type[G]) -> type[G]:
+    """Declare a frozen dataclass of `node_setting` fields a group of the node's settings."""
+    _GROUPS.append(group)
+    return group
+
+
+def resolve_group(group: type[G], environ: Mapping[str, str],
+                  host_file: Mapping[str, Any]) -> G:
+    """A group's settings, each from the environment, else the host file, else its default;
+    code 7 naming the first one malformed."""
+    values: dict[str, Any] = {}
+    for each in fields(group):
+        source: NodeSetting[Any] = each.metadata["node_setting"]
+        raw = source.raw(environ, host_file)
+        if raw is not None:
+            values[each.name] = source.parse(raw, source)
+    return group(**values)
+
+
+def node_only_keys() -> dict[str, str | None]:
+    """Every setting of the node alone: host file key -> environment variable."""
+    grouped = {source.key: source.env for group in _GROUPS for each in fields(group)
+               for source in (each.metadata["node_setting"],)}
+    return {**_NODE_ONLY, **grouped}
+
+
+# Parsers of node settings: (value as set, its source) -> the typed value, or code 7.
+
+def absolute_path(value: Any, source: NodeSetting[str]) -> str:
+    """A directory or file given by its absolute path."""
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise CniError(INVALID_CONFIG, f"invalid {source.key} {value!r}",
+                       f"expected an absolute path (environment {source.env})")
+    return value
+
+
+def link_names(value: Any, source: NodeSetting[tuple[str, ...]]) -> tuple[str, ...]:
+    """Interface names: a list, or comma-separated."""
+    names = value
+    if isinstance(names, str):
+        names = [name.strip() for name in names.split(",") if name.strip()]
+    if not isinstance(names, list) or not all(_link_name(n) for n in names):
+        raise CniError(INVALID_CONFIG, f"invalid {source.key} {names!r}",
+                       f"expected interface names (a list, or comma-separated in {source.env})")
+    return tuple(names)
+
+
+def underlay_mtu(value: Any, source: NodeSetting[int | None]) -> int | None:
+    """An MTU that still carries an encapsulated IPv6 packet of the minimum MTU."""
+    return _count(value, source.key, MIN_UNDERLAY_MTU, 65535)
+
+
+def ipv6_sids(value: Any, source: NodeSetting[tuple[str, ...]]) -> tuple[str, ...]:
+    """IPv6 SIDs: a list, or comma-separated (blanks skipped)."""
+    items = value.split(",") if isinstance(value, str) else value
+    try:
+        if not isinstance(items, list):
+            raise ValueError("not a list")
+        sids = [ipaddress.IPv6Address(str(item).strip()) for item in items if str(item).strip()]
+        if any(sid.is_unspecified for sid in sids):
+            raise ValueError("the unspecified address is no SID")
+    except ValueError as exc:
+        raise CniError(INVALID_CONFIG, f"invalid {source.key} {value!r}",
+                       f"{exc}; expected IPv6 SIDs (a list, or comma-separated in "
+                       f"{source.env})") from None
+    return tuple(str(sid) for sid in sids)
+
+
+def _link_name(name: Any) -> bool:
+    return isinstance(name, str) and 0 < len(name) <= 15 and name not in (".", "..") and \
+        not any(c in name for c in "/: \t\n")
+
+
 # Datapath settings (SPEC §14): the node's operator alone opens host ports or widens the source
 # check, so these come from the environment and the host file only, never from a stanza.
-HOST_ACCESS_ENV = "VPC_ATTACH_HOST_ACCESS"
 HOST_ACCESS_PROTOCOLS = ("tcp", "udp", "sctp")
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -299,14 +419,6 @@ class AllowedSources:
     prefixes: tuple[IPNetwork, ...]
 
 
-@dataclass(frozen=True)
-class DatapathSettings:
-    """What the node's host protection lets through beyond the defaults."""
-
-    host_access: tuple[PortRange, ...] = ()
-    allowed_sources: tuple[AllowedSources, ...] = ()
-
-
 def parse_port_range(text: Any) -> PortRange:
     """`udp/53` or `tcp/8000-8080` (code 7 otherwise)."""
     protocol, _, ports = str(text).strip().lower().partition("/")
@@ -321,24 +433,25 @@ def parse_port_range(text: Any) -> PortRange:
                    f"{', '.join(HOST_ACCESS_PROTOCOLS)}, ports 1-65535")
 
 
-def resolve_datapath_settings(environ: Mapping[str, str],
-                              host_file: Mapping[str, Any] | None = None) -> DatapathSettings:
-    """hostAccess (VPC_ATTACH_HOST_ACCESS, comma-separated, over the host file's list) and
-    allowedSourcePrefixes (host file only); code 7 for anything malformed."""
-    host_file = read_host_file(environ) if host_file is None else host_file
-    raw_access: Any = environ.get(HOST_ACCESS_ENV)
-    if raw_access:
-        raw_access = [item for item in raw_access.split(",") if item.strip()]
-    else:
-        raw_access = host_file.get("hostAccess") or []
-    if not isinstance(raw_access, list):
-        raise CniError(INVALID_CONFIG, "host setting 'hostAccess' must be a list",
+def port_ranges(value: Any, source: NodeSetting[tuple[PortRange, ...]]) -> tuple[PortRange, ...]:
+    """`hostAccess`: a list of `parse_port_range` entries (comma-separated in the
+    environment)."""
+    if not isinstance(value, list):
+        raise CniError(INVALID_CONFIG, f"host setting {source.key!r} must be a list",
                        'e.g. ["udp/53", "tcp/53"]')
-    allowed = host_file.get("allowedSourcePrefixes") or []
-    if not isinstance(allowed, list):
-        raise CniError(INVALID_CONFIG, "host setting 'allowedSourcePrefixes' must be a list")
-    return DatapathSettings(tuple(parse_port_range(item) for item in raw_access),
-                            tuple(_allowed_sources(item) for item in allowed))
+    return tuple(parse_port_range(item) for item in value)
+
+
+def _comma_list(text: str) -> list[str]:
+    return [item for item in text.split(",") if item.strip()]
+
+
+def allowed_sources(value: Any, source: NodeSetting[tuple[AllowedSources, ...]]
+                    ) -> tuple[AllowedSources, ...]:
+    """`allowedSourcePrefixes`: a list of {vpc, vpcattachment (optional), prefixes}."""
+    if not isinstance(value, list):
+        raise CniError(INVALID_CONFIG, f"host setting {source.key!r} must be a list")
+    return tuple(_allowed_sources(item) for item in value)
 
 
 def _allowed_sources(item: Any) -> AllowedSources:
@@ -359,60 +472,85 @@ def _allowed_sources(item: Any) -> AllowedSources:
     return AllowedSources(vpc, attachment, prefixes)
 
 
+@node_settings_group
+@dataclass(frozen=True)
+class DatapathSettings:
+    """What the node's host protection lets through beyond the defaults."""
+
+    host_access: tuple[PortRange, ...] = node_setting(
+        "hostAccess", "VPC_ATTACH_HOST_ACCESS", port_ranges, (), env_form=_comma_list)
+    allowed_sources: tuple[AllowedSources, ...] = node_setting(
+        "allowedSourcePrefixes", None, allowed_sources, ())
+
+
+def resolve_datapath_settings(environ: Mapping[str, str],
+                              host_file: Mapping[str, Any] | None = None) -> DatapathSettings:
+    """hostAccess (VPC_ATTACH_HOST_ACCESS, comma-separated, over the host file's list) and
+    allowedSourcePrefixes (host file only); code 7 for anything malformed."""
+    host_file = read_host_file(environ) if host_file is None else host_file
+    return resolve_group(DatapathSettings, environ, host_file)
+
+
+@node_settings_group
 @dataclass(frozen=True)
 class GalacticSettings:
     """Where galactic's datapath is pinned, and the underlay its packets cross (SPEC §15)."""
 
-    pin_dir: str = DEFAULT_GALACTIC_PIN_DIR
-    underlay_interfaces: tuple[str, ...] = ()  # empty: the IPv6 default route's devices
-    underlay_mtu: int | None = None  # None: the smallest MTU of the underlay interfaces
-    nat66_shard_sids: tuple[str, ...] = ()  # a VRF's default egress goes to the first reachable
+    pin_dir: str = node_setting("galacticPinDir", "VPC_ATTACH_GALACTIC_PIN_DIR", absolute_path,
+                                DEFAULT_GALACTIC_PIN_DIR)
+    # empty: the IPv6 default route's devices
+    underlay_interfaces: tuple[str, ...] = node_setting(
+        "underlayInterfaces", "VPC_ATTACH_UNDERLAY_INTERFACES", link_names, ())
+    # None: the smallest MTU of the underlay interfaces
+    underlay_mtu: int | None = node_setting("underlayMTU", "VPC_ATTACH_UNDERLAY_MTU",
+                                            underlay_mtu, None)
+    # a VRF's default egress goes to the first reachable
+    nat66_shard_sids: tuple[str, ...] = node_setting(
+        "nat66ShardSIDs", "VPC_ATTACH_NAT66_SHARD_SIDS", ipv6_sids, ())
 
 
 def resolve_galactic_settings(environ: Mapping[str, str],
                               host_file: Mapping[str, Any] | None = None) -> GalacticSettings:
-    """galacticPinDir, underlayInterfaces (a list, or comma-separated) and underlayMTU from
-    the environment, else the host file; code 7 for anything malformed."""
+    """galacticPinDir, underlayInterfaces (a list, or comma-separated), underlayMTU and
+    nat66ShardSIDs from the environment, else the host file; code 7 for anything malformed."""
     host_file = read_host_file(environ) if host_file is None else host_file
-
-    def value(names: tuple[str, str]) -> Any:
-        key, env_name = names
-        return environ.get(env_name) or host_file.get(key)
-
-    pin_dir = value(GALACTIC_PIN_DIR) or DEFAULT_GALACTIC_PIN_DIR
-    if not isinstance(pin_dir, str) or not pin_dir.startswith("/"):
-        raise CniError(INVALID_CONFIG, f"invalid {GALACTIC_PIN_DIR[0]} {pin_dir!r}",
-                       f"expected an absolute path (environment {GALACTIC_PIN_DIR[1]})")
-    interfaces = value(UNDERLAY_INTERFACES) or []
-    if isinstance(interfaces, str):
-        interfaces = [name.strip() for name in interfaces.split(",") if name.strip()]
-    if not isinstance(interfaces, list) or not all(_link_name(n) for n in interfaces):
-        raise CniError(INVALID_CONFIG, f"invalid {UNDERLAY_INTERFACES[0]} {interfaces!r}",
-                       "expected interface names (a list, or comma-separated in "
-                       f"{UNDERLAY_INTERFACES[1]})")
-    mtu = value(UNDERLAY_MTU)
-    return GalacticSettings(pin_dir, tuple(interfaces),
-                            None if mtu in (None, "") else
-                            _count(mtu, UNDERLAY_MTU[0], MIN_UNDERLAY_MTU, 65535),
-                            _shard_sids(value(NAT66_SHARD_SIDS) or []))
+    return resolve_group(GalacticSettings, environ, host_file)
 
 
-def _shard_sids(raw: Any) -> tuple[str, ...]:
-    """NAT66 shard SIDs: IPv6 addresses (a list, or comma-separated; blanks skipped)."""
-    items = raw.split(",") if isinstance(raw, str) else raw
-    try:
-        if not isinstance(items, list):
-            raise ValueError("not a list")
-        sids = [ipaddress.IPv6Address(str(item).strip()) for item in items if str(item).strip()]
-        if any(sid.is_unspecified for sid in sids):
-            raise ValueError("the unspecified address is no SID")
-    except ValueError as exc:
-        raise CniError(INVALID_CONFIG, f"invalid {NAT66_SHARD_SIDS[0]} {raw!r}",
-                       f"{exc}; expected IPv6 SIDs (a list, or comma-separated in "
-                       f"{NAT66_SHARD_SIDS[1]})") from None
-    return tuple(str(sid) for sid in sids)
+@dataclass(frozen=True)
+class NodeSettings:
+    """The node's settings for one verb, from its request's environment and the host file,
+    read once here (SPEC §4, §14). Each group is resolved when a step first reads it (a
+    malformed one is code 7 only where it is used, as it always was), then kept: no step reads
+    the host file again. A network config never sets any of them."""
 
+    environ: Mapping[str, str]  # the request's VPC_ATTACH_* variables (an IPAM delegate's too)
+    host_file: Mapping[str, Any] = field(default_factory=dict)
 
-def _link_name(name: Any) -> bool:
-    return isinstance(name, str) and 0 < len(name) <= 15 and name not in (".", "..") and \
-        not any(c in name for c in "/: \t\n")
+    @classmethod
+    def read(cls, environ: Mapping[str, str],
+             host_file: Mapping[str, Any] | None = None) -> NodeSettings:
+        """The request's settings: its VPC_ATTACH_* environment and the host file it names,
+        read here unless given (code 7 when that is unreadable or not JSON)."""
+        return cls({k: v for k, v in environ.items() if k.startswith(NODE_ENV_PREFIX)},
+                   read_host_file(environ) if host_file is None else host_file)
+
+    def host(self, config: Mapping[str, Any]) -> HostSettings:
+        """The host settings for an invocation of network config `config` (code 7 when the
+        config sets one the node does not let it set); `{}`: the node's own."""
+        return resolve_with_sources(config, self.environ, self.host_file)[0]
+
+    @cached_property
+    def datapath(self) -> DatapathSettings:
+        """hostAccess, allowedSourcePrefixes."""
+        return resolve_group(DatapathSettings, self.environ, self.host_file)
+
+    @cached_property
+    def galactic(self) -> GalacticSettings:
+        """galactic's pins and the underlay."""
+        return resolve_group(GalacticSettings, self.environ, self.host_file)
+
+    @cached_property
+    def ipam_data_root(self) -> str:
+        """The directory `vpc-attach-ipam`'s dataDir must be in (as set, not resolved)."""
+        return ipam_data_root(self.environ, self.host_file)

@@ -22,7 +22,7 @@ from cni_plugin.ipam.plugin.config import (
     parse_ipam,
 )
 from netconf.errors import INVALID_CONFIG, CniError
-from netconf.host import DEFAULT_IPAM_DATA_ROOT, IPAM_DATA_ROOT_ENV, ipam_data_root
+from netconf.host import DEFAULT_IPAM_DATA_ROOT, IPAM_DATA_ROOT_ENV, NodeSettings, ipam_data_root
 
 TYPE = "vpc-attach-ipam"
 
@@ -34,7 +34,7 @@ def confined(data_dir: str | Path | None, root: Path | str, **env: str) -> str:
     conf = parse_ipam(block, "1.1.0", "net1")
     environ = {IPAM_DATA_ROOT_ENV: str(root), "VPC_ATTACH_HOST_CONFIG": "/nonexistent/h.json",
                **env}
-    return confine_data_dir(conf, environ).data_dir
+    return confine_data_dir(conf, NodeSettings.read(environ)).data_dir
 
 
 def refused(data_dir: str | Path, root: Path | str) -> CniError:

@@ -82,7 +82,7 @@ def pod_event(outcome: Outcome) -> PodEvent | None:
         uid = args.get("K8S_POD_UID")
         # The config's host settings where the node allows them; the node's own when it
         # refused them (that refusal is what the Event reports).
-        host = lenient_host_settings(config, request.environ)
+        host = lenient_host_settings(config, request.environ, request.readable_host_file())
         what = f"VPC {lookup_ci(config, 'vpc') or '?'} attachment " \
                f"{lookup_ci(config, 'vpcattachment') or '?'}"
     if not namespace or not pod or not host.kubeconfig or not host.node_name:

@@ -333,11 +333,12 @@ def _release_deleted_claims(kubeconfig: str | None,
     from cni_plugin.agent.ipamclaims import DeletedClaimReleaser
     from cni_plugin.ipam.plugin.config import node_data_root
     from cni_plugin.kube.config import load_kubeconfig
+    from netconf.host import NodeSettings
     if not kubeconfig:
         return None
     try:
         creds = load_kubeconfig(kubeconfig)
-        root = node_data_root(os.environ)
+        root = node_data_root(NodeSettings.read(os.environ))
     except (OSError, CniError) as exc:
         log.warning("agent: deleted IPAMClaims' addresses are left to GC: %s",
                     getattr(exc, "msg", exc))

@@ -6,7 +6,6 @@ sysctls, gateways, routes in the VPC's table and neighbours."""
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cni_plugin.attachment.node import ensure_vpc_table, host_netlink
@@ -21,6 +20,7 @@ from cni_plugin.kernel.links import Link, Owner
 from cni_plugin.kernel.rtnl import Rtnl
 from netconf.config import TapOptions
 from netconf.errors import INTERFACE_CONFLICT, TRY_AGAIN_LATER, CniError
+from netconf.host import NodeSettings
 
 TAP_IPV4_GATEWAY_PREFIX = 25
 
@@ -40,12 +40,12 @@ class NewLinks:
     link's name and the owner mark they carry."""
 
     def __init__(self, attachment: AttachmentRef, options: LinkOptions, host_rtnl: Rtnl, *,
-                 lock_dir: str, node_env: Mapping[str, str], deadline: Deadline) -> None:
+                 lock_dir: str, node: NodeSettings, deadline: Deadline) -> None:
         self.attachment = attachment
         self.options = options
         self.host_rtnl = host_rtnl
         self.lock_dir = lock_dir
-        self.node_env = node_env
+        self.node = node
         self.deadline = deadline
         self.name = attachment.host_link  # G…H
         self.owner = attachment.owner
@@ -53,12 +53,12 @@ class NewLinks:
     def ensure_vpc_table(self, *, keeps_table: bool) -> isolation.VpcTable:
         """The VPC's VRF or table, created if missing (kernel, under the host lock)."""
         return ensure_vpc_table(self.host_rtnl, self.attachment.vpc, self.options.mode,
-                                lock_dir=self.lock_dir, node_env=self.node_env,
+                                lock_dir=self.lock_dir, node=self.node,
                                 deadline=self.deadline, keeps_table=keeps_table)
 
     def mtu(self, *, encapsulated: bool) -> int | None:
         """The MTU to make the links with (`link_mtu`)."""
-        return link_mtu(self.host_rtnl, self.node_env, self.options.mtu, self.name,
+        return link_mtu(self.host_rtnl, self.node, self.options.mtu, self.name,
                         encapsulated=encapsulated)
 
 

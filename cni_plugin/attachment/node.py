@@ -4,7 +4,7 @@ and the VPC's state released once nothing of it is left."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 
 from cni_plugin.core import naming
@@ -14,7 +14,7 @@ from cni_plugin.galactic import registration
 from cni_plugin.kernel import hostfilter, isolation, links, netns, tableids
 from cni_plugin.kernel.rtnl import Rtnl
 from netconf.errors import CniError
-from netconf.host import DatapathSettings, resolve_datapath_settings, resolve_galactic_settings
+from netconf.host import DatapathSettings, NodeSettings
 
 
 @contextmanager
@@ -57,7 +57,7 @@ def vpc_owners(rtnl: Rtnl, vpc: str) -> set[tuple[str, str]]:
 
 
 def ensure_vpc_table(rtnl: Rtnl, vpc: str, mode: str, *, lock_dir: str,
-                     node_env: Mapping[str, str], deadline: Deadline,
+                     node: NodeSettings, deadline: Deadline,
                      keeps_table: bool) -> isolation.VpcTable:
     """The VPC's isolation in mode `vrf` or `table` (shared, created once under the host-wide
     lock), and the node's host protection, installed here if neither the agent nor
@@ -66,11 +66,11 @@ def ensure_vpc_table(rtnl: Rtnl, vpc: str, mode: str, *, lock_dir: str,
     `keeps_table`: the VPC publishes a BGPVRFInstance on this node, so its VRF keeps its table
     id until GC forgets it (`tableids`): galactic-router keys the VPC's routes by it."""
     with host_lock(lock_dir, deadline):
-        hostfilter.ensure(lambda: resolve_datapath_settings(node_env), deadline)
+        hostfilter.ensure(lambda: node.datapath, deadline)
         kept = tableids.kept(lock_dir)
         if mode != "vrf":
             return isolation.ensure_table(rtnl, vpc, lambda: set(kept.values()))
-        pin_dir = resolve_galactic_settings(node_env).pin_dir
+        pin_dir = node.galactic.pin_dir
         vpc_table = isolation.ensure_vrf(rtnl, vpc, kept,
                                          lambda: registration.route_table_ids(pin_dir))
         vrf = naming.vrf_name(vpc)
@@ -98,7 +98,7 @@ def set_up_node(settings: DatapathSettings, lock_dir: str, timeout: float) -> li
             return isolation.adopt_legacy(rtnl)
 
 
-def release_unused_vpc(vpc: str, mode: str, *, lock_dir: str, node_env: Mapping[str, str],
+def release_unused_vpc(vpc: str, mode: str, *, lock_dir: str, node: NodeSettings,
                        deadline: Deadline) -> int | None:
     """The VPC's per-node state (isolation mode `vrf` or `table`) removed when no host link of
     it is left and no ADD of it runs (DEL, GC); the table released, if any."""
@@ -111,7 +111,7 @@ def release_unused_vpc(vpc: str, mode: str, *, lock_dir: str, node_env: Mapping[
         with host_netlink(deadline) as rtnl:
             table = isolation.release(rtnl, vpc)
         if table is not None and mode == "vrf":  # its SID's rows go with it
-            settings = resolve_galactic_settings(node_env)
+            settings = node.galactic
             registration.release_vpc(settings.pin_dir, table, settings.nat66_shard_sids)
         return table
     return None

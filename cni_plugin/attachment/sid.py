@@ -5,7 +5,6 @@ and GC); the MTU its encapsulation leaves the links; what CHECK finds wrong with
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cni_plugin.attachment.node import host_lock, host_netlink
@@ -18,7 +17,7 @@ from cni_plugin.galactic import layout, pins, registration, underlay
 from cni_plugin.kernel import isolation, links, srv6
 from cni_plugin.kernel.links import Link, Owner
 from cni_plugin.kernel.rtnl import Rtnl
-from netconf.host import resolve_galactic_settings
+from netconf.host import NodeSettings
 
 log = logging.getLogger(__name__)
 
@@ -33,19 +32,19 @@ class VpcSid:
     vrf_id: int
 
 
-def galactic_datapath(node_env: Mapping[str, str]) -> bool:
+def galactic_datapath(node: NodeSettings) -> bool:
     """Whether galactic's datapath is pinned on this node (its pin directory)."""
-    return pins.present(resolve_galactic_settings(node_env).pin_dir)
+    return pins.present(node.galactic.pin_dir)
 
 
-def link_mtu(rtnl: Rtnl, node_env: Mapping[str, str], configured: int | None, link_name: str,
+def link_mtu(rtnl: Rtnl, node: NodeSettings, configured: int | None, link_name: str,
              *, encapsulated: bool) -> int | None:
     """The MTU of the links ADD makes: the stanza's (configured); else, where the node's
     packets leave encapsulated (galactic's datapath and a router with SIDs), the underlay's MTU
     less the 40-byte outer header, since galactic's usid_egress drops what no longer fits."""
     if not encapsulated:
         return configured
-    settings = resolve_galactic_settings(node_env)
+    settings = node.galactic
     room = underlay.workload_mtu(underlay.underlay_links(rtnl, settings.underlay_interfaces),
                                  settings.underlay_mtu)
     if room is None or configured is None:
@@ -59,11 +58,11 @@ def link_mtu(rtnl: Rtnl, node_env: Mapping[str, str], configured: int | None, li
 
 def answer_sid(attachment: AttachmentRef, host_link: Link, table: int, vpc_sid: VpcSid,
                addressing: Addressing, rollback: Rollback, *, lock_dir: str,
-               node_env: Mapping[str, str], deadline: Deadline) -> None:
+               node: NodeSettings, deadline: Deadline) -> None:
     """The node answers the VPC's SID before it is announced: End.DT46 into the VPC's VRF in
     the kernel (shared per-VPC state; never undone: it goes with the VRF), and where galactic's
     datapath is pinned, the attachment registered in it (undone by the rollback)."""
-    settings = resolve_galactic_settings(node_env)
+    settings = node.galactic
     with host_lock(lock_dir, deadline), host_netlink(deadline) as rtnl:
         srv6.ensure_decap(rtnl, attachment.vpc, vpc_sid.sid)
         with pins.opened(settings.pin_dir) as datapath:
@@ -95,19 +94,19 @@ def _egress_kind(rtnl: Rtnl, vpc: str, *, tap: bool) -> int:
     return layout.EGRESS_KIND_TAP if any(taps) else layout.EGRESS_KIND_VETH
 
 
-def unregister_datapath(owner: Owner, *, lock_dir: str, node_env: Mapping[str, str],
+def unregister_datapath(owner: Owner, *, lock_dir: str, node: NodeSettings,
                         deadline: Deadline) -> None:
     """DEL: the rows owner's attachment registered in galactic's datapath, if any."""
-    settings = resolve_galactic_settings(node_env)
+    settings = node.galactic
     with host_lock(lock_dir, deadline):
         registration.unregister(settings.pin_dir, lock_dir, owner.container_id, owner.ifname)
 
 
 def collect_registrations(network: str, valid: set[tuple[str, str]], *, lock_dir: str,
-                          node_env: Mapping[str, str], deadline: Deadline) -> list[str]:
+                          node: NodeSettings, deadline: Deadline) -> list[str]:
     """GC: the rows of the network's attachments the runtime no longer runs; their
     (containerID/ifname)."""
-    settings = resolve_galactic_settings(node_env)
+    settings = node.galactic
     collected = []
     with host_lock(lock_dir, deadline):
         for container_id, ifname in list(registration.records_of(lock_dir, network)):
@@ -124,10 +123,10 @@ def collect_registrations(network: str, valid: set[tuple[str, str]], *, lock_dir
 
 
 def sid_differences(attachment: AttachmentRef, vpc_sid: VpcSid, addressing: Addressing, *,
-                    node_env: Mapping[str, str], deadline: Deadline) -> list[str]:
+                    node: NodeSettings, deadline: Deadline) -> list[str]:
     """What CHECK finds wrong with the answer to the VPC's SID: its decapsulation in the
     kernel and, where galactic's datapath is pinned, the attachment's registration in it."""
-    settings = resolve_galactic_settings(node_env)
+    settings = node.galactic
     with host_netlink(deadline) as rtnl:
         diffs = srv6.decap_differences(rtnl, attachment.vpc, vpc_sid.sid)
         with pins.opened(settings.pin_dir) as datapath:

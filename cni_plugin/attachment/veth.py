@@ -4,7 +4,6 @@ the pod netns with the workload's addresses and an on-link default route per fam
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cni_plugin.attachment.host_side import (
@@ -26,6 +25,7 @@ from cni_plugin.kernel.addresses import RouteSpec
 from cni_plugin.kernel.links import Link, Owner
 from cni_plugin.kernel.rtnl import Rtnl
 from netconf.errors import INTERFACE_CONFLICT, CniError
+from netconf.host import NodeSettings
 from netconf.result import Interface, Result
 
 
@@ -34,9 +34,9 @@ class VethLinks(NewLinks):
     pod."""
 
     def __init__(self, attachment: AttachmentRef, options: LinkOptions, host_rtnl: Rtnl,
-                 pod_rtnl: Rtnl, *, lock_dir: str, node_env: Mapping[str, str],
+                 pod_rtnl: Rtnl, *, lock_dir: str, node: NodeSettings,
                  deadline: Deadline) -> None:
-        super().__init__(attachment, options, host_rtnl, lock_dir=lock_dir, node_env=node_env,
+        super().__init__(attachment, options, host_rtnl, lock_dir=lock_dir, node=node,
                          deadline=deadline)
         self.pod_rtnl = pod_rtnl
 

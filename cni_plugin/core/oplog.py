@@ -55,7 +55,8 @@ def settings(request: Request) -> LogSettings:
     only where the node allows stanza host settings — elsewhere the verb refuses them (code
     7) and its log line goes to the node's log, not theirs — and an invalid value means its
     default."""
-    return LogSettings.of(lenient_host_settings(request.readable_config(), request.environ))
+    return LogSettings.of(lenient_host_settings(request.readable_config(), request.environ,
+                                                request.readable_host_file()))
 
 
 class JsonLines(logging.Formatter):

@@ -2,9 +2,9 @@
 
 Transports (the executable, the node agent) build a `Request`; the dispatcher validates it
 once into an `Invocation` (`Invocation.parse`), which the verb, the log line, the agent's
-metrics and Events all read. A `Request` decodes its config and CNI_ARGS once, however many
-readers ask (a failed parse's answer and Event read them too). Nothing here reads stdin or
-writes stdout.
+metrics and Events all read. A `Request` decodes its config and CNI_ARGS, and reads the node's
+host file, once, however many readers ask (the log settings before the parse, a failed parse's
+answer and Event read them too). Nothing here reads stdin or writes stdout.
 """
 
 from __future__ import annotations
@@ -22,15 +22,13 @@ from cni_plugin.core.locks import container_lock_path, file_lock, lock_path
 from netconf.capabilities import requested_mac
 from netconf.config import NetConf, decode_json, lookup_ci, parse_netconf
 from netconf.errors import INVALID_ENV, CniError
-from netconf.host import HostSettings, resolve_host_settings
+from netconf.host import HostSettings, NodeSettings, read_host_file
 from netconf.runtime import CniArgs, RuntimeEnv, check_known_args
 
 # STATUS answers within this, whatever timeoutSeconds says: containerd polls it every ~5 s
 # and blocks its own CRI Status meanwhile, and kubelet reports "container runtime is down"
 # (not "network not ready") when that call hangs; an unreachable API is an answer, code 50.
 STATUS_TIMEOUT_S = 4.0
-
-NODE_ENV_PREFIX = "VPC_ATTACH_"
 
 
 @dataclass(frozen=True)
@@ -55,6 +53,24 @@ class Request:
     def readable_config(self) -> dict[str, Any]:
         """The network config for a reader that must not fail: empty when it does not decode."""
         return {} if isinstance(self._decoded, CniError) else self._decoded
+
+    def host_file(self) -> dict[str, Any]:
+        """The host file the environment names, read on first use only (missing is empty;
+        unreadable or not JSON is code 7)."""
+        if isinstance(self._host_file, CniError):
+            raise self._host_file
+        return self._host_file
+
+    def readable_host_file(self) -> dict[str, Any]:
+        """The host file for a reader that must not fail: empty when it cannot be read."""
+        return {} if isinstance(self._host_file, CniError) else self._host_file
+
+    @cached_property
+    def _host_file(self) -> dict[str, Any] | CniError:
+        try:
+            return read_host_file(self.environ)
+        except CniError as exc:
+            return exc
 
     @cached_property
     def cni_args(self) -> CniArgs:
@@ -81,19 +97,20 @@ class PodRef:
 
 @dataclass(frozen=True)
 class Invocation:
-    """A validated request: runtime env, stanza, host settings, pod and deadline."""
+    """A validated request: runtime env, stanza, the node's settings, pod and deadline."""
 
     env: RuntimeEnv
     conf: NetConf
     raw: dict[str, Any]
     stdin: bytes
-    host: HostSettings
+    host: HostSettings  # the node's, and the stanza's where the node allows them (SPEC §4)
     pod: PodRef
     deadline: Deadline = field(compare=False)  # for forward work
     final_deadline: Deadline = field(compare=False)  # the invocation's, rollback included
     attempt: str = field(compare=False)  # random token of this invocation (created-by)
-    # The request's VPC_ATTACH_* settings (the node's): an IPAM delegate gets them too.
-    node_env: Mapping[str, str] = field(default_factory=dict, compare=False)
+    # The node's settings, the host file read once for the whole verb: every step reads them
+    # here (an IPAM delegate gets their environment too).
+    node: NodeSettings = field(compare=False)
     # The workload link's MAC the runtime asked for (the `mac` capability), validated.
     mac: str | None = None
 
@@ -103,7 +120,8 @@ class Invocation:
         env = RuntimeEnv.from_environ(request.environ, request.cni_args)
         raw = request.config()
         # First: a host setting in the config is named as such, whatever else is wrong.
-        host = resolve_host_settings(raw, request.environ)
+        node = NodeSettings.read(request.environ, request.host_file())
+        host = node.host(raw)
         conf = parse_netconf(raw)
         args = {**env.cni_args, **conf.cni_args()}  # config args.cni wins (SPEC §3)
         check_known_args(env.cni_args, conf.cni_args())
@@ -119,8 +137,7 @@ class Invocation:
         forward = final.less_rollback_reserve() if env.command == "ADD" else final
         return cls(env=env, conf=conf, raw=raw, stdin=request.stdin, host=host, pod=pod,
                    deadline=forward, final_deadline=final, attempt=secrets.token_hex(6),
-                   node_env={k: v for k, v in request.environ.items()
-                             if k.startswith(NODE_ENV_PREFIX)}, mac=mac)
+                   node=node, mac=mac)
 
     @property
     def namespace(self) -> str:

@@ -36,6 +36,7 @@ from netconf.config import NetConf, parse_netconf
 from netconf.errors import CniError
 from netconf.host import (
     HostSettings,
+    NodeSettings,
     ipam_data_root,
     read_host_file,
     resolve_with_sources,
@@ -211,7 +212,8 @@ def _stanza(node: Node, path: str, config: dict[str, Any], plugin: dict[str, Any
         if conf.ipam is not None:
             find_plugin(str(conf.ipam["type"]), bin_path)
             if conf.ipam["type"] in PLUGIN_TYPES:
-                ipam = confine_data_dir(parse_network(merged), node.environ)
+                ipam = confine_data_dir(parse_network(merged),
+                                        NodeSettings.read(node.environ))
                 node.ipam_data_dirs.append(ipam.data_dir)
     except CniError as exc:
         where = f" ({exc.details})" if exc.details else ""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import suppress
 from typing import Any, Protocol
 
@@ -28,6 +28,7 @@ from cni_plugin.core.request import Invocation, Request
 from cni_plugin.ipam.plugin.store import ClaimOwner
 from netconf.config import OWN_IPAM
 from netconf.errors import INVALID_CONFIG, IO_FAILURE, TRY_AGAIN_LATER, CniError
+from netconf.host import NodeSettings
 from netconf.result import Result
 from netconf.runtime import RuntimeEnv
 
@@ -63,12 +64,11 @@ def _answer(plugin_type: str, command: str, returncode: int, stdout: bytes,
     return data if isinstance(data, dict) else None
 
 
-def _environ(env: RuntimeEnv, command: str,
-             node_env: Mapping[str, str] | None = None) -> dict[str, str]:
+def _environ(env: RuntimeEnv, command: str, node: NodeSettings) -> dict[str, str]:
     """The delegate's environment for command: PATH etc. from ours, but the invocation's CNI_*
     values and node settings (an agent's request carries the runtime's), not this process's."""
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
-    return {**inherited, **(node_env or {}), **env.to_environ(), "CNI_COMMAND": command}
+    return {**inherited, **node.environ, **env.to_environ(), "CNI_COMMAND": command}
 
 
 def _delegate_error(plugin_type: str, command: str, stdout: bytes, stderr: bytes) -> CniError:
@@ -119,42 +119,44 @@ class IpamBackend(Protocol):
 
 
 def backend(plugin_type: str, env: RuntimeEnv,
-            node_env: Mapping[str, str] | None = None) -> IpamBackend:
+            node: NodeSettings | None = None) -> IpamBackend:
     """The delegate named plugin_type for this invocation (code 7 when not in CNI_PATH);
-    node_env: the invocation's VPC_ATTACH_* settings, which it sees as ours."""
+    node: the invocation's node settings, which it sees as ours (an executable in its
+    environment)."""
     path = find_plugin(plugin_type, env.cni_path)
+    node = NodeSettings({}) if node is None else node
     if plugin_type == OWN_IPAM:
-        return InProcessIpam(plugin_type, env, node_env)
-    return ExecIpam(plugin_type, path, env, node_env)
+        return InProcessIpam(plugin_type, env, node)
+    return ExecIpam(plugin_type, path, env, node)
 
 
 def of(inv: Invocation) -> IpamBackend | None:
     """The invocation's IPAM delegate, or None when the config has no ipam block."""
     if inv.conf.ipam is None:
         return None
-    return backend(str(inv.conf.ipam["type"]), inv.env, inv.node_env)
+    return backend(str(inv.conf.ipam["type"]), inv.env, inv.node)
 
 
 class ExecIpam:
     """An IPAM plugin executable, run as a child process."""
 
     def __init__(self, plugin_type: str, path: str, env: RuntimeEnv,
-                 node_env: Mapping[str, str] | None = None) -> None:
+                 node: NodeSettings) -> None:
         self.plugin_type = plugin_type
         self.path = path
         self.env = env
-        self.node_env = node_env or {}
+        self.node = node
 
     def start_add(self, stdin: bytes, deadline: Deadline) -> PendingAdd:
         """Start the executable; its answer is collected by `result()`."""
         return RunningAdd(self.plugin_type, self.path,
-                          _environ(self.env, "ADD", self.node_env), stdin, deadline)
+                          _environ(self.env, "ADD", self.node), stdin, deadline)
 
     def run(self, command: str, stdin: bytes, deadline: Deadline) -> None:
         """Run the executable to completion within the deadline."""
         try:
             proc = subprocess.run([self.path], input=stdin,
-                                  env=_environ(self.env, command, self.node_env),
+                                  env=_environ(self.env, command, self.node),
                                   capture_output=True, timeout=deadline.remaining(), check=False)
         except subprocess.TimeoutExpired:
             raise _timed_out(self.plugin_type, command, deadline) from None
@@ -165,13 +167,13 @@ class ExecIpam:
 
 
 class InProcessIpam:
-    """vpc-attach-ipam's verbs, called in this process."""
+    """vpc-attach-ipam's verbs, called in this process with the node's settings vpc-attach
+    read (the host file is not read again)."""
 
-    def __init__(self, plugin_type: str, env: RuntimeEnv,
-                 node_env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, plugin_type: str, env: RuntimeEnv, node: NodeSettings) -> None:
         self.plugin_type = plugin_type
         self.env = env
-        self.node_env = node_env or {}
+        self.node = node
 
     def start_add(self, stdin: bytes, deadline: Deadline) -> PendingAdd:
         """Allocate now (nothing to overlap)."""
@@ -183,7 +185,8 @@ class InProcessIpam:
         given, its `status.ips` requested exactly."""
         from cni_plugin.ipam.plugin import verbs
         try:
-            done = verbs.add_owned(self._request("ADD", stdin), claim, claim_ips)
+            done = verbs.add_owned(self._request("ADD", stdin), claim, claim_ips,
+                                   node=self.node)
         except CniError as exc:
             return FinishedAdd(self._as_delegate(exc, "ADD"))
         return FinishedAdd(done.result, done.undo)
@@ -194,12 +197,12 @@ class InProcessIpam:
         verb = {"DEL": verbs.delete, "CHECK": verbs.check, "STATUS": verbs.status,
                 "GC": verbs.gc}[command]
         try:
-            verb(self._request(command, stdin))
+            verb(self._request(command, stdin), self.node)
         except CniError as exc:
             raise self._as_delegate(exc, command) from None
 
     def _request(self, command: str, stdin: bytes) -> Request:
-        return Request(environ=_environ(self.env, command, self.node_env), stdin=stdin)
+        return Request(environ=_environ(self.env, command, self.node), stdin=stdin)
 
     def _as_delegate(self, exc: CniError, command: str) -> CniError:
         # What the executable's error answer would have become; the original stays its cause

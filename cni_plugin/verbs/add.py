@@ -61,11 +61,11 @@ def _add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborators) ->
                 publication.api_publish(Addressing.from_result(result))
             return result
         attachment = attachment_of(inv)  # what the kernel steps read of the request
-        lock_dir, node_env = inv.host.lock_dir, inv.node_env
+        lock_dir = inv.host.lock_dir
         with lock_attachment(attachment.vpc, attachment.vpcattachment, lock_dir=lock_dir,
                              deadline=inv.deadline), \
                 open_links(attachment, link_options_of(inv), lock_dir=lock_dir,
-                           node_env=node_env, deadline=inv.deadline) as kernel:
+                           node=inv.node, deadline=inv.deadline) as kernel:
             ipam: delegate.PendingAdd = start_ipam_add(inv, rollback, pod_claim)
             if pod_claim is not None and ipam.failed:
                 _api_record_claim_failure(cluster, pod_claim, ipam, inv)
@@ -73,7 +73,7 @@ def _add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborators) ->
             # the VPC's table through it once (SPEC §15).
             vpc_table = kernel.ensure_vpc_table(keeps_table=publisher.publishes_instance)
             mtu = kernel.mtu(encapsulated=publisher.announces_sids and
-                             sid.galactic_datapath(node_env))
+                             sid.galactic_datapath(inv.node))
             with publisher.api_settle_instance_thread(rollback) as publication:
                 created = kernel.create(rollback, vpc_table, mtu)
                 allocated = ipam.result()  # waits for the delegate
@@ -120,7 +120,7 @@ def answer_sid(inv: Invocation, attachment: AttachmentRef, publication: Publicat
     assert settled.locator is not None and settled.node_id is not None  # they made the SID
     sid.answer_sid(attachment, created.host_link, created.vpc_table.table,
                    sid.VpcSid(settled.sid, settled.locator, settled.node_id, settled.vrf_id),
-                   addressing, rollback, lock_dir=inv.host.lock_dir, node_env=inv.node_env,
+                   addressing, rollback, lock_dir=inv.host.lock_dir, node=inv.node,
                    deadline=inv.deadline)
 
 

@@ -48,7 +48,7 @@ def check(inv: Invocation, collaborators: Collaborators) -> None:
             if settled is not None and settled.sid and settled.locator and settled.node_id:
                 diffs.extend(sid_differences(attachment, VpcSid(
                     settled.sid, settled.locator, settled.node_id, settled.vrf_id), addressing,
-                    node_env=inv.node_env, deadline=inv.deadline))
+                    node=inv.node, deadline=inv.deadline))
     if diffs:
         raise CniError(CHECK_MISMATCH, f"CHECK found {len(diffs)} difference(s): {diffs[0]}",
                        "; ".join(diffs))

@@ -68,19 +68,19 @@ def _undo_add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborator
         migration.remove_pending(inv.host.lock_dir, inv.env.container_id, inv.env.ifname)
     if inv.conf.attachment != "existing":
         attachment = attachment_of(inv)  # what the kernel steps read of the request
-        lock_dir, node_env, deadline = inv.host.lock_dir, inv.node_env, inv.deadline
+        lock_dir, node, deadline = inv.host.lock_dir, inv.node, inv.deadline
 
         def remove_links() -> None:
             with lock_attachment(attachment.vpc, attachment.vpcattachment, lock_dir=lock_dir,
                                  deadline=deadline):
                 # galactic's rows first, then the links
-                unregister_datapath(attachment.owner, lock_dir=lock_dir, node_env=node_env,
+                unregister_datapath(attachment.owner, lock_dir=lock_dir, node=node,
                                     deadline=deadline)
                 detach(attachment, deadline=deadline,
                        delete_later=collaborators.delete_retired_later)
             # The VPC's table/VRF if this was its last link.
             release_unused_vpc(attachment.vpc, inv.conf.isolation, lock_dir=lock_dir,
-                               node_env=node_env, deadline=deadline)
+                               node=node, deadline=deadline)
         _best_effort(failures, "remove links", remove_links)
     if failures:
         raise failures[0]

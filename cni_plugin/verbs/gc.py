@@ -124,7 +124,7 @@ def _collect_links(ipr: Rtnl, inv: Invocation, valid: set[tuple[str, str]]) -> N
 
 def _collect_registrations(inv: Invocation, valid: set[tuple[str, str]]) -> None:
     for collected in collect_registrations(inv.conf.name, valid, lock_dir=inv.host.lock_dir,
-                                           node_env=inv.node_env, deadline=inv.deadline):
+                                           node=inv.node, deadline=inv.deadline):
         log.info("GC: removed the rows of %s from galactic's datapath", collected)
 
 
@@ -142,7 +142,7 @@ def _collect_instance(inv: Invocation, cluster: VerbCluster,
 def _release_vpc(inv: Invocation) -> None:
     if inv.conf.attachment != "existing":
         table = release_unused_vpc(inv.conf.vpc, inv.conf.isolation,
-                                   lock_dir=inv.host.lock_dir, node_env=inv.node_env,
+                                   lock_dir=inv.host.lock_dir, node=inv.node,
                                    deadline=inv.deadline)
         if table is not None:
             log.info("GC: removed table %d of VPC %s (no attachment left)", table, inv.conf.vpc)

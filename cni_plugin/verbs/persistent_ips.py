@@ -19,7 +19,6 @@ interface is CNI_IFNAME (asked for, or Multus's `net<position + 1>`), and the cl
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -236,7 +235,7 @@ def api_free_gone_claims(inv: Invocation, cluster: VerbCluster) -> list[str]:
     """GC with `allowPersistentIPs`: free this node's records of IPAMClaims that no longer
     exist (a GET of each claim the node holds; never one that exists or cannot be read). The
     agent's watch does it as soon as a claim goes; this covers nodes without an agent."""
-    root = node_data_root({**os.environ, **inv.node_env})
+    root = node_data_root(inv.node)
     return release.api_free_gone_claims(cluster.session().client(), root,
                                         lock_timeout=DEFAULT_LOCK_TIMEOUT_SECONDS,
                                         deadline=inv.deadline)

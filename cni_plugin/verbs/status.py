@@ -11,7 +11,6 @@ from cni_plugin.publish import publishing_status, router_has_sids
 from cni_plugin.tenancy import tenancy_status
 from cni_plugin.verbs.collaborators import Collaborators
 from netconf.errors import INCOMPATIBLE_VERSION, STATUS_NOT_AVAILABLE, CniError
-from netconf.host import resolve_galactic_settings
 from netconf.versions import GC_STATUS_MIN_VERSION, at_least
 
 
@@ -55,7 +54,7 @@ def status(inv: Invocation, collaborators: Collaborators) -> None:
 def _galactic_status(inv: Invocation) -> None:
     """Where galactic's datapath is pinned, ADD writes into it: code 50 when its layout is not
     the one vpc-attach writes (ADD would fail with 107)."""
-    pin_dir = resolve_galactic_settings(inv.node_env).pin_dir
+    pin_dir = inv.node.galactic.pin_dir
     try:
         with pins.opened(pin_dir):
             pass

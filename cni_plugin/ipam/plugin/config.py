@@ -20,7 +20,7 @@ from pydantic import Field, ValidationError
 from cni_plugin.ipam.plugin.pool import DEFAULT_IPV6_BLOCK_PREFIX, IPAddress, IPNetwork, Pool
 from netconf.config import _Strict, config_version, lookup_ci
 from netconf.errors import INVALID_CONFIG, CniError, quoted
-from netconf.host import IPAM_DATA_ROOT_ENV, IPAM_DATA_ROOT_KEY, ipam_data_root, read_host_file
+from netconf.host import IPAM_DATA_ROOT_ENV, IPAM_DATA_ROOT_KEY, NodeSettings
 from netconf.result import Route
 
 PLUGIN_TYPES = ("vpc-attach-ipam", "galactic-ipam")  # galactic-ipam: drop-in under its name
@@ -162,18 +162,18 @@ class DataDirOutsideRoot(CniError):
     """A dataDir outside the node's ipamDataRoot (code 7)."""
 
 
-def node_data_root(environ: Mapping[str, str]) -> str:
+def node_data_root(node: NodeSettings) -> str:
     """The node's ipamDataRoot, resolved (symlinks, `..`): every dataDir is in it (code 7
     unless it is an absolute path)."""
-    return os.path.realpath(ipam_data_root(environ, read_host_file(environ)))
+    return os.path.realpath(node.ipam_data_root)
 
 
-def confine_data_dir(conf: IpamConfig, environ: Mapping[str, str]) -> IpamConfig:
+def confine_data_dir(conf: IpamConfig, node: NodeSettings) -> IpamConfig:
     """conf with its dataDir resolved (symlinks and `..`), which must be the node's
     ipamDataRoot or below it (code 7 naming both otherwise): a network config is tenant input
     and never chooses where this plugin writes (SPEC §14). Every write uses the resolved path."""
-    root = ipam_data_root(environ, read_host_file(environ))
-    real_root = node_data_root(environ)
+    root = node.ipam_data_root
+    real_root = node_data_root(node)
     if not conf.data_dir_given:
         return replace(conf, data_dir=real_root, data_root=real_root)
     # A directory not made yet resolves through its nearest existing ancestor.

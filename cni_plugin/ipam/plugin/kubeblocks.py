@@ -8,7 +8,7 @@ The client is made on first use, so an ADD served from the node's blocks connect
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from cni_plugin.core.deadline import Deadline
@@ -26,7 +26,7 @@ from cni_plugin.kube.client import (
 )
 from cni_plugin.kube.config import load_kubeconfig
 from netconf.errors import INVALID_CONFIG, TRY_AGAIN_LATER, CniError
-from netconf.host import HostSettings, resolve_host_settings
+from netconf.host import HostSettings, NodeSettings
 
 GROUP = "vpc-attach.datum.net"
 VERSION = "v1alpha1"
@@ -147,10 +147,10 @@ def block_object(block: ClusterBlock, node: str, node_uid: str, created_by: str,
     }
 
 
-def node_settings(environ: Mapping[str, str]) -> HostSettings:
+def node_settings(node: NodeSettings) -> HostSettings:
     """The host settings a cluster pool needs: node name and kubeconfig (code 7 naming the
-    missing one; resolving reads at most the host file)."""
-    settings = resolve_host_settings({}, environ)
+    missing one)."""
+    settings = node.host({})
     for value, key, env in ((settings.node_name, "nodeName", "VPC_ATTACH_NODE_NAME"),
                             (settings.kubeconfig, "kubeconfig", "VPC_ATTACH_KUBECONFIG")):
         if not value:
@@ -160,9 +160,9 @@ def node_settings(environ: Mapping[str, str]) -> HostSettings:
     return settings
 
 
-def block_api(environ: Mapping[str, str], container_id: str, ifname: str) -> KubeBlockApi:
+def block_api(node: NodeSettings, container_id: str, ifname: str) -> KubeBlockApi:
     """The API of this node's blocks for one verb (code 7 without node name or kubeconfig)."""
-    settings = node_settings(environ)
+    settings = node_settings(node)
     created_by = f"{container_id}/{ifname}/{secrets.token_hex(4)}"
     return KubeBlockApi(str(settings.node_name), str(settings.kubeconfig),
                         Deadline(settings.timeout_seconds), created_by)

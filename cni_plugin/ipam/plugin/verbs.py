@@ -38,6 +38,7 @@ from netconf.errors import (
     STATUS_NOT_AVAILABLE,
     CniError,
 )
+from netconf.host import NodeSettings
 from netconf.result import IPConfig, Result, Route
 from netconf.runtime import RuntimeEnv, check_known_args
 from netconf.versions import CHECK_MIN_VERSION, GC_STATUS_MIN_VERSION, at_least
@@ -54,21 +55,24 @@ class IpamInvocation:
     env: RuntimeEnv
     conf: IpamConfig
     raw: dict[str, Any]
-    environ: Mapping[str, str]  # the node's settings (VPC_ATTACH_*) come from here
+    node: NodeSettings  # the node's settings (its data root, name and kubeconfig)
     requested: Mapping[Pool, PoolRequest]  # the `ips` capability, by the pool it names
 
     @classmethod
-    def parse(cls, request: Request) -> IpamInvocation:
-        """Validate env, config and CNI_ARGS (codes 1, 2, 4, 6, 7)."""
+    def parse(cls, request: Request, node: NodeSettings | None = None) -> IpamInvocation:
+        """Validate env, config and CNI_ARGS (codes 1, 2, 4, 6, 7). node: the node's settings
+        vpc-attach read for the verb it delegates (the executable reads its own)."""
         env = RuntimeEnv.from_environ(request.environ, request.cni_args)
         raw = request.config()
         conf = parse_network(raw)
         check_known_args(env.cni_args, _config_cni_args(raw))  # args.cni wins (SPEC §3)
-        conf = confine_data_dir(conf, request.environ)  # before anything touches the disk
+        if node is None:
+            node = NodeSettings.read(request.environ, request.host_file())
+        conf = confine_data_dir(conf, node)  # before anything touches the disk
         requested: Mapping[Pool, PoolRequest] = {}
         if env.command in ("ADD", "CHECK"):  # DEL and GC release whatever is held
             requested = match_pools(conf, requested_ips(raw, env.cni_args))
-        return cls(env=env, conf=conf, raw=raw, environ=request.environ, requested=requested)
+        return cls(env=env, conf=conf, raw=raw, node=node, requested=requested)
 
     @property
     def attachment(self) -> Attachment:
@@ -82,7 +86,7 @@ class IpamInvocation:
         if self.conf.mode != "pools" or self.conf.scope != "cluster":
             return None
         try:
-            return block_api(self.environ, self.env.container_id, self.env.ifname)
+            return block_api(self.node, self.env.container_id, self.env.ifname)
         except CniError as exc:
             if required:
                 raise
@@ -97,9 +101,9 @@ class IpamInvocation:
                            f"cniVersion {self.conf.cni_version} < {minimum}")
 
 
-def add(request: Request) -> Result:
+def add(request: Request, node: NodeSettings | None = None) -> Result:
     """Addresses for the attachment: as configured, or one block per pool (idempotent)."""
-    return add_owned(request).result
+    return add_owned(request, node=node).result
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,7 @@ class OwnedAdd:
     conf: IpamConfig
     attachment: Attachment
     allocations: list[allocator.Allocation]
-    environ: Mapping[str, str] = field(default_factory=dict)  # the node's settings
+    node: NodeSettings = field(default_factory=lambda: NodeSettings({}))  # the node's settings
 
     def undo(self) -> None:
         """The created-only undo (a failed ADD's rollback): a fresh record is freed, an
@@ -120,7 +124,7 @@ class OwnedAdd:
         blocks = None
         if any(a.lend is not None for a in self.allocations):
             try:
-                blocks = block_api(self.environ, self.attachment.container_id,
+                blocks = block_api(self.node, self.attachment.container_id,
                                    self.attachment.ifname)
             except CniError as exc:
                 log.warning("cannot undo this ADD's lends (GC deletes them): %s", exc.msg)
@@ -132,11 +136,11 @@ class OwnedAdd:
 
 
 def add_owned(request: Request, claim: ClaimOwner | None = None,
-              claim_ips: tuple[str, ...] = ()) -> OwnedAdd:
+              claim_ips: tuple[str, ...] = (), *, node: NodeSettings | None = None) -> OwnedAdd:
     """ADD, its records owned by claim when given (vpc-attach in-process only: never from a
     network config). claim_ips: the claim's `status.ips`, requested exactly (code 7 outside
     the pools, or when the `ips` capability asks for others)."""
-    inv = IpamInvocation.parse(request)
+    inv = IpamInvocation.parse(request, node)
     conf = inv.conf
     if conf.mode != "pools":
         result = Result(ips=[_fixed_ip(fixed) for fixed in conf.fixed], routes=list(conf.routes))
@@ -151,7 +155,7 @@ def add_owned(request: Request, claim: ClaimOwner | None = None,
         if blocks is not None:
             blocks.close()
     return OwnedAdd(_pool_result(conf, allocations), conf, inv.attachment, allocations,
-                    inv.environ)
+                    inv.node)
 
 
 def claim_requests(conf: IpamConfig, claim: ClaimOwner, claim_ips: tuple[str, ...],
@@ -184,10 +188,10 @@ def _pool_result(conf: IpamConfig, allocations: list[allocator.Allocation]) -> R
     return Result(ips=ips, routes=[*defaults, *conf.routes])
 
 
-def delete(request: Request) -> None:
+def delete(request: Request, node: NodeSettings | None = None) -> None:
     """Release this (container, ifname)'s records; succeeds when there are none."""
     try:
-        inv = IpamInvocation.parse(request)
+        inv = IpamInvocation.parse(request, node)
     except DataDirOutsideRoot as exc:
         # Nothing was ever allocated there (ADD refuses it too): DEL after a failed ADD
         # succeeds (SPEC §3), touching nothing.
@@ -201,9 +205,9 @@ def delete(request: Request) -> None:
             blocks.close()
 
 
-def check(request: Request) -> None:
+def check(request: Request, node: NodeSettings | None = None) -> None:
     """Code 103 unless the attachment holds a block in every pool (and prevResult lists it)."""
-    inv = IpamInvocation.parse(request)
+    inv = IpamInvocation.parse(request, node)
     inv.require_version(CHECK_MIN_VERSION, "CHECK")
     prev_data = lookup_ci(inv.raw, "prevResult")
     prev = Result.from_wire(prev_data) if prev_data is not None else None
@@ -229,15 +233,15 @@ def check(request: Request) -> None:
                        "; ".join(diffs))
 
 
-def status(request: Request) -> None:
+def status(request: Request, node: NodeSettings | None = None) -> None:
     """Code 50 unless allocation state can be written (pools only: other modes store nothing)."""
-    inv = IpamInvocation.parse(request)
+    inv = IpamInvocation.parse(request, node)
     inv.require_version(GC_STATUS_MIN_VERSION, "STATUS")
     if inv.conf.mode != "pools":
         return
     if inv.conf.scope == "cluster":
         try:
-            node_settings(inv.environ)
+            node_settings(inv.node)
         except CniError as exc:
             raise CniError(STATUS_NOT_AVAILABLE, exc.msg, exc.details) from None
     directory = inv.conf.network_dir
@@ -251,9 +255,9 @@ def status(request: Request) -> None:
                        f"{directory}: {exc.strerror or exc}") from None
 
 
-def gc(request: Request) -> None:
+def gc(request: Request, node: NodeSettings | None = None) -> None:
     """Release the records of every attachment the runtime did not list as valid."""
-    inv = IpamInvocation.parse(request)
+    inv = IpamInvocation.parse(request, node)
     inv.require_version(GC_STATUS_MIN_VERSION, "GC")
     blocks = inv.blocks(required=False)
     try:
