@@ -17,7 +17,6 @@ import secrets
 import socket
 import struct
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -30,7 +29,6 @@ from cni_plugin.core import naming
 from e2e.harness.agentproc import OwnAgents
 from e2e.harness.kernel import mark_rules, run_ip, vpc_table
 from e2e.harness.packets import (
-    SEND_TIMEOUT,
     ask,
     in_netns,
     listener,
@@ -39,6 +37,7 @@ from e2e.harness.packets import (
     ping,
     send,
     wait_counter_above,
+    write_tap_frames,
 )
 from e2e.harness.plugin import VIA_AGENT, Plugin, base_conf, host_local, with_prev
 
@@ -286,15 +285,6 @@ def _frame(dst_mac: str, src: str, dst: str, port: int, payload: bytes) -> bytes
         b"\x08\x00" + header + udp
 
 
-_TAP_WRITER = r"""
-import fcntl, os, struct, sys
-fd = os.open("/dev/net/tun", os.O_RDWR)
-fcntl.ioctl(fd, 0x400454CA, struct.pack("16sH", sys.argv[1].encode(), 0x0002 | 0x1000))
-for frame in sys.argv[2:]:
-    os.write(fd, bytes.fromhex(frame))
-"""
-
-
 def test_tap_frames_are_checked_like_a_pod(node: Node, mode: str) -> None:
     a2 = node.attach("a1", "2")
     vm = node.attach("a1", "60", attachment="tap", ipam={"type": "static", "addresses": [
@@ -309,8 +299,7 @@ def test_tap_frames_are_checked_like_a_pod(node: Node, mode: str) -> None:
               _frame(tap_mac, "10.80.0.60", a2.ip(4), 7301, b"vm-to-a2")]
     with listener(node.name, "udp", 7300, node.work) as host, \
             listener(a2.netns, "udp", 7301, node.work) as pod:
-        subprocess.run(in_netns(node.name, sys.executable, "-c", _TAP_WRITER, tap,
-                                *(f.hex() for f in frames)), check=True, timeout=SEND_TIMEOUT)
+        write_tap_frames(node.name, tap, frames)
         pod.wait_for("vm-to-a2")
         wait_counter_above(node.name, "host_dropped", before["host_dropped"])
         wait_counter_above(node.name, "source_dropped", before["source_dropped"])
