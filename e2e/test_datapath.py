@@ -154,7 +154,8 @@ def node(cni_bin: Path, own_agents: OwnAgents, tmp_path: Path,
             runner.call("DEL", conf, container_id=container, netns=netns)
 
 
-@pytest.fixture(params=["table", pytest.param("vrf", marks=pytest.mark.fullkernel)])
+@pytest.fixture(params=["table", pytest.param("vrf", marks=[pytest.mark.fullkernel,
+                                                             pytest.mark.once_through_agent])])
 def mode(request: pytest.FixtureRequest, node: Node) -> str:
     """The isolation mode (vrf only where the kernel has VRF devices)."""
     if request.param == "vrf":
@@ -349,6 +350,7 @@ def test_host_access_opens_exactly_the_configured_ports_and_answers_reach_the_po
 
 
 @pytest.mark.fullkernel
+@pytest.mark.once_through_agent
 @pytest.mark.parametrize("node", ["udp/7400,tcp/7402"], indirect=True)
 def test_host_access_in_vrf_mode_reaches_a_service_bound_to_the_vpcs_vrf(node: Node) -> None:
     _use_vrf(node)

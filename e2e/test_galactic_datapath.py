@@ -46,7 +46,7 @@ from e2e.harness.publishing import BGP_NS, create_pod, delete_pod, deny_writes, 
 from e2e.harness.tenancy import bound
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.fullkernel,
-              pytest.mark.both_paths]
+              pytest.mark.both_paths, pytest.mark.once_through_agent]
 PATH = "agent" if VIA_AGENT else "in-process"
 ROUTE_TIMEOUT_S = 120.0
 PORT = 7070

@@ -15,6 +15,7 @@ from cni_plugin.core import naming
 from cni_plugin.doctor.checks import srv6_decap
 from e2e.harness.kernel import run_ip, temporary_netns
 from e2e.harness.kube import Kube
+from e2e.harness.pace import after_answer_bound
 from e2e.harness.plugin import Plugin, base_conf, host_local, with_prev
 from e2e.harness.publishing import Node, create_pod, make_node, vrf_instance
 from e2e.harness.wait import wait_until
@@ -60,6 +61,7 @@ def _sid_route(sid: str) -> str:
     return run_ip("-6", "route", "show", "table", "main", f"{sid}/128").strip()
 
 
+@pytest.mark.once_through_agent
 def test_the_vpc_sid_decapsulates_into_its_vrf_and_reaches_the_pod(
         kube: Kube, node: Node, netns: str, vpc: str, tmp_path: Path, remote: str) -> None:
     uid = create_pod(kube, "srv6-a", node.name)
@@ -130,5 +132,5 @@ def test_the_sid_stays_while_another_attachment_of_the_vpc_is_on_the_node_and_go
     # The last attachment's DEL removes the VPC's VRF (unused per-VPC state), the SID with it:
     # at once in-process, right after the answer through the agent (it deletes retired links).
     wait_until("the SID's route gone with the VPC's last attachment",
-               lambda: _sid_route(sid) == "", 10.0)
+               lambda: _sid_route(sid) == "", after_answer_bound())
     assert naming.vrf_name(vpc) not in run_ip("-br", "link", "show"), "the VRF went too"

@@ -9,6 +9,7 @@ import pytest
 
 from cni_plugin.core import naming
 from e2e.harness.kernel import links_in, run_ip, temporary_netns, vpc_table_of
+from e2e.harness.pace import after_answer_bound
 from e2e.harness.plugin import Plugin, base_conf, host_local, host_local_reservations, with_prev
 from e2e.harness.wait import wait_until
 
@@ -251,7 +252,7 @@ def test_vrf_isolation_enslaves_the_host_link_and_keeps_the_shared_vrf_while_use
         plugin.ok("DEL", with_prev(other, kept), container_id="pod-vrf2", netns=second_netns)
     # The last attachment's DEL removes the unused VRF (SPEC §14; through the agent, right after
     # its answer, when the retired links are deleted).
-    wait_until("the unused VRF removed", lambda: vrf not in links_in(), 10.0)
+    wait_until("the unused VRF removed", lambda: vrf not in links_in(), after_answer_bound())
 
 
 def test_status_and_gc(plugin: Plugin, netns: str, vpc: str, tmp_path: Path,

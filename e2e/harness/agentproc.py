@@ -15,10 +15,10 @@ from types import TracebackType
 from typing import Any
 
 from e2e.harness.cnibin import installed
+from e2e.harness.pace import agent_bound
 from e2e.harness.wait import wait_until
 
 HTTP_TIMEOUT_S = 10.0
-START_TIMEOUT_S = 30.0
 
 
 def free_port() -> int:
@@ -71,7 +71,8 @@ class AgentProcess:
 
     def start(self) -> AgentProcess:
         """Start and wait until the socket accepts (a killed agent's socket file may still be
-        there: it must be this agent that answers)."""
+        there: it must be this agent that answers), for as long as `pace.agent_bound` allows
+        (a number of the plugin's cold starts measured here, and its lock deadline)."""
         self.proc = subprocess.Popen(self._argv, env=self._env, stdout=subprocess.DEVNULL,
                                      stderr=open(self.directory / "agent.stderr", "ab"))  # noqa: SIM115
         proc = self.proc
@@ -82,8 +83,8 @@ class AgentProcess:
                                    f"{proc.returncode}: {self._stderr()}")
 
         try:
-            wait_until(f"the agent accepting on {self.socket}", self._accepts, START_TIMEOUT_S,
-                       interval=0.05, alive=running)
+            wait_until(f"the agent accepting on {self.socket}", self._accepts,
+                       agent_bound(self._env), interval=0.05, alive=running)
         except TimeoutError as exc:
             raise RuntimeError(f"agent did not start: {exc}: {self._stderr()}") from exc
         return self

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from e2e.harness.pace import verb_bound
 from netconf import base62
 
 # Which path the plugin takes (SPEC §11): VPC_ATTACH_E2E_VIA=agent runs the e2e tests marked
@@ -19,7 +20,6 @@ from netconf import base62
 # named never exists).
 VIA_AGENT = os.environ.get("VPC_ATTACH_E2E_VIA") == "agent"
 NO_AGENT_SOCKET = "/nonexistent/vpc-attach-e2e/agent.sock"
-INVOKE_TIMEOUT_S = 60
 # The tests' node confines vpc-attach-ipam's dataDir (SPEC §14's ipamDataRoot) to the temporary
 # directory every test's dataDir is made in; e2e/test_stanza_host_settings.py checks the
 # confinement itself with roots of its own.
@@ -71,11 +71,17 @@ class Plugin:
     def call(self, command: str, conf: dict[str, Any], *, container_id: str = "c1",
              netns: str = "", ifname: str = "eth0", executable: str = "vpc-attach",
              **extra: str) -> Answer:
-        """Run one verb and parse its single JSON document."""
-        proc = subprocess.run(
-            [*self.prefix, str(self.cni_bin / executable)], input=json.dumps(conf).encode(),
-            env=self.env(command, container_id, netns, ifname, **extra),
-            capture_output=True, timeout=INVOKE_TIMEOUT_S, check=False)
+        """Run one verb and parse its single JSON document. It may take as long as its own
+        deadline allows, and the starts of its process (`pace.verb_bound`)."""
+        env = self.env(command, container_id, netns, ifname, **extra)
+        bound = verb_bound(env, conf)
+        try:
+            proc = subprocess.run(
+                [*self.prefix, str(self.cni_bin / executable)], input=json.dumps(conf).encode(),
+                env=env, capture_output=True, timeout=bound.seconds, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise TimeoutError(f"{executable} {command} did not answer within {bound}; its "
+                               f"stderr: {_text(exc.stderr)[-2000:]}") from None
         out = proc.stdout.decode()
         body = json.loads(out) if out.strip() else None
         return Answer(proc.returncode, body, out, proc.stderr.decode())
@@ -85,6 +91,10 @@ class Plugin:
         answer = self.call(command, conf, **kw)
         assert answer.status == 0, f"{command} failed: {answer.stdout} {answer.stderr}"
         return answer.body
+
+
+def _text(output: bytes | str | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
 def random_vpc() -> str:

@@ -26,6 +26,7 @@ from .image import BUSYBOX, BootImage, ensure_image
 
 QEMU = "/usr/bin/qemu-system-x86_64"
 KVM_PROBE_SECONDS = 20.0
+WATCH_INTERVAL_S = 1.0  # how often a running VM's watchdog is asked
 DEFAULT_MEMORY_MIB = 2048
 # Printed by the job script right before the command starts: what "booted" means.
 READY_MARK = "vpcvm: ready"
@@ -43,7 +44,7 @@ class VMResult:
     returncode: int  # the command's exit status; -1 when the VM died before it ended
     boot_seconds: float  # qemu start to the job script's first line
     total_seconds: float
-    timed_out: bool
+    timed_out: bool  # killed: the timeout passed, or the watchdog said why (in `console`)
     console: str  # everything the guest printed (kernel and command)
 
 
@@ -83,7 +84,8 @@ def run(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] 
         on_output: Callable[[str], object] | None = None,
         memory_mib: int = DEFAULT_MEMORY_MIB,
         on_start: Callable[[subprocess.Popen[bytes]], object] | None = None,
-        host_network: bool = False) -> VMResult:
+        host_network: bool = False,
+        watchdog: Callable[[], str | None] | None = None) -> VMResult:
     """Boot, run ``argv`` as root in ``cwd`` (default: this process's cwd), power off.
 
     ``env`` is added to what the guest inherits (PASSED_ENV and VPC_ATTACH_* of this
@@ -93,13 +95,15 @@ def run(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] 
     ``on_start`` gets the qemu process once it runs (a caller that must stop it early kills it).
     ``host_network``: the guest reaches the host's loopback at HOST_ADDRESS (qemu's user-mode
     network, eth0 in the guest's root netns; nothing else is routed there).
+    ``watchdog`` is asked every WATCH_INTERVAL_S while the VM runs: a text it returns (why the
+    guest is deemed hung) kills the VM like the timeout does, and ends its console.
     """
     image = ensure_image()
     if share is None:
         with tempfile.TemporaryDirectory(prefix="vpc-attach-vm-") as scratch:
             return run(argv, cwd=cwd, env=env, share=Path(scratch), timeout=timeout,
                        on_output=on_output, memory_mib=memory_mib, on_start=on_start,
-                       host_network=host_network)
+                       host_network=host_network, watchdog=watchdog)
     share = share.resolve()
     guest_env = _guest_env(env)
     (share / "job.sh").write_text(job_script(argv, cwd or Path.cwd(), guest_env, share,
@@ -109,7 +113,7 @@ def run(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] 
     start = time.monotonic()
     console, ready_at, timed_out = _run_qemu(qemu_command(image, share, memory_mib,
                                                           host_network), timeout,
-                                             on_output, start, on_start)
+                                             on_output, start, on_start, watchdog)
     total = time.monotonic() - start
     status = status_file.read_text().strip() if status_file.exists() else ""
     boot = ready_at - start if ready_at is not None else total
@@ -184,8 +188,10 @@ def qemu_command(image: BootImage, share: Path, memory_mib: int,
 
 def _run_qemu(command: list[str], timeout: float, on_output: Callable[[str], object] | None,
               start: float, on_start: Callable[[subprocess.Popen[bytes]], object] | None,
+              watchdog: Callable[[], str | None] | None = None,
               ) -> tuple[str, float | None, bool]:
-    """Run qemu, feeding console chunks to ``on_output``; kill it after ``timeout``."""
+    """Run qemu, feeding console chunks to ``on_output``; kill it after ``timeout`` or when
+    ``watchdog`` says why."""
     chunks: list[str] = []
     ready_at: list[float] = []
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -195,17 +201,31 @@ def _run_qemu(command: list[str], timeout: float, on_output: Callable[[str], obj
     reader = threading.Thread(target=_read_console,
                               args=(process.stdout, chunks, ready_at, on_output), daemon=True)
     reader.start()
-    try:
-        process.wait(timeout=max(0.0, timeout - (time.monotonic() - start)))
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-        timed_out = True
+    why = _wait_or_kill(process, timeout, start, watchdog)
     reader.join(timeout=10)
-    if timed_out:
-        chunks.append(f"vpcvm: killed after {timeout:.0f} s")
-    return "".join(chunks), (ready_at[0] if ready_at else None), timed_out
+    if why:
+        chunks.append(f"vpcvm: killed: {why}")
+    return "".join(chunks), (ready_at[0] if ready_at else None), bool(why)
+
+
+def _wait_or_kill(process: subprocess.Popen[bytes], timeout: float, start: float,
+                  watchdog: Callable[[], str | None] | None) -> str:
+    """Wait for qemu to exit; kill it once ``timeout`` passed or ``watchdog`` objects, and say
+    why ("" when it exited by itself)."""
+    why = ""
+    while not why:
+        left = timeout - (time.monotonic() - start)
+        try:
+            process.wait(timeout=max(0.0, min(left, WATCH_INTERVAL_S)))
+            return ""
+        except subprocess.TimeoutExpired:
+            if left <= WATCH_INTERVAL_S:
+                why = f"after {timeout:.0f} s (its timeout)"
+            elif watchdog is not None:
+                why = watchdog() or ""
+    process.kill()
+    process.wait()
+    return why
 
 
 def _read_console(stream: IO[bytes] | None, chunks: list[str], ready_at: list[float],
