@@ -203,6 +203,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     return True
 
 
+def vm_nodeids(config: pytest.Config) -> set[str]:
+    """The node ids of the tests this session runs in the VM (none: it runs none there)."""
+    vm_run = config.stash.get(_run_key, None)
+    return {item.nodeid for item in vm_run.items} if vm_run is not None else set()
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     """Say how long the VM took and where its console is kept."""
     vm_run = config.stash.get(_run_key, None)
