@@ -49,6 +49,7 @@ from e2e.harness.galactic.maps import (
 )
 from e2e.harness.kube import Kube
 from e2e.harness.nodes import api_port, in_node, node_namespace
+from e2e.harness.pace import Bound, pace
 from e2e.harness.publishing import BGP_NS, create_router
 from e2e.harness.wait import wait_until
 
@@ -61,9 +62,16 @@ UNDERLAY_LINK = "vpa-ul{index}"
 # Each node is its own network namespace: galactic's default ports cannot clash.
 CNI_HEALTH_PORT, CNI_METRICS_PORT = 5180, 9180
 SESSION_ESTABLISHED = "Established"
-START_TIMEOUT_S = 180.0  # one vCPU under emulation: a Go daemon's start takes seconds
-SESSION_TIMEOUT_S = 240.0  # the router refreshes BGPPeer status every 30 s
-RUN_TIMEOUT_S = 120.0
+# Bounds in the plugin's cold starts measured on this machine (`e2e.harness.pace`; 8 s in the
+# emulated VM at a busy moment): galactic-cni's start loads and verifies its eBPF programs, CPU
+# work that slows down with the machine (both nodes ready in 44 s in the VM, quiet).
+START_STARTS = 25
+# The router writes a BGPPeer's status every STATUS_REFRESH_S (galactic's own interval), so a
+# session Established just after a write shows one period later; plus the sessions' own
+# exchange (OPEN, KEEPALIVE) on the emulated CPU.
+STATUS_REFRESH_S = 30.0
+SESSION_STARTS = 30  # with gobgp's connect retries when the first OPEN finds no peer yet
+RUN_STARTS = 15  # one short-lived command of a node (bpftool, tc, ip; galactic's own tools)
 # The node's processes see its bpffs at /sys/fs/bpf (``ip netns exec`` gave them a fresh
 # sysfs in their own mount namespace; nothing propagates back). $1: the bpffs directory.
 BIND_BPFFS = 'mount --bind "$1" /sys/fs/bpf && shift && exec "$@"'
@@ -84,8 +92,9 @@ def router_id(index: int) -> str:
     return f"198.51.100.{index}"
 
 
-def _run(argv: list[str], timeout: float = RUN_TIMEOUT_S) -> str:
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+def _run(argv: list[str], timeout: float | None = None) -> str:
+    result = subprocess.run(argv, capture_output=True, text=True,
+                            timeout=timeout or pace().starts(RUN_STARTS).seconds, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}): "
                            f"{result.stderr.strip()}")
@@ -143,10 +152,10 @@ class DatapathNode:
         return child
 
     def run(self, argv: list[str], env: dict[str, str] | None = None,
-            timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+            timeout: float | None = None) -> subprocess.CompletedProcess[str]:
         """Run a short-lived process of this node to its end."""
         return subprocess.run([*self.prefix, *argv], capture_output=True, text=True, env=env,
-                              timeout=timeout, check=False)
+                              timeout=timeout or pace().starts(RUN_STARTS).seconds, check=False)
 
     def alive(self) -> None:
         """Raise (with its log's tail) if a process of this node has exited."""
@@ -246,7 +255,7 @@ def cni_ready(node: DatapathNode) -> bool:
 def wait_cni_ready(node: DatapathNode) -> None:
     """Wait until ``cni_ready``; raise with galactic-cni's log if it exits or times out."""
     wait_until(f"galactic-cni on {node.name} to pin its datapath and attach usid_ingress on "
-               f"{node.underlay_link}", lambda: cni_ready(node), START_TIMEOUT_S,
+               f"{node.underlay_link}", lambda: cni_ready(node), pace().starts(START_STARTS),
                interval=0.5, alive=node.alive, detail=node.logs)
 
 
@@ -301,7 +310,7 @@ class Datapath:
         """Every node's process logs (tails)."""
         return "\n".join(node.logs() for node in self.nodes)
 
-    def wait(self, what: str, condition: Callable[[], bool], timeout: float,
+    def wait(self, what: str, condition: Callable[[], bool], timeout: float | Bound,
              detail: Callable[[], str] | None = None) -> None:
         """``wait_until`` with the nodes' processes checked; on a timeout their logs, after
         what ``detail`` says."""
@@ -312,7 +321,9 @@ class Datapath:
         """Wait until every BGPPeer's router reports its session Established."""
         self.wait("every router's sessions Established",
                   lambda: all(session_state(kube, peer) == SESSION_ESTABLISHED
-                              for peer in self.peers), SESSION_TIMEOUT_S)
+                              for peer in self.peers),
+                  pace().plus(SESSION_STARTS, 2 * STATUS_REFRESH_S,
+                              "two of the router's status refresh periods"))
 
 
 @contextlib.contextmanager
