@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cni_plugin.ipam.plugin.config import DEFAULT_LOCK_TIMEOUT_SECONDS
 from e2e.harness import pace
 from e2e.harness.plugin import Plugin
 from e2e.harness.vm.boot import _wait_or_kill
@@ -45,11 +46,15 @@ def test_the_deadline_a_verb_may_have_is_the_largest_of_its_sources(tmp_path: Pa
         DEFAULT_TIMEOUT_SECONDS
 
 
-def test_a_verbs_bound_is_its_deadline_the_grace_and_cold_starts(measured: pace.Pace) -> None:
-    bound = pace.verb_bound({"VPC_ATTACH_TIMEOUT_SECONDS": "3"})
-    assert bound.seconds == pytest.approx(3 + pace.ANSWER_GRACE_S +
+def test_a_verbs_bound_is_its_deadline_its_lock_wait_the_grace_and_cold_starts(
+        measured: pace.Pace) -> None:
+    bound = pace.verb_bound({"VPC_ATTACH_TIMEOUT_SECONDS": "3"},
+                            {"ipam": {"type": "vpc-attach-ipam", "lockTimeoutSeconds": 60}})
+    assert bound.seconds == pytest.approx(3 + 60 + pace.ANSWER_GRACE_S +
                                           pace.VERB_STARTS * COLD_START_S)
     assert f"{pace.VERB_STARTS} x {COLD_START_S:.2f} s" in bound.why
+    assert pace.lock_wait({"lockTimeoutSeconds": 0.3}) == 0.3
+    assert pace.lock_wait({}) == DEFAULT_LOCK_TIMEOUT_SECONDS
 
 
 def test_the_plugin_that_does_not_answer_is_stopped_at_its_bound_which_says_why(
@@ -59,11 +64,13 @@ def test_the_plugin_that_does_not_answer_is_stopped_at_its_bound_which_says_why(
     runner = Plugin(cni_bin=tmp_path, lock_dir=tmp_path,
                     environ={"VPC_ATTACH_TIMEOUT_SECONDS": "0.5"})
     started = time.monotonic()
+    conf = {"cniVersion": "1.1.0", "ipam": {"lockTimeoutSeconds": 0.1}}
     with pytest.raises(TimeoutError) as stopped:
-        runner.call("ADD", {"cniVersion": "1.1.0"})
+        runner.call("ADD", conf)
     took = time.monotonic() - started
-    assert pace.verb_bound(runner.env("ADD", "c1", "", "eth0")).seconds <= took < 10
-    assert "the verb's deadline + the client's grace 2.5 s" in str(stopped.value)
+    assert pace.verb_bound(runner.env("ADD", "c1", "", "eth0"), conf).seconds <= took < 10
+    assert "the verb's deadline + its IPAM's lock wait + the client's grace 2.6 s" in \
+        str(stopped.value)
 
 
 def test_an_expired_bound_says_what_it_was_derived_from(measured: pace.Pace) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cni_plugin.ipam.plugin.config import DEFAULT_LOCK_TIMEOUT_SECONDS
 from netconf.host import DEFAULT_TIMEOUT_SECONDS
 
 # What a cold start is: a fresh interpreter importing what the agent and an in-process verb
@@ -102,11 +103,24 @@ def verb_deadline(environ: Mapping[str, str], conf: Mapping[str, Any] | None = N
     return max(chosen) if chosen else DEFAULT_TIMEOUT_SECONDS
 
 
+def lock_wait(conf: Mapping[str, Any] | None = None) -> float:
+    """How long vpc-attach-ipam may wait for its pool's lock beyond the deadline (its own
+    `lockTimeoutSeconds`, in the stanza or its ipam block, else its default): its lock waits
+    are bounded by that setting, not by the verb's deadline."""
+    conf = conf or {}
+    ipam = conf.get("ipam")
+    in_ipam = ipam.get("lockTimeoutSeconds") if isinstance(ipam, Mapping) else None
+    chosen = [seconds for seconds in map(_positive, (conf.get("lockTimeoutSeconds"), in_ipam))
+              if seconds is not None]
+    return max(chosen) if chosen else DEFAULT_LOCK_TIMEOUT_SECONDS
+
+
 def verb_bound(environ: Mapping[str, str], conf: Mapping[str, Any] | None = None) -> Bound:
-    """How long a run of the plugin's executable may take: its deadline, the thin client's
-    grace for an agent's answer, and VERB_STARTS cold starts."""
-    return pace().plus(VERB_STARTS, verb_deadline(environ, conf) + ANSWER_GRACE_S,
-                       "the verb's deadline + the client's grace")
+    """How long a run of the plugin's executable may take: its deadline, its IPAM's lock wait,
+    the thin client's grace for an agent's answer, and VERB_STARTS cold starts."""
+    return pace().plus(VERB_STARTS,
+                       verb_deadline(environ, conf) + lock_wait(conf) + ANSWER_GRACE_S,
+                       "the verb's deadline + its IPAM's lock wait + the client's grace")
 
 
 def agent_bound(environ: Mapping[str, str]) -> Bound:
