@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from e2e.harness.agentproc import AgentProcess
-from e2e.harness.ipamclaims import Scene, kubevirt_deletes_claim, vm_scene
 from e2e.harness.kube import Kube
+from e2e.harness.kubevirt.scene import Scene, vm_scene
+from e2e.harness.kubevirt.standins import kubevirt_deletes_claim
 from e2e.harness.plugin import NO_AGENT_SOCKET, Plugin
 from e2e.harness.report import report
 from e2e.harness.wait import wait_until

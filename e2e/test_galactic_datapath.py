@@ -6,18 +6,14 @@ and vpc-attach as installed (in-process, or through the node's agent in the agen
 in this module writes a route, a neighbour or a map row on a node: vpc-attach registers the
 attachments (rows, `usid_egress` on their host links), galactic-router writes what it learns
 into `egress_route_table`, galactic's programs carry the packets. The underlay's own addresses
-and routes are the harness's (`e2e.harness.galactic.datapath`).
+and routes are the harness's (`e2e.harness.galactic.datapath`); vpc-attach on those nodes:
+`e2e.harness.galactic.vpc_nodes`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ipaddress
-import json
 import os
-import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,91 +22,38 @@ import pytest
 from cni_plugin.core import naming
 from cni_plugin.galactic import layout
 from e2e.harness.agentproc import OwnAgents
+from e2e.harness.doctor import doctor_on
 from e2e.harness.galactic.build import GalacticBuild
 from e2e.harness.galactic.datapath import (
     INGRESS_FILTER,
     PINS,
     SESSION_ESTABLISHED,
     Datapath,
-    DatapathNode,
     galactic_datapath,
     session_state,
 )
-from e2e.harness.galactic.maps import EgressRoute
 from e2e.harness.galactic.sweep import run_sweep
+from e2e.harness.galactic.vpc_nodes import (
+    POD_MTU,
+    VpcAttachNode,
+    answered_by,
+    attached,
+    decoded_rows,
+    host_prefixes,
+    ping_mtu,
+    vpc_attach_nodes,
+    wait_routes,
+)
 from e2e.harness.kernel import temporary_netns
 from e2e.harness.kube import Kube
-from e2e.harness.packets import listener, ping, send
-from e2e.harness.plugin import VIA_AGENT, Plugin, base_conf, host_local, random_vpc, with_prev
+from e2e.harness.packets import ping
+from e2e.harness.plugin import VIA_AGENT, base_conf, random_vpc, with_prev
 from e2e.harness.publishing import BGP_NS, create_pod, delete_pod, deny_writes, vrf_instance
 from e2e.harness.tenancy import bound
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.fullkernel,
               pytest.mark.both_paths, pytest.mark.once_through_agent]
 PATH = "agent" if VIA_AGENT else "in-process"
-ROUTE_TIMEOUT_S = 120.0
-PORT = 7070
-UNDERLAY_MTU = 1500  # the harness's underlay veth
-POD_MTU = UNDERLAY_MTU - 40  # room for usid_egress's outer IPv6 header
-# Two VPCs with the same subnets on the same nodes: per node, one v6 and one v4 pool.
-SUBNETS = {1: ("fd00:d1:1::/64", "10.211.1.0/24"), 2: ("fd00:d1:2::/64", "10.211.2.0/24")}
-
-
-@dataclass
-class Node:
-    """A galactic node (`DatapathNode`) running vpc-attach: its runner, IPAM and lock dirs."""
-
-    galactic: DatapathNode
-    plugin: Plugin
-    directory: Path
-
-    @property
-    def name(self) -> str:
-        return self.galactic.name
-
-    def ipam(self, vpc: str) -> dict[str, Any]:
-        return host_local(self.directory / "ipam", *SUBNETS[self.galactic.index])
-
-    def table_of(self, vpc: str) -> int | None:
-        """The Linux table of the VPC's VRF on this node (None: no VRF)."""
-        shown = subprocess.run(["ip", "-n", self.galactic.netns, "-d", "-j", "link", "show",
-                                naming.vrf_name(vpc)], capture_output=True, text=True,
-                               timeout=30, check=False)
-        if shown.returncode != 0:
-            return None
-        return int(json.loads(shown.stdout)[0]["linkinfo"]["info_data"]["table"])
-
-    def rows(self) -> dict[str, dict[str, str]]:
-        """Every galactic map vpc-attach writes, as bpftool reads it: {map: {key: value}}."""
-        return {m.name: {e.key.hex(): e.value.hex() for e in self.galactic.dump_map(m.name)}
-                for m in layout.MAPS}
-
-
-@dataclass
-class Pod:
-    """An attached Pod: its netns (name, and path for CNI_NETNS), addresses and what ADD
-    answered."""
-
-    netns: str
-    path: str
-    v4: str
-    v6: str
-    vpc: str
-    att: str
-    name: str
-    node: Node
-    conf: dict[str, Any]
-    result: dict[str, Any]
-    container: str
-    cni_args: str
-    deleted: bool = field(default=False)
-
-    def delete(self) -> None:
-        if not self.deleted:
-            self.node.plugin.ok("DEL", with_prev(self.conf, self.result),
-                                container_id=self.container, netns=self.path,
-                                CNI_ARGS=self.cni_args)
-            self.deleted = True
 
 
 @pytest.fixture(scope="module")
@@ -125,117 +68,10 @@ def datapath(kube: Kube, cluster: Any, galactic: GalacticBuild,
 
 @pytest.fixture(scope="module")
 def nodes(datapath: Datapath, cluster: Any, cni_bin: Path,
-          own_agents: OwnAgents) -> Iterator[list[Node]]:
+          own_agents: OwnAgents) -> Iterator[list[VpcAttachNode]]:
     """vpc-attach on each node (its node agent too, in the agent pass)."""
-    with contextlib.ExitStack() as stack:
-        made = []
-        for galactic_node in datapath.nodes:
-            directory = galactic_node.directory / "vpc-attach"
-            (directory / "locks").mkdir(parents=True)
-            environ = {"VPC_ATTACH_NODE_NAME": galactic_node.name,
-                       "VPC_ATTACH_KUBECONFIG": str(cluster.plugin_kubeconfig),
-                       "VPC_ATTACH_LOCK_DIR": str(directory / "locks"),
-                       "VPC_ATTACH_LOG_FILE": str(directory / "vpc-attach.log"),
-                       "VPC_ATTACH_HOST_CONFIG": str(directory / "absent-host.json")}
-            runner = Plugin(cni_bin, directory / "locks", dict(environ),
-                            prefix=galactic_node.prefix)
-            if VIA_AGENT:
-                (directory / "agent").mkdir()
-                agent = own_agents.enter(stack, directory / "agent",
-                                         prefix=galactic_node.prefix, env=environ)
-                runner.agent_socket = str(agent.socket)
-            made.append(Node(galactic_node, runner, directory))
+    with vpc_attach_nodes(datapath, cluster, cni_bin, own_agents) as made:
         yield made
-
-
-@contextlib.contextmanager
-def attached(kube: Kube, node: Node, vpc: str, att: str, **conf: Any) -> Iterator[Pod]:
-    """A Pod on `node` in (vpc, att), published (BGP and slices); DEL afterwards."""
-    name = f"dp-{att}-{os.urandom(2).hex()}"
-    uid = create_pod(kube, name, node.name)
-    args = f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={name};K8S_POD_UID={uid}"
-    stanza = base_conf(vpc, att, isolation="vrf", ipam=node.ipam(vpc),
-                       publish={"bgp": True, "endpointSlice": True}, **conf)
-    with temporary_netns("vpa-dppod") as netns:
-        result = node.plugin.ok("ADD", stanza, container_id=f"ctr-{name}", netns=netns,
-                                CNI_ARGS=args)
-        four, six = (ip["address"].split("/")[0] for ip in
-                     sorted(result["ips"], key=lambda ip: ":" in ip["address"]))
-        pod = Pod(os.path.basename(netns), netns, four, six, vpc, att, name, node, stanza, result,
-                  f"ctr-{name}", args)
-        try:
-            yield pod
-        finally:
-            pod.delete()
-            delete_pod(kube, name)
-
-
-def host_prefixes(pod: Pod) -> set[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    """What the Pod is advertised as (host-local returns the /64's address: its network)."""
-    return {ipaddress.ip_network(f"{pod.v6}/64", strict=False),
-            ipaddress.ip_network(f"{pod.v4}/32")}
-
-
-def routes_to(reader: Node, pod: Pod) -> list[EgressRoute]:
-    """`reader`'s egress_route_table rows for the Pod's prefixes, in its VPC's table."""
-    table = reader.table_of(pod.vpc)
-    return [route for route in reader.galactic.egress_routes()
-            if route.table_id == table and route.prefix in host_prefixes(pod)]
-
-
-def wait_routes(datapath: Datapath, reader: Node, pod: Pod, present: bool = True) -> None:
-    """Until galactic-router on `reader` has written (or removed) the Pod's prefixes."""
-    datapath.wait(f"galactic-router on {reader.name} to {'write' if present else 'remove'} "
-                  f"the routes to {pod.name}",
-                  lambda: (len(routes_to(reader, pod)) == 2) == present, ROUTE_TIMEOUT_S,
-                  detail=lambda: f"egress_route_table: {reader.galactic.egress_routes()}")
-
-
-def answered_by(src: Pod, dst: str, servers: list[Pod], work: Path) -> list[str]:
-    """Which of `servers` (TCP listeners on PORT) received a connection from `src` to `dst`."""
-    with contextlib.ExitStack() as stack:
-        heard = {pod.name: stack.enter_context(listener(pod.netns, "tcp", PORT, work))
-                 for pod in servers}
-        send(src.netns, "tcp", dst, PORT, f"from-{src.name}", timeout=5.0)
-        return sorted(name for name, ear in heard.items() if f"from-{src.name}" in ear.payloads())
-
-
-def ping_mtu(src: Pod, dst: str, size: int) -> subprocess.CompletedProcess[str]:
-    """One ping of `size` bytes in all (IP header included), never fragmented."""
-    overhead = 48 if ":" in dst else 28
-    return subprocess.run(["ip", "netns", "exec", src.netns, "ping", "-n", "-c", "1", "-W", "3",
-                           "-M", "do", "-s", str(size - overhead), dst],
-                          capture_output=True, text=True, timeout=30, check=False)
-
-
-
-
-def decoded_rows(node: Node) -> list[str]:
-    """The node's galactic rows vpc-attach wrote or relies on, one line each (for the report)."""
-    lines = []
-    for map_name, rows in node.rows().items():
-        for key, value in sorted(rows.items()):
-            described = _describe(map_name, bytes.fromhex(key), bytes.fromhex(value))
-            lines.append(f"| {map_name} | {described} |")
-    return lines
-
-
-def _describe(map_name: str, key: bytes, value: bytes) -> str:
-    if map_name == layout.EGRESS_ROUTE_TABLE.name:
-        table, prefix = layout.decode_route_key(key)
-        route = layout.EgressRoute.decode(value)
-        target = "pass-through (local)" if route.link_ifindex == 0 else \
-            f"encap to {route.sid} via ifindex {route.link_ifindex} {route.smac}->{route.dmac}"
-        return f"table {table} {prefix} | {target}"
-    if map_name == layout.VRF_TABLE.name:
-        block, argument = layout.decode_vrf_key(key)
-        row = layout.VrfRow.decode(value)
-        return (f"block {block:#x} argument {argument} | table {row.table_id} kind "
-                f"{row.egress_kind} packets {row.packets} generation {row.generation}")
-    if map_name == layout.IFINDEX_VRF_TABLE.name:
-        block, argument = layout.decode_ifindex_value(value)
-        return f"ifindex {layout.decode_ifindex_key(key)} | block {block:#x} argument {argument}"
-    return f"{key.hex()} | {value.hex()}"
 
 
 def test_each_node_runs_galactics_datapath_of_its_own_and_routers_in_session(
@@ -252,7 +88,7 @@ def test_each_node_runs_galactics_datapath_of_its_own_and_routers_in_session(
 
 def test_one_vpc_across_two_nodes_and_a_vpc_with_the_same_subnets_reaches_neither(
         kube: Kube, cluster: Any, galactic: GalacticBuild, datapath: Datapath,
-        nodes: list[Node], tmp_path: Path) -> None:
+        nodes: list[VpcAttachNode], tmp_path: Path) -> None:
     node1, node2 = nodes
     vpc, other = random_vpc(), random_vpc()
     with bound(kube, vpc), bound(kube, other), \
@@ -287,7 +123,7 @@ def test_one_vpc_across_two_nodes_and_a_vpc_with_the_same_subnets_reaches_neithe
                                        container_id=pod_a.container, netns=pod_a.path,
                                        CNI_ARGS=pod_a.cni_args)
         assert check.status == 0, check.stdout
-        findings = doctor(node1)
+        findings = doctor_on(node1.plugin).by_check
         assert findings["datapath.galactic"][0]["status"] == "ok", findings
         registered = findings["datapath.registered"]
         assert [f["status"] for f in registered] == ["ok"], registered
@@ -304,19 +140,8 @@ def test_one_vpc_across_two_nodes_and_a_vpc_with_the_same_subnets_reaches_neithe
         assert node1.rows()[layout.VRF_TABLE.name] == rows[layout.VRF_TABLE.name]
 
 
-def doctor(node: Node) -> dict[str, list[dict[str, str]]]:
-    """`vpc-attach doctor --json` on the node, its findings by check."""
-    done = node.galactic.run([str(node.plugin.cni_bin / "vpc-attach"), "doctor", "--json"],
-                             env={**os.environ, **node.plugin.environ})
-    assert done.stdout.strip(), done.stderr
-    by_check: dict[str, list[dict[str, str]]] = {}
-    for finding in json.loads(done.stdout)["checks"]:
-        by_check.setdefault(finding["check"], []).append(finding)
-    return by_check
-
-
 def test_del_withdraws_a_prefix_add_brings_it_back_and_an_emptied_vpc_keeps_its_table(
-        kube: Kube, datapath: Datapath, nodes: list[Node]) -> None:
+        kube: Kube, datapath: Datapath, nodes: list[VpcAttachNode]) -> None:
     node1, node2 = nodes
     vpc = random_vpc()
     with bound(kube, vpc), attached(kube, node1, vpc, "1") as pod_a:
@@ -344,7 +169,7 @@ def test_del_withdraws_a_prefix_add_brings_it_back_and_an_emptied_vpc_keeps_its_
 
 
 def test_an_add_rolled_back_after_registering_leaves_every_map_byte_for_byte(
-        kube: Kube, nodes: list[Node]) -> None:
+        kube: Kube, nodes: list[VpcAttachNode]) -> None:
     node1 = nodes[0]
     vpc = random_vpc()
     with bound(kube, vpc), attached(kube, node1, vpc, "1"):
@@ -371,7 +196,7 @@ def test_an_add_rolled_back_after_registering_leaves_every_map_byte_for_byte(
 
 
 def test_gc_removes_the_rows_of_attachments_the_runtime_no_longer_runs(
-        kube: Kube, nodes: list[Node]) -> None:
+        kube: Kube, nodes: list[VpcAttachNode]) -> None:
     node1 = nodes[0]
     vpc = random_vpc()
     with bound(kube, vpc), attached(kube, node1, vpc, "1") as kept, \
@@ -387,7 +212,7 @@ def test_gc_removes_the_rows_of_attachments_the_runtime_no_longer_runs(
 
 
 def test_what_galactics_own_gc_passes_do_beside_vpc_attach(
-        kube: Kube, cluster: Any, galactic: GalacticBuild, nodes: list[Node]) -> None:
+        kube: Kube, cluster: Any, galactic: GalacticBuild, nodes: list[VpcAttachNode]) -> None:
     """docs/operations.md#galactics-datapath: galactic-cni sweeps nothing without galactic's
     own conflist, and galactic-router's GC removes the VRF of a VPC its node advertises
     nothing in (here: an L2-only tap's, which has no addresses to advertise)."""

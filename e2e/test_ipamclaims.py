@@ -7,8 +7,6 @@ Everything is checked with the official client, as admin or with the plugin's to
 
 from __future__ import annotations
 
-import json
-import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +22,6 @@ from cni_plugin.ipam.ipamclaims.api import (
 )
 from cni_plugin.ipam.ipamclaims.claim import Allocated, AllocationFailed, IPAMClaim
 from cni_plugin.ipam.ipamclaims.selection import (
-    NETWORKS_ANNOTATION,
     ClaimReference,
     NetworkName,
     find_claim_reference,
@@ -33,16 +30,17 @@ from cni_plugin.kube.client import KubeClient
 from cni_plugin.kube.config import load_kubeconfig
 from cni_plugin.publish.resources import PODS
 from e2e.harness.cluster import Cluster
-from e2e.harness.ipamclaims import (
-    CRD_NAME,
+from e2e.harness.ipamclaims import CRD_NAME, ipamclaim_crd
+from e2e.harness.kube import ApiError, Kube
+from e2e.harness.kubevirt.standins import (
     KUBEVIRT_FINALIZER,
     KUBEVIRT_VM_LABEL,
     claims_namespace,
-    ipamclaim_crd,
     kubevirt_claim,
     kubevirt_claim_name,
+    kubevirt_creates_claim,
+    launcher_pod,
 )
-from e2e.harness.kube import ApiError, Kube
 from netconf.errors import INVALID_CONFIG, TRY_AGAIN_LATER, CniError
 
 pytestmark = pytest.mark.cluster
@@ -79,27 +77,13 @@ def vm_namespace(kube: Kube) -> Iterator[str]:
         yield name
 
 
-def kubevirt_creates_claim(kube: Kube, namespace: str, vm: str = "vm-a",
-                           network: str = "blue", config: str = NETWORK_CONFIG) -> dict[str, Any]:
-    """What ipam-extensions' VMI controller does for a VM network whose config allows
-    persistent IPs (the VM it names exists only as the owner reference)."""
-    return kube.create(IPAMCLAIMS.path(namespace),
-                       kubevirt_claim(namespace, vm, f"uid-{secrets.token_hex(4)}", network,
-                                      config))
-
-
-def launcher_pod_as_kubevirts_webhook_left_it(kube: Kube, namespace: str,
-                                              claim: str) -> dict[str, Any]:
-    """The virt-launcher Pod with the network-selection element virt-controller wrote and
-    ipam-extensions' webhook gave the claim reference (no kubelet runs it)."""
-    element = {"name": NAD, "namespace": namespace, "interface": INTERFACE,
-               "ipam-claim-reference": claim}
-    return kube.create(PODS.path(namespace), {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": LAUNCHER, "annotations": {
-            NETWORKS_ANNOTATION: json.dumps([element]), "kubevirt.io/domain": "vm-a"}},
-        "spec": {"nodeName": "nowhere", "automountServiceAccountToken": False,
-                 "containers": [{"name": "compute", "image": "registry.invalid/virt:1"}]}})
+def launcher_asking_for_its_interface(kube: Kube, namespace: str,
+                                      claim: str) -> dict[str, Any]:
+    """The virt-launcher Pod whose network-selection element asks Multus for the interface name
+    virt-controller hashes, with ipam-extensions' claim reference (no kubelet runs it)."""
+    return kube.create(PODS.path(namespace),
+                       launcher_pod(LAUNCHER, namespace, "nowhere", "vm-a", claim, nad=NAD,
+                                    interface=INTERFACE))
 
 
 def read_claim(plugin: Recorded, reference: ClaimReference,
@@ -121,9 +105,9 @@ def test_the_control_plane_serves_the_ipamclaims_modules_own_crd(kube: Kube) -> 
 
 def test_the_pods_element_leads_to_the_claim_kubevirt_made_and_the_plugin_reads_it(
         kube: Kube, vm_namespace: str, plugin_client: Recorded) -> None:
-    made = kubevirt_creates_claim(kube, vm_namespace)
+    made = kubevirt_creates_claim(kube, vm_namespace, NETWORK_CONFIG)
     assert made["metadata"]["name"] == kubevirt_claim_name("vm-a", "blue") == "vm-a.blue"
-    launcher_pod_as_kubevirts_webhook_left_it(kube, vm_namespace, "vm-a.blue")
+    launcher_asking_for_its_interface(kube, vm_namespace, "vm-a.blue")
     pod = plugin_client.client.get(PODS, LAUNCHER, namespace=vm_namespace,
                                    deadline=Deadline(DEADLINE_S))
     assert pod is not None
@@ -138,7 +122,7 @@ def test_the_pods_element_leads_to_the_claim_kubevirt_made_and_the_plugin_reads_
 
 def test_the_first_allocation_is_written_through_status_as_ovn_kubernetes_writes_it(
         kube: Kube, vm_namespace: str, plugin_client: Recorded) -> None:
-    made = kubevirt_creates_claim(kube, vm_namespace)
+    made = kubevirt_creates_claim(kube, vm_namespace, NETWORK_CONFIG)
     claim = read_claim(plugin_client, ClaimReference(vm_namespace, "vm-a.blue"))
     plugin_client.exchanges.clear()
     api_write_ipamclaim_status(plugin_client.client, claim,
@@ -176,7 +160,7 @@ def stale_after_another_writer(plugin: Recorded, namespace: str) -> IPAMClaim:
 
 def test_a_writer_that_read_before_another_wrote_rereads_and_never_overwrites_its_ips(
         kube: Kube, vm_namespace: str, plugin_client: Recorded) -> None:
-    kubevirt_creates_claim(kube, vm_namespace)
+    kubevirt_creates_claim(kube, vm_namespace, NETWORK_CONFIG)
     second = stale_after_another_writer(plugin_client, vm_namespace)
     with pytest.raises(ClaimHoldsOtherAddresses) as caught:
         api_write_ipamclaim_status(plugin_client.client, second, Allocated(("10.60.0.9/24",)),
@@ -194,7 +178,7 @@ def test_a_writer_that_read_before_another_wrote_rereads_and_never_overwrites_it
 
 def test_a_writer_that_lost_the_race_with_the_same_addresses_records_its_pod_only(
         kube: Kube, vm_namespace: str, plugin_client: Recorded) -> None:
-    kubevirt_creates_claim(kube, vm_namespace)
+    kubevirt_creates_claim(kube, vm_namespace, NETWORK_CONFIG)
     second = stale_after_another_writer(plugin_client, vm_namespace)
     stored = api_write_ipamclaim_status(
         plugin_client.client, second, Allocated(("10.60.0.5/24",)),
@@ -205,7 +189,7 @@ def test_a_writer_that_lost_the_race_with_the_same_addresses_records_its_pod_onl
 
 def test_a_failed_first_allocation_leaves_ips_empty_and_ips_allocated_false(
         kube: Kube, vm_namespace: str, plugin_client: Recorded) -> None:
-    kubevirt_creates_claim(kube, vm_namespace)
+    kubevirt_creates_claim(kube, vm_namespace, NETWORK_CONFIG)
     claim = read_claim(plugin_client, ClaimReference(vm_namespace, "vm-a.blue"))
     api_write_ipamclaim_status(plugin_client.client, claim,
                                AllocationFailed("SubnetExhausted", "pool vpc60 is full"),
@@ -220,7 +204,7 @@ def test_a_failed_first_allocation_leaves_ips_empty_and_ips_allocated_false(
 
 def test_a_claim_for_another_network_is_refused_naming_both(
         kube: Kube, vm_namespace: str, plugin_client: Recorded) -> None:
-    kubevirt_creates_claim(kube, vm_namespace, config="vpc70")
+    kubevirt_creates_claim(kube, vm_namespace, "vpc70")
     with pytest.raises(CniError) as caught:
         read_claim(plugin_client, ClaimReference(vm_namespace, "vm-a.blue"))
     assert caught.value.code == INVALID_CONFIG
@@ -238,7 +222,7 @@ def test_a_claim_not_there_yet_is_code_11_naming_it(
 
 def test_the_plugins_identity_can_write_a_claims_status_and_nothing_else_of_it(
         kube: Kube, cluster: Cluster, vm_namespace: str) -> None:
-    made = kubevirt_creates_claim(kube, vm_namespace)
+    made = kubevirt_creates_claim(kube, vm_namespace, NETWORK_CONFIG)
     path = IPAMCLAIMS.path(vm_namespace, "vm-a.blue")
     status = {"ips": ["10.60.0.5/24"], "ownerPod": {"name": LAUNCHER}}
     with Kube.with_token(cluster.server, cluster.ca_file, cluster.plugin_token) as plugin:

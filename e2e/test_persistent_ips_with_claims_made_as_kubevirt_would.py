@@ -24,9 +24,10 @@ import pytest
 
 from cni_plugin.ipam.plugin.kubeblocks import IPAM_BLOCKS
 from e2e.harness.faults import Fault, Rule, start_proxy
-from e2e.harness.ipamclaims import Scene, allocated, claim_status, claims_path, vm_scene
+from e2e.harness.ipamclaims import allocated, claim_status, claims_path
 from e2e.harness.kernel import temporary_netns
 from e2e.harness.kube import Kube
+from e2e.harness.kubevirt.scene import Scene, vm_scene
 from e2e.harness.nodes import NODES, node_objects
 from e2e.harness.plugin import Answer, Plugin, base_conf, with_prev
 from e2e.harness.rbac import identity_without

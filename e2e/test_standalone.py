@@ -24,6 +24,7 @@ from cni_plugin.agent.protocol import MAGIC, REFUSAL, recv_exact
 from cni_plugin.core import naming
 from e2e.harness import cnibin
 from e2e.harness.agentproc import AgentProcess
+from e2e.harness.doctor import doctor_report
 from e2e.harness.kernel import links_in
 from e2e.harness.plugin import (
     Answer,
@@ -229,19 +230,16 @@ def test_a_tenant_config_naming_host_settings_is_refused_by_the_staged_launcher(
 def test_the_build_runs_doctor(standalone: Path, work: Path) -> None:
     """`vpc-attach doctor` from the bundle: every check runs and a JSON report comes out
     (this host is no configured node, so it may well find problems)."""
-    done = subprocess.run([str(standalone / "vpc-attach"), "doctor", "--json",
+    report = doctor_report([str(standalone / "vpc-attach")],
+                           {"PATH": os.environ.get("PATH", ""),
+                            "VPC_ATTACH_HOST_CONFIG": str(work / "absent-host.json"),
+                            "VPC_ATTACH_AGENT_SOCKET": str(work / "no-agent.sock"),
+                            "VPC_ATTACH_METRICS_ADDRESS": ""},
                            "--cni-conf-dir", str(work / "no-net.d"),
-                           "--ipam-data-dir", str(work / "no-ipam")],
-                          env={"PATH": os.environ.get("PATH", ""),
-                               "VPC_ATTACH_HOST_CONFIG": str(work / "absent-host.json"),
-                               "VPC_ATTACH_AGENT_SOCKET": str(work / "no-agent.sock"),
-                               "VPC_ATTACH_METRICS_ADDRESS": ""},
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode in (0, 1), done.stderr
-    report = json.loads(done.stdout)
-    checks = {finding["check"] for finding in report["checks"]}
+                           "--ipam-data-dir", str(work / "no-ipam"))
+    assert report.returncode in (0, 1), report.stderr
     assert {"settings.nodeName", "kernel.vrf", "agent.socket", "api.server",
-            "leftovers.links"} <= checks
+            "leftovers.links"} <= set(report.by_check)
 
 
 def test_a_verb_handed_to_the_build_does_not_ask_the_agent_again(

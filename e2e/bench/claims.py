@@ -17,7 +17,8 @@ from e2e.bench import population, rounds
 from e2e.bench.population import BENCH_NAMESPACE
 from e2e.bench.run import Run, log
 from e2e.bench.subjects import ADOPT, FIRST, Subject, network_name
-from e2e.harness.ipamclaims import KUBEVIRT_FINALIZER, claims_path, kubevirt_claim_name
+from e2e.harness.ipamclaims import claims_path
+from e2e.harness.kubevirt.standins import KUBEVIRT_FINALIZER, kubevirt_claim_name
 
 NETWORK = "blue"  # the VM's network: the second part of kubevirt's claim names
 SEED = "seed"  # the run id of the adopted claim's first Pod

@@ -9,7 +9,7 @@ from e2e.bench import subjects, targets
 from e2e.bench.report import Row
 from e2e.bench.run import CONCURRENCY, LARGE, SMALL, SMALL_OBJECTS, Run
 from e2e.bench.subjects import ADOPT, AGENT, FIRST, GO, IN_PROCESS, NO_CLAIM, Subject
-from e2e.harness.ipamclaims import IFNAME
+from e2e.harness.kubevirt.standins import IFNAME
 from e2e.harness.plugin import random_vpc
 
 # key, label ({many}: the large control plane's objects of each kind), path, ipam, cluster

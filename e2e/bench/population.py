@@ -27,14 +27,13 @@ from cni_plugin.publish.resources import (
     VERSION,
     VRF_INSTANCES,
 )
-from e2e.harness.ipamclaims import (
-    KUBEVIRT_VM_NAME_LABEL,
-    claims_path,
+from e2e.harness.ipamclaims import claims_path
+from e2e.harness.kube import ApiError, Kube
+from e2e.harness.kubevirt.standins import (
+    kubelet_reports_succeeded,
     kubevirt_claim,
     launcher_pod,
-    pod_completed,
 )
-from e2e.harness.kube import ApiError, Kube
 from e2e.harness.publishing import BGP_NS, create_pod, create_router
 from e2e.harness.wait import wait_until
 from netconf import base62
@@ -85,20 +84,19 @@ def bench_pods(kube: Kube, node: str, names: Iterable[str]) -> dict[str, str]:
 def launcher_pods(kube: Kube, node: str, claims: Mapping[str, str | None],
                   vms: Mapping[str, str]) -> dict[str, str]:
     """virt-launcher Pods on the bench node as kubevirt's webhook leaves them, each naming its
-    IPAMClaim (or none: None) and labelled with its VM (vms: Pod name -> VM) as virt-controller
-    labels them, created in parallel; name -> uid. A Pod of a claim is completed at once (phase
-    Succeeded, as kubelet reports a virt-launcher that exited): the bench makes every run's Pod
-    before the rounds, where KubeVirt runs one of a VM's Pods at a time, and a claim's living
-    Pods are its holders (a third is refused, issue 32's live migration)."""
+    IPAMClaim (or none: None) and labelled with its VM (vms: Pod name -> VM; the Pod's own name
+    for a Pod not listed) as virt-controller labels them, created in parallel; name -> uid. A
+    Pod of a claim is completed at once (phase Succeeded, as kubelet reports a virt-launcher
+    that exited): the bench makes every run's Pod before the rounds, where KubeVirt runs one of
+    a VM's Pods at a time, and a claim's living Pods are its holders (a third is refused, issue
+    32's live migration)."""
     names = list(claims)
 
     def make(kube: Kube, name: str) -> str:
-        body = launcher_pod(name, BENCH_NAMESPACE, node, claims[name])
-        if name in vms:
-            body["metadata"]["labels"] = {KUBEVIRT_VM_NAME_LABEL: vms[name]}
+        body = launcher_pod(name, BENCH_NAMESPACE, node, vms.get(name, name), claims[name])
         made = kube.create(PODS.path(BENCH_NAMESPACE), body)
         if claims[name] is not None:
-            pod_completed(kube, BENCH_NAMESPACE, name)
+            kubelet_reports_succeeded(kube, BENCH_NAMESPACE, name)
         return str(made["metadata"]["uid"])
 
     return dict(zip(names, _parallel(kube, make, names), strict=True))

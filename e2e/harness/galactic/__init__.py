@@ -8,5 +8,10 @@ simulated node and a gobgpd collector peered with all of them. ``rib``: the coll
 routes as records. ``verdict``: what the sidecar code makes of EndpointSlices. ``datapath``:
 nodes with their own bpffs running galactic-cni and galactic-router over an IPv6 underlay;
 ``maps``: their pinned maps and tc filters as records; ``sweep``: galactic's vrf_table GC run
-once. CLI: ``python -m e2e.harness.galactic build``.
+once. ``sites``: simulated nodes each running galactic-router beside vpc-attach, peered with the
+collector (`start_site`, the one way a test starts one); ``collector``: what the collector holds
+over time (waited for, sampled, read as a timeline); ``deployment``: Pods of one attachment
+spread over three sites, each behind its fault proxy. ``vpc_nodes``: vpc-attach on the datapath
+nodes, Pods attached there and what galactic-router wrote for them. CLI: ``python -m
+e2e.harness.galactic build``.
 """
