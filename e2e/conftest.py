@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from e2e.harness import cnibin, kernel, plugin
 from e2e.harness.agentproc import AgentProcess, OwnAgents
@@ -29,6 +30,12 @@ from e2e.harness.standalone import build_standalone, outside_tmp
 from e2e.harness.vm.boot import HOST_ADDRESS
 from e2e.harness.vm.pytest_plugin import HOST_CLUSTER_ENV
 from e2e.harness.wait import wait_until
+
+# The harness's and the bench's own property tests (e2e/harness/**/test_*.py, e2e/bench/) run
+# beside e2e tests on a busy machine: no per-example deadline, as in tests/conftest.py.
+settings.register_profile("vpc-attach-e2e", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("vpc-attach-e2e")
 
 
 def _require_root() -> None:

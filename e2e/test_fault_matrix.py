@@ -42,7 +42,6 @@ from e2e.harness import plugin as plugin_module
 from e2e.harness.agentproc import AgentProcess
 from e2e.harness.cluster import Cluster
 from e2e.harness.faults import Denials, Fault, ProxiedCluster, Rule, start_proxy
-from e2e.harness.ipam_files import IpamFiles
 from e2e.harness.kernel import links_in, remove_vpc_objects, run_ip, temporary_netns
 from e2e.harness.kube import Kube
 from e2e.harness.plugin import Answer, Plugin, base_conf
@@ -50,6 +49,7 @@ from e2e.harness.publishing import BGP_NS, create_router
 from e2e.harness.report import report
 from e2e.harness.tenancy import create_binding, delete_binding
 from e2e.harness.wait import wait_until
+from tests.ipam_files import IpamFiles
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.both_paths]
 

@@ -1,7 +1,7 @@
 """vpc-attach-ipam on a full disk and on damaged state files (issue 10), with the real executables
 and the real filesystem: a tiny tmpfs runs out of inodes or pages at each write of an ADD in
 turn; records, index entries and the cursor are damaged from outside. The state is read back
-independently of the store (e2e.harness.ipam_files)."""
+independently of the store (tests/ipam_files.py)."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ import pytest
 from cni_plugin.core import naming
 from e2e.harness import kernel
 from e2e.harness.cnibin import installed
-from e2e.harness.ipam_files import IpamFiles, pool_dirs
 from e2e.harness.kernel import links_in
 from e2e.harness.plugin import IPAM_DATA_ROOT, Plugin, base_conf, with_prev
 from e2e.harness.tinyfs import Resource, TinyFs, tiny_tmpfs
+from tests.ipam_files import IpamFiles, pool_dirs
 
 pytestmark = pytest.mark.root
 

@@ -21,11 +21,11 @@ import pytest
 
 from cni_plugin.core import naming
 from cni_plugin.ipam.plugin.kubeblocks import IPAM_BLOCKS
-from e2e.harness.ipam_files import IpamFiles
 from e2e.harness.kernel import links_in, run_ip, temporary_netns
 from e2e.harness.kube import Kube
 from e2e.harness.nodes import node_objects
 from e2e.harness.plugin import Plugin, base_conf, host_local, host_local_reservations, with_prev
+from tests.ipam_files import IpamFiles
 
 pytestmark = [pytest.mark.root, pytest.mark.both_paths]
 MAC = "0a:58:0a:2a:00:07"

@@ -21,7 +21,6 @@ from cni_plugin.tenancy.choice import ANNOTATION
 from e2e.harness import plugin as plugin_module
 from e2e.harness.agentproc import AgentProcess
 from e2e.harness.faults import start_proxy
-from e2e.harness.ipam_files import IpamFiles
 from e2e.harness.kernel import links_in, remove_vpc_objects, temporary_netns
 from e2e.harness.kube import Kube
 from e2e.harness.plugin import Answer, Plugin, base_conf, with_prev
@@ -37,6 +36,7 @@ from e2e.harness.rbac import identity_without
 from e2e.harness.report import report
 from e2e.harness.tenancy import bound, create_binding, delete_binding, namespace
 from e2e.harness.wait import wait_until
+from tests.ipam_files import IpamFiles
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster]
 DENIED = "VPCAttachDenied"

@@ -12,9 +12,9 @@ import pytest
 
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.ipam import delegate
-from e2e.harness.wait import wait_until
 from netconf.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
 from netconf.runtime import RuntimeEnv
+from tests.polling import poll_until
 
 RESULT = {"cniVersion": "1.1.0", "ips": [{"address": "10.1.2.3/24"}]}
 
@@ -43,7 +43,7 @@ def test_the_delegate_runs_while_the_caller_works(tmp_path: Path) -> None:
         writer.append(os.open(go, os.O_WRONLY | os.O_NONBLOCK))
         return True
 
-    wait_until("the delegate waiting on the FIFO after its stdin", plugin_waits, 20,
+    poll_until("the delegate waiting on the FIFO after its stdin", plugin_waits, 20,
                interval=0.01)
     os.write(writer[0], b"go\n")
     os.close(writer[0])

@@ -31,8 +31,8 @@ from cni_plugin.install.errors import (
 )
 from cni_plugin.install.targets import Root
 from cni_plugin.kube.config import load_kubeconfig
-from e2e.harness.wait import wait_until
 from netconf.host import HOST_CONFIG_ENV, resolve_host_settings
+from tests.polling import poll_until
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = "var/lib/vpc-attach/install-manifest.json"
@@ -554,7 +554,7 @@ def watch_in_thread(host: Host, err: TextIO | None = None
 
 def wait_for(condition: Callable[[], bool], seconds: float = 10.0) -> None:
     """Until condition holds (a file being replaced may be missing for a moment)."""
-    wait_until("the watcher's copy", condition, seconds, interval=0.02)
+    poll_until("the watcher's copy", condition, seconds)
 
 
 def test_watch_copies_the_rotated_token(host: Host) -> None:

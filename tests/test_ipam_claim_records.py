@@ -20,9 +20,9 @@ from cni_plugin import dispatch
 from cni_plugin.core.request import Request
 from cni_plugin.ipam.plugin import allocator, verbs
 from cni_plugin.ipam.plugin.store import Attachment, ClaimOwner, PoolState, Record
-from e2e.harness.ipam_files import IpamFiles
 from netconf.errors import INVALID_CONFIG, IPAM_EXHAUSTED, CniError
 from netconf.host import IPAM_DATA_ROOT_ENV
+from tests.ipam_files import IpamFiles
 
 CLAIM = ClaimOwner("vms", "vm1.net1", "uid-1")
 OTHER_CLAIM = ClaimOwner("vms", "vm2.net1", "uid-2")

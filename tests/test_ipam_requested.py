@@ -19,10 +19,10 @@ from cni_plugin import dispatch
 from cni_plugin.core.request import Request
 from cni_plugin.ipam.plugin.config import IpamConfig, parse_ipam
 from cni_plugin.ipam.plugin.requests import match_pools
-from e2e.harness.ipam_files import IpamFiles
 from netconf.capabilities import requested_ips
 from netconf.errors import INVALID_CONFIG, IPAM_EXHAUSTED, CniError
 from netconf.host import IPAM_DATA_ROOT_ENV
+from tests.ipam_files import IpamFiles
 
 DATA_ROOT = tempfile.gettempdir()  # this node's ipamDataRoot: every tmp_path is below it
 NETWORK = "net1"

@@ -1,6 +1,6 @@
 """The test suite's own shape: e2e test modules hold tests and stand on `e2e/harness/` (no test
-module imports another, so a scene has one home), and every test module starts with its tests
-soon after its imports and fixtures."""
+module imports another, so a scene has one home), every test module starts with its tests
+soon after its imports and fixtures, and the unit tests import nothing of `e2e`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 E2E = ROOT / "e2e"
+UNIT = ROOT / "tests"
 # How far into a module its first test may start: the module docstring, imports, constants
 # and a fixture or two fit; a scene (node classes, deployments, stand-ins) does not.
 FIRST_TEST_BY_LINE = 120
@@ -58,6 +59,14 @@ def first_test_line(path: Path) -> int | None:
 def test_no_e2e_test_module_imports_another() -> None:
     importing = {str(path.relative_to(ROOT)): imports_a_test_module(path)
                  for path in modules_of_tests(E2E)}
+    assert {path: names for path, names in importing.items() if names} == {}
+
+
+def test_no_unit_test_module_imports_e2e() -> None:
+    """The unit suite runs without the e2e package and its extra (kubernetes, grpc, …)."""
+    importing = {str(path.relative_to(ROOT)): sorted(name for name in imported_modules(path)
+                                                     if name.split(".")[0] == "e2e")
+                 for path in sorted(UNIT.rglob("*.py"))}
     assert {path: names for path, names in importing.items() if names} == {}
 
 

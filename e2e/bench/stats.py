@@ -1,4 +1,4 @@
-"""Summary statistics of latency samples (pure; tested in tests/test_bench_stats.py).
+"""Summary statistics of latency samples (pure; tested in e2e/bench/test_stats.py).
 
 Percentiles use the nearest-rank method: the p-th percentile of n samples is the sample of
 rank ceil(p/100 * n) in ascending order (1-based). It is always a latency that was actually

@@ -9,7 +9,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from e2e.harness.ipam_files import IpamFiles
 from e2e.harness.kernel import temporary_netns
 from e2e.harness.kube import Kube
 from e2e.harness.kubevirt.standins import (
@@ -22,6 +21,7 @@ from e2e.harness.kubevirt.standins import (
 )
 from e2e.harness.plugin import Answer, Plugin, base_conf, with_prev
 from e2e.harness.publishing import Node, make_node
+from tests.ipam_files import IpamFiles
 
 
 class Launcher:

@@ -2,6 +2,8 @@
 records are files named by an address holding `{"containerID", "ifname"}` and, when an
 IPAMClaim owns them, `"claim": {"namespace", "name", "uid"}` (alone once detached); index
 entries live in `attachments/`, temp files start with `.tmp-` (cni_plugin/ipam/plugin/README.md).
+The unit tests and the e2e tests read them alike; it lives here, where the unit tests need no
+e2e extra to import it.
 """
 
 from __future__ import annotations
