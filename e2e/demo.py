@@ -97,7 +97,7 @@ def main() -> int:
                "VPC_ATTACH_IPAM_DATA_ROOT": str(work / "ipam")}
         # Tenancy (SPEC §14): the plugin attaches namespace default to VPC 21 only once a
         # VPCBinding admits it.
-        from cni_plugin.publish.resources import BINDINGS
+        from cni_plugin.kube.kinds import BINDINGS
         binding = {"apiVersion": "vpc-attach.datum.net/v1alpha1", "kind": "VPCBinding",
                    "metadata": {"name": "demo-vpc21"},
                    "spec": {"vpc": "21", "attachments": ["21"], "allowedUses": ["veth"],

@@ -27,13 +27,13 @@ import pytest
 
 from cni_plugin.core import naming
 from cni_plugin.kube.client import CREATED_BY_ANNOTATION
+from cni_plugin.kube.kinds import PODS
 from cni_plugin.publish.endpointslice import slice_name
 from cni_plugin.publish.resources import (
     ADVERTISEMENTS,
     CONTAINER_KEYS,
     ENDPOINT_SLICES,
     GROUP,
-    PODS,
     ROUTERS,
     VERSION,
     VRF_INSTANCES,

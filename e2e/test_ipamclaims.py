@@ -28,7 +28,7 @@ from cni_plugin.ipam.ipamclaims.selection import (
 )
 from cni_plugin.kube.client import KubeClient
 from cni_plugin.kube.config import load_kubeconfig
-from cni_plugin.publish.resources import PODS
+from cni_plugin.kube.kinds import PODS
 from e2e.harness.cluster import Cluster
 from e2e.harness.ipamclaims import CRD_NAME, ipamclaim_crd
 from e2e.harness.kube import ApiError, Kube

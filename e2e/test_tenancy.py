@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from cni_plugin.core import naming
+from cni_plugin.kube.kinds import BINDINGS, PODS
 from cni_plugin.publish.endpointslice import slice_name
-from cni_plugin.publish.resources import BINDINGS, PODS
 from cni_plugin.tenancy.choice import ANNOTATION
 from e2e.harness import plugin as plugin_module
 from e2e.harness.agentproc import AgentProcess

@@ -15,10 +15,10 @@ from cni_plugin.agent.warm import WarmCluster
 from cni_plugin.core import naming
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.kube.client import ApiError, KubeClient, Resource
+from cni_plugin.kube.session import ClusterSession, ColdSession
 from cni_plugin.publish.bgp.advertisement import read_found
 from cni_plugin.publish.context import PublishContext
 from cni_plugin.publish.resources import ADVERTISEMENTS, NODE_KEY
-from cni_plugin.publish.source import ClusterSession, ColdSession
 
 NODE = "node-a"
 VPC, ATT = "21", "40"

@@ -16,9 +16,10 @@ from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Invocation, Request
 from cni_plugin.kube.client import ApiError, KubeClient, Resource, Target, api_failure
 from cni_plugin.kube.config import load_kubeconfig
+from cni_plugin.kube.kinds import NAMESPACES, PODS
+from cni_plugin.kube.session import ClusterSession, ColdCluster, ColdSession, VerbCluster
 from cni_plugin.publish import published_differences
-from cni_plugin.publish.resources import ADVERTISEMENTS, ENDPOINT_SLICES, NAMESPACES, PODS
-from cni_plugin.publish.source import ClusterSession, ColdCluster, ColdSession, VerbCluster
+from cni_plugin.publish.resources import ADVERTISEMENTS, ENDPOINT_SLICES
 from netconf.errors import PUBLISH_FAILURE, TRY_AGAIN_LATER, CniError
 from netconf.result import Result
 

@@ -18,11 +18,11 @@ from cni_plugin.core import naming
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Invocation, Request
 from cni_plugin.kube.client import CREATED_BY_ANNOTATION
+from cni_plugin.kube.session import ClusterSession, ClusterSource, ColdCluster, ColdSession
 from cni_plugin.publish.bgp import instance as bgp_instance
 from cni_plugin.publish.bgp.spec import live_containers
 from cni_plugin.publish.context import PublishContext, Router
 from cni_plugin.publish.resources import NETNS_KEY, NODE_KEY, SUBNET_V6_KEY
-from cni_plugin.publish.source import ClusterSession, ClusterSource, ColdCluster, ColdSession
 from netconf.errors import TRY_AGAIN_LATER, CniError
 
 VPC = "10"  # hex 3e

@@ -41,8 +41,7 @@ DOMAIN_USES: dict[str, set[str]] = {
     "cni_plugin.galactic": {"cni_plugin.kernel"},
     "cni_plugin.attachment": {"cni_plugin.kernel", "cni_plugin.galactic"},
     "cni_plugin.publish": {"cni_plugin.kube"},
-    # Tenancy reads the cluster through publishing's ClusterSource and resources.
-    "cni_plugin.tenancy": {"cni_plugin.kube", "cni_plugin.publish"},
+    "cni_plugin.tenancy": {"cni_plugin.kube"},
     # Policy (SPEC §17) reads the cluster (kube, publish's resources), matches labels as
     # tenancy does, reads the Pod's network selections as IPAMClaims do, writes the kernel.
     "cni_plugin.policy": {"cni_plugin.kernel", "cni_plugin.kube", "cni_plugin.publish",

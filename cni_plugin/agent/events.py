@@ -25,7 +25,7 @@ from cni_plugin.core.deadline import Deadline
 from cni_plugin.dispatch import Outcome
 from cni_plugin.kube.client import MERGE_PATCH, ApiError, KubeClient, Target
 from cni_plugin.kube.events import EVENTS, micro_time, pod_event_body, truncated
-from cni_plugin.publish.resources import PODS
+from cni_plugin.kube.kinds import PODS
 from netconf.config import lookup_ci
 from netconf.errors import TENANCY_DENIED, CniError
 from netconf.host import lenient_host_settings

@@ -15,15 +15,9 @@ from cni_plugin.agent.migrations import MigrationCutovers
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.kube.client import ApiError, ApiObserver, KubeClient, Resource, Target
 from cni_plugin.kube.config import KubeCredentials, load_kubeconfig
+from cni_plugin.kube.kinds import BINDINGS, NAMESPACES, PODS
 from cni_plugin.publish.bgp.spec import recorded_containers
-from cni_plugin.publish.resources import (
-    ADVERTISEMENTS,
-    BINDINGS,
-    NAMESPACES,
-    PODS,
-    ROUTERS,
-    VRF_INSTANCES,
-)
+from cni_plugin.publish.resources import ADVERTISEMENTS, ROUTERS, VRF_INSTANCES
 from netconf.errors import TRY_AGAIN_LATER, CniError
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,8 @@ from cni_plugin.ipam.plugin.store import PoolState, pool_directories
 from cni_plugin.kernel import hostfilter, isolation, links, netns, srv6
 from cni_plugin.kube.client import ApiError, KubeClient, Target
 from cni_plugin.kube.config import load_kubeconfig
-from cni_plugin.publish.resources import ACCESS_REVIEWS, BINDINGS, GROUP, ROUTERS
+from cni_plugin.kube.kinds import ACCESS_REVIEWS, BINDINGS
+from cni_plugin.publish.resources import GROUP, ROUTERS
 from netconf.config import NetConf, parse_netconf
 from netconf.errors import CniError
 from netconf.host import (

@@ -6,8 +6,8 @@ from __future__ import annotations
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.doctor.checks import API_SECONDS, OK, WARN, Finding, Node
 from cni_plugin.kube.client import ApiError
+from cni_plugin.kube.kinds import PODS
 from cni_plugin.publish.migration import PendingTarget, pending_targets, target_ready
-from cni_plugin.publish.resources import PODS
 from netconf.errors import CniError
 
 SHOWN = 10  # targets listed in one line

@@ -100,9 +100,6 @@ class Resource:
         return base + (f"/{urllib.parse.quote(name)}" if name else "")
 
 
-NODES = Resource("", "v1", "nodes", "Node", namespaced=False)  # owners of node-bound objects
-
-
 @dataclass(frozen=True)
 class Target:
     """What a request is about: a resource's collection (in a namespace, if given), or one

@@ -20,8 +20,8 @@ from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.request import Invocation
 from cni_plugin.core.rollback import Rollback
 from cni_plugin.kube.client import ApiError, api_failure
+from cni_plugin.kube.session import VerbCluster
 from cni_plugin.publish.context import PublishContext, Router
-from cni_plugin.publish.source import VerbCluster
 from netconf.errors import INVALID_CONFIG, STATUS_NOT_AVAILABLE, TRY_AGAIN_LATER, CniError
 
 if TYPE_CHECKING:

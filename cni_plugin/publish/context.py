@@ -14,13 +14,13 @@ from cni_plugin.core.request import Invocation
 from cni_plugin.core.rollback import Rollback
 from cni_plugin.kube.client import (
     CREATED_BY_ANNOTATION,
-    NODES,
     ApiError,
     KubeClient,
     Resource,
     update_with_retry,
 )
-from cni_plugin.publish.source import ClusterSession
+from cni_plugin.kube.kinds import NODES
+from cni_plugin.kube.session import ClusterSession
 
 log = logging.getLogger(__name__)
 

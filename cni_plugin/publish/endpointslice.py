@@ -12,6 +12,7 @@ from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.rollback import Rollback
 from cni_plugin.kube.client import CREATED_BY_ANNOTATION
+from cni_plugin.kube.kinds import PODS
 from cni_plugin.publish.context import PublishContext, create, created_by
 from cni_plugin.publish.resources import (
     ATTACHMENT_LABEL,
@@ -20,7 +21,6 @@ from cni_plugin.publish.resources import (
     IFNAME_ANNOTATION,
     MANAGED_BY,
     MANAGED_BY_LABEL,
-    PODS,
     SRV6_SID_ANNOTATION,
     TENANT_LABEL,
 )

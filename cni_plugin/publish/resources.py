@@ -1,4 +1,5 @@
-"""The Kubernetes resources vpc-attach reads and writes, and the keys it puts on them."""
+"""The Kubernetes resources publishing reads and writes (BGP kinds, EndpointSlices), and the
+keys it puts on them; the kinds every room reads are in `cni_plugin/kube/kinds.py`."""
 
 from __future__ import annotations
 
@@ -10,12 +11,6 @@ ROUTERS = Resource(GROUP, VERSION, "bgprouters", "BGPRouter")
 VRF_INSTANCES = Resource(GROUP, VERSION, "bgpvrfinstances", "BGPVRFInstance")
 ADVERTISEMENTS = Resource(GROUP, VERSION, "bgpadvertisements", "BGPAdvertisement")
 ENDPOINT_SLICES = Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice")
-PODS = Resource("", "v1", "pods", "Pod")
-NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
-BINDINGS = Resource("vpc-attach.datum.net", "v1alpha1", "vpcbindings", "VPCBinding",
-                    namespaced=False)
-ACCESS_REVIEWS = Resource("authorization.k8s.io", "v1", "selfsubjectaccessreviews",
-                          "SelfSubjectAccessReview", namespaced=False)
 
 ANNOTATION_PREFIX = "galactic.datum.net/"
 NETNS_KEY = ANNOTATION_PREFIX + "netns."

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.kube.client import KubeClient
+from cni_plugin.kube.kinds import ACCESS_REVIEWS
 from cni_plugin.publish.context import PublishContext
-from cni_plugin.publish.resources import ACCESS_REVIEWS, REQUIRED_PERMISSIONS
+from cni_plugin.publish.resources import REQUIRED_PERMISSIONS
 from netconf.errors import STATUS_NOT_AVAILABLE, CniError
 
 

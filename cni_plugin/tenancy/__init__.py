@@ -21,8 +21,8 @@ from typing import Any
 from cni_plugin.core.request import Invocation
 from cni_plugin.kube.client import ApiError, KubeClient, Target, api_failure
 from cni_plugin.kube.events import EVENTS, pod_event_body
-from cni_plugin.publish.resources import BINDINGS, NAMESPACES, PODS
-from cni_plugin.publish.source import TenancyView, VerbCluster
+from cni_plugin.kube.kinds import BINDINGS, NAMESPACES, PODS
+from cni_plugin.kube.session import TenancyView, VerbCluster
 from cni_plugin.tenancy import choice
 from cni_plugin.tenancy.bindings import Decision, decide
 from netconf.errors import INVALID_CONFIG, STATUS_NOT_AVAILABLE, TENANCY_DENIED, CniError

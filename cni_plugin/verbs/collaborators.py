@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from cni_plugin.attachment.detach import RetiredLinks
 from cni_plugin.core.request import Invocation
 from cni_plugin.core.rollback import RollbackObserver
-from cni_plugin.publish.source import ClusterSource, ColdCluster, VerbCluster
+from cni_plugin.kube.session import ClusterSource, ColdCluster, VerbCluster
 from cni_plugin.tenancy import DenialObserver
 
 

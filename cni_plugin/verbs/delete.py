@@ -10,8 +10,8 @@ from cni_plugin.attachment.node import lock_attachment, release_unused_vpc
 from cni_plugin.attachment.sid import unregister_datapath
 from cni_plugin.core.request import Invocation
 from cni_plugin.ipam import delegate
+from cni_plugin.kube.session import VerbCluster
 from cni_plugin.publish import unpublish
-from cni_plugin.publish.source import VerbCluster
 from cni_plugin.tenancy import choice, resolve_recorded
 from cni_plugin.verbs.collaborators import Collaborators
 from cni_plugin.verbs.facts import attachment_of

@@ -19,13 +19,13 @@ from cni_plugin.core.request import Invocation
 from cni_plugin.ipam import delegate
 from cni_plugin.kernel import links
 from cni_plugin.kernel.rtnl import Rtnl
+from cni_plugin.kube.session import VerbCluster
 from cni_plugin.publish import (
     collect_stale_advertisements,
     collect_stale_slices,
     collect_unused_instance,
     give_to_node,
 )
-from cni_plugin.publish.source import VerbCluster
 from cni_plugin.tenancy import choice
 from cni_plugin.verbs.collaborators import Collaborators
 from netconf.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CniError

@@ -44,9 +44,9 @@ from cni_plugin.ipam.ipamclaims.selection import find_claim_reference
 from cni_plugin.ipam.plugin.config import DEFAULT_LOCK_TIMEOUT_SECONDS, node_data_root
 from cni_plugin.ipam.plugin.store import AddressTaken, ClaimOwner
 from cni_plugin.kube.client import ApiError, KubeClient, api_failure
+from cni_plugin.kube.kinds import PODS
+from cni_plugin.kube.session import VerbCluster
 from cni_plugin.publish.migration import MigrationSource, target_ready
-from cni_plugin.publish.resources import PODS
-from cni_plugin.publish.source import VerbCluster
 from cni_plugin.publish.status import api_review_access
 from netconf.config import OWN_IPAM
 from netconf.errors import (

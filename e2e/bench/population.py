@@ -16,13 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from cni_plugin.core import naming
+from cni_plugin.kube.kinds import PODS
 from cni_plugin.publish.resources import (
     ADVERTISEMENTS,
     ENDPOINT_SLICES,
     GROUP,
     MANAGED_BY,
     MANAGED_BY_LABEL,
-    PODS,
     TENANT_LABEL,
     VERSION,
     VRF_INSTANCES,

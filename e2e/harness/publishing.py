@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from cni_plugin.core import naming
+from cni_plugin.kube.kinds import PODS
 from cni_plugin.publish.resources import (
     ADVERTISEMENTS,
     ENDPOINT_SLICES,
     GROUP,
-    PODS,
     ROUTERS,
     VERSION,
     VRF_INSTANCES,

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from cni_plugin.publish.resources import BINDINGS, NAMESPACES
+from cni_plugin.kube.kinds import BINDINGS, NAMESPACES
 from e2e.harness.kube import Kube
 from e2e.harness.wait import wait_until
 

@@ -18,13 +18,13 @@ from cni_plugin.ipam.plugin.claims import POOL_LABEL
 from cni_plugin.ipam.plugin.pool import Pool
 from cni_plugin.kube.client import (
     CREATED_BY_ANNOTATION,
-    NODES,
     ApiError,
     KubeClient,
     Resource,
     api_failure,
 )
 from cni_plugin.kube.config import load_kubeconfig
+from cni_plugin.kube.kinds import NODES
 from netconf.errors import INVALID_CONFIG, TRY_AGAIN_LATER, CniError
 from netconf.host import HostSettings, NodeSettings
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from cni_plugin.core import naming
-from cni_plugin.publish.resources import PODS
+from cni_plugin.kube.kinds import PODS
 from e2e.harness.agentproc import OwnAgents
 from e2e.harness.faults import FaultProxy, Seen
 from e2e.harness.galactic.build import GalacticBuild

@@ -17,7 +17,7 @@ from typing import Any
 
 from cni_plugin.core import naming
 from cni_plugin.ipam.plugin.kubeblocks import IPAM_BLOCKS
-from cni_plugin.publish.resources import PODS
+from cni_plugin.kube.kinds import PODS
 from e2e.harness.agentproc import OwnAgents
 from e2e.harness.galactic.build import GalacticBuild
 from e2e.harness.galactic.collector import (

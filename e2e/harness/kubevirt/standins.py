@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from cni_plugin.publish.resources import PODS
+from cni_plugin.kube.kinds import PODS
 from e2e.harness.ipamclaims import claims_path
 from e2e.harness.kube import Kube
 from e2e.harness.tenancy import namespace as fresh_namespace

@@ -1,6 +1,6 @@
-"""Where publishing and tenancy reach the cluster: one `VerbCluster` per verb, opened by the
-verb and handed to every step that needs the API (tenancy, publishing, tenancy's Events), as
-lightkube hands one `Client` down. It holds at most one `ClusterSession` of the verb's
+"""How a verb reaches the cluster: one `VerbCluster` per verb, opened by the verb and handed to
+every step that needs the API (tenancy, publishing, IPAM's cluster blocks, KubeVirt's claims),
+as lightkube hands one `Client` down. It holds at most one `ClusterSession` of the verb's
 kubeconfig (its API client, and what synced watch caches know of this node's BGPRouters, its
 router's BGPVRFInstances and its Pods), opened on first use, and reaches tenancy's view of
 VPCBindings and namespaces.
