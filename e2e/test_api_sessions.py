@@ -1,105 +1,44 @@
 """One cluster session per verb (issue 31): ADD, CHECK, STATUS, GC and DEL each open at most one
-API client and reuse its connection for every step (tenancy, publishing, rollback), and through
-a warm node agent they open no new connection to the API server at all.
+API client and reuse its connection for every step (tenancy, publishing, rollback; issue 38: the
+IPAMBlocks of a `scope: cluster` pool and the IPAMClaim of KubeVirt's persistent IPs too), and
+through a warm node agent they open no new connection to the API server at all; and one
+deadline per verb (issue 38).
 
 Counted on the server side by the fault proxy in front of the API server (the plugin runs in a
 process of its own): the TCP connections it accepted during the verb, and the connections that
 carried the verb's requests (a `KubeClient` has one connection, so that is the clients the verb
-used); and by the plugin's debug line for each session a verb opens."""
+used); and by the plugin's debug line for each session a verb opens. The deadlines an ADD starts
+are counted in-process (the ADD run in this process): every `Deadline` made during it, by the
+moment it starts from (the forward part of a deadline and its rollback share it)."""
 
 from __future__ import annotations
 
-import json
-import secrets
-from dataclasses import asdict, dataclass
+import contextlib
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from e2e.harness import plugin as plugin_module
-from e2e.harness.faults import ProxiedCluster, Seen, start_proxy
+from e2e.harness.faults import start_proxy
 from e2e.harness.kernel import temporary_netns
 from e2e.harness.kube import Kube
-from e2e.harness.plugin import Plugin, base_conf, host_local, with_prev
-from e2e.harness.publishing import Node, create_pod, delete_pod, make_node
+from e2e.harness.kubevirt.standins import IFNAME, claims_namespace
+from e2e.harness.plugin import Plugin, with_prev
+from e2e.harness.publishing import make_node
 from e2e.harness.report import report
-from e2e.harness.wait import wait_until
+from e2e.harness.sessions import (
+    VmNetwork,
+    add_in_this_process,
+    add_reach,
+    deadlines_started,
+    node_object,
+    verbs_reach,
+    vm_network_of,
+)
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.both_paths]
-SESSION_LINE = "cluster session opened for container "
-
-
-@dataclass(frozen=True)
-class Reach:
-    """How one verb reached the API server."""
-
-    sessions: int  # cluster sessions the plugin says it opened for the container
-    clients: int  # distinct connections that carried the verb's requests
-    new_connections: int  # TCP connections accepted during the verb
-    requests: int  # the verb's requests (watches and the agent's Events aside)
-
-
-def _verbs_reach(kube: Kube, proxied: ProxiedCluster, plugin: Plugin, node: Node, vpc: str,
-                 tmp_path: Path, log: Path, tag: str, via_agent: bool) -> dict[str, Reach]:
-    """ADD, CHECK, STATUS, GC and DEL of one Pod's attachment, each verb's reach."""
-    pod = f"s-{tag}-{secrets.token_hex(3)}"
-    uid = create_pod(kube, pod, node.name)
-    container = f"ctr-{pod}"
-    conf = base_conf(vpc, "1", ipam=host_local(tmp_path / f"ipam-{tag}", "fd00:5e::/64"))
-    conf.pop("publish")  # the defaults: BGP and an IPv6 EndpointSlice
-    reach: dict[str, Reach] = {}
-    with temporary_netns("vpa-ses") as netns:
-        def run(verb: str, config: dict[str, Any]) -> Any:
-            mark, accepted = len(proxied.proxy.seen()), proxied.proxy.accepted()
-            lines = _session_lines(log, container)
-            answer = plugin.ok(verb, config, container_id=container, netns=netns,
-                               CNI_ARGS=node.cni_args(pod, uid))
-            # The proxy records a request once it relayed the answer: wait for the last one.
-            wait_until(f"the proxy to record {verb}'s requests",
-                       lambda: proxied.proxy.in_flight() == 0, 10, interval=0.05)
-            if via_agent and verb == "ADD":
-                # The agent's Events writer posts VPCAttached after the answer, on a pooled
-                # client of its own: let it finish, so its requests count for no verb.
-                wait_until("the agent to write the ADD's Event",
-                           lambda: any(s.resource == "events"
-                                       for s in proxied.proxy.seen()[mark:]), 15)
-                wait_until("the proxy to record the Event", lambda: proxied.proxy.in_flight()
-                           == 0, 10, interval=0.05)
-            seen = [s for s in proxied.proxy.seen()[mark:] if _the_verbs(s)]
-            reach[verb] = Reach(_session_lines(log, container) - lines,
-                                len({s.connection for s in seen}),
-                                proxied.proxy.accepted() - accepted, len(seen))
-            return answer
-
-        result = run("ADD", conf)
-        run("CHECK", with_prev(conf, result))
-        run("STATUS", conf)
-        run("GC", {**conf, "cni.dev/valid-attachments": [
-            {"containerID": container, "ifname": "eth0"}]})
-        run("DEL", with_prev(conf, result))
-    delete_pod(kube, pod)
-    return reach
-
-
-def _the_verbs(seen: Seen) -> bool:
-    """A request of the verb: not a watch (the agent's caches), not an Event (the agent's
-    writer, after the answer)."""
-    return "watch=1" not in seen.path and seen.resource != "events"
-
-
-def _session_lines(log: Path, container: str) -> int:
-    if not log.exists():
-        return 0
-    count = 0
-    for line in log.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("msg") == SESSION_LINE + container:
-            count += 1
-    return count
 
 
 def test_each_verb_opens_one_api_client_and_a_warm_agent_no_connection(
@@ -117,8 +56,8 @@ def test_each_verb_opens_one_api_client_and_a_warm_agent_no_connection(
         else:  # the session agent's own log (AgentProcess keeps it next to its socket)
             log = Path(agent).with_name("agent.log")
         # The first round warms the agent for this kubeconfig (its pool, its watches).
-        _verbs_reach(kube, proxied, plugin, node, vpc, tmp_path, log, "warm", agent is not None)
-        reach = _verbs_reach(kube, proxied, plugin, node, vpc, tmp_path, log, "counted",
+        verbs_reach(kube, proxied, plugin, node, vpc, tmp_path, log, "warm", agent is not None)
+        reach = verbs_reach(kube, proxied, plugin, node, vpc, tmp_path, log, "counted",
                              agent is not None)
     finally:
         proxied.stop()
@@ -133,3 +72,68 @@ def test_each_verb_opens_one_api_client_and_a_warm_agent_no_connection(
             assert r.new_connections == 0, (verb, r)
         else:
             assert r.new_connections == 1, (verb, r)
+
+
+def test_a_cluster_pool_add_with_an_ipamclaim_opens_one_session_one_client_one_deadline(
+        kube: Kube, cluster: Any, plugin: Plugin, agent_socket: str, vpc: str, tmp_path: Path,
+        pytestconfig: pytest.Config, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A VM's Pod in a `scope: cluster` pool with KubeVirt's persistent IPs: its ADD claims a
+    block (the Node, the pool's IPAMBlocks, the network's IPAMClaims, a create) and reads and
+    writes the claim, besides tenancy and publishing, all on the verb's one session and by its
+    one deadline. In-process, the counted ADD runs in this process, where its deadlines are
+    counted; the first VM warms the agent for this kubeconfig."""
+    agent = agent_socket if plugin_module.VIA_AGENT else None
+    proxied = start_proxy(cluster, tmp_path)
+    deadlines: set[float] | None = None
+    try:
+        node = make_node(kube, cluster, plugin)
+        plugin.environ.update({"VPC_ATTACH_KUBECONFIG": str(proxied.kubeconfig),
+                               "VPC_ATTACH_LOG_LEVEL": "debug",
+                               "VPC_ATTACH_IPAM_DATA_ROOT": str(tmp_path)})
+        log = Path(agent).with_name("agent.log") if agent else tmp_path / "plugin.log"
+        if agent is None:
+            plugin.environ["VPC_ATTACH_LOG_FILE"] = str(log)
+        with node_object(kube, node.name), claims_namespace(kube) as namespace, \
+                contextlib.ExitStack() as netns_of_each:
+            added: list[tuple[VmNetwork, str, Any]] = []
+            try:
+                for tag, attachment in (("warm", "61"), ("counted", "62")):
+                    vm = vm_network_of(kube, node, namespace, vpc, tmp_path / "ipam", tag,
+                                     attachment)
+                    netns = netns_of_each.enter_context(temporary_netns("vpa-ses"))
+
+                    def add(vm: VmNetwork = vm, netns: str = netns) -> Any:
+                        return plugin.ok("ADD", vm.conf, container_id=vm.container, netns=netns,
+                                         ifname=IFNAME, CNI_ARGS=vm.cni_args)
+
+                    def add_here(vm: VmNetwork = vm, netns: str = netns) -> Any:
+                        return add_in_this_process(plugin, vm, netns, capsys)
+
+                    if agent is None and tag == "counted":
+                        with deadlines_started(monkeypatch) as deadlines:
+                            result, reach, seen = add_reach(proxied, log, vm.container, False,
+                                                             add_here)
+                    else:
+                        result, reach, seen = add_reach(proxied, log, vm.container,
+                                                         agent is not None, add)
+                    added.append((vm, netns, result))
+                    # What the ADD had to do on the API: claim a block, write the claim.
+                    assert any(s.method == "POST" and s.resource == "ipamblocks"
+                               for s in seen), seen
+                    assert any(s.method == "PUT" and s.resource == "ipamclaims"
+                               for s in seen), seen
+            finally:
+                for vm, netns, result in added:
+                    plugin.ok("DEL", with_prev(vm.conf, result), container_id=vm.container,
+                              netns=netns, ifname=IFNAME)
+    finally:
+        proxied.stop()
+    path = "agent" if agent else "in-process"
+    counted = {**asdict(reach), "deadlines": None if deadlines is None else len(deadlines)}
+    report(pytestconfig, f"API sessions of a cluster-pool ADD with an IPAMClaim ({path})",
+           tmp_path / f"api-sessions-claim-{path}.json", counted)
+    assert (reach.sessions, reach.clients) == (1, 1), reach
+    assert reach.new_connections == (0 if agent else 1), reach
+    if deadlines is not None:
+        assert len(deadlines) == 1, f"{len(deadlines)} deadlines started during one ADD"

@@ -14,7 +14,9 @@ import pytest
 
 from cni_plugin.core import oplog
 from cni_plugin.core.request import Invocation, Request
+from cni_plugin.ipam.plugin.caller import Caller
 from cni_plugin.ipam.plugin.verbs import IpamInvocation
+from cni_plugin.kube.session import ColdCluster, VerbCluster
 from netconf import host
 from netconf.errors import INVALID_CONFIG, CniError
 from netconf.host import (
@@ -67,7 +69,9 @@ def test_a_verb_reads_the_host_file_once_whatever_its_steps_read(
     assert inv.node.galactic.underlay_mtu == 9000
     assert [str(p) for p in inv.node.datapath.host_access] == ["udp/53"]
     assert inv.node.host({}).node_name == inv.host.node_name == "w1"
-    ipam = IpamInvocation.parse(request, inv.node)  # vpc-attach-ipam in-process
+    session = VerbCluster(ColdCluster(), inv.host.kubeconfig)
+    caller = Caller(inv.node, inv.host, session, inv.deadline)
+    ipam = IpamInvocation.parse(request, caller)  # vpc-attach-ipam in-process
     assert ipam.conf.data_dir == str(tmp_path.resolve())
     assert opened == [str(host_file)], "one read for the whole verb"
 

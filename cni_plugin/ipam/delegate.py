@@ -11,7 +11,8 @@ need no addresses yet; `result()` collects it.
 Only the in-process plugin takes an IPAMClaim (`InProcessIpam.start_claimed_add`): the claim
 vpc-attach read is a typed argument, never a key of the config a tenant wrote (which could name
 someone else's claim). Its ADD knows what it did, so its rollback (`PendingAdd.undo`) gives
-back only that.
+back only that. It runs on the verb's node settings, session and deadline (`Caller`): a block
+claim or a lend inside an ADD reads no host file, opens no client and gets no fresh deadline.
 """
 
 from __future__ import annotations
@@ -21,16 +22,20 @@ import os
 import subprocess
 from collections.abc import Callable
 from contextlib import suppress
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Invocation, Request
+from cni_plugin.ipam.plugin.caller import Caller
 from cni_plugin.ipam.plugin.store import ClaimOwner
 from netconf.config import OWN_IPAM
 from netconf.errors import INVALID_CONFIG, IO_FAILURE, TRY_AGAIN_LATER, CniError
-from netconf.host import NodeSettings
+from netconf.host import HostSettings, NodeSettings
 from netconf.result import Result
 from netconf.runtime import RuntimeEnv
+
+if TYPE_CHECKING:
+    from cni_plugin.kube.session import VerbCluster
 
 
 def find_plugin(plugin_type: str, cni_path: tuple[str, ...]) -> str:
@@ -102,8 +107,9 @@ class PendingAdd(Protocol):
         finish within deadline, else kill it."""
 
     @property
-    def undo(self) -> Callable[[], None] | None:
-        """The undo of exactly what this ADD did, when known (in-process); None: DEL it."""
+    def undo(self) -> Callable[[Deadline], None] | None:
+        """The undo of exactly what this ADD did, when known (in-process), within a deadline;
+        None: DEL it."""
 
 
 class IpamBackend(Protocol):
@@ -118,23 +124,25 @@ class IpamBackend(Protocol):
         """Delegated DEL, CHECK, STATUS or GC (its CNI error re-raised on failure)."""
 
 
-def backend(plugin_type: str, env: RuntimeEnv,
-            node: NodeSettings | None = None) -> IpamBackend:
+def backend(plugin_type: str, env: RuntimeEnv, node: NodeSettings | None = None,
+            host: HostSettings | None = None, cluster: VerbCluster | None = None) -> IpamBackend:
     """The delegate named plugin_type for this invocation (code 7 when not in CNI_PATH);
     node: the invocation's node settings, which it sees as ours (an executable in its
-    environment)."""
+    environment); host and cluster: the verb's host settings and session, which our own
+    plugin uses in-process (without them it makes its own, as its executable does)."""
     path = find_plugin(plugin_type, env.cni_path)
     node = NodeSettings({}) if node is None else node
     if plugin_type == OWN_IPAM:
-        return InProcessIpam(plugin_type, env, node)
+        return InProcessIpam(plugin_type, env, node, host, cluster)
     return ExecIpam(plugin_type, path, env, node)
 
 
-def of(inv: Invocation) -> IpamBackend | None:
-    """The invocation's IPAM delegate, or None when the config has no ipam block."""
+def of(inv: Invocation, cluster: VerbCluster) -> IpamBackend | None:
+    """The invocation's IPAM delegate on the verb's session, or None when the config has no
+    ipam block."""
     if inv.conf.ipam is None:
         return None
-    return backend(str(inv.conf.ipam["type"]), inv.env, inv.node)
+    return backend(str(inv.conf.ipam["type"]), inv.env, inv.node, inv.host, cluster)
 
 
 class ExecIpam:
@@ -168,12 +176,15 @@ class ExecIpam:
 
 class InProcessIpam:
     """vpc-attach-ipam's verbs, called in this process with the node's settings vpc-attach
-    read (the host file is not read again)."""
+    read (the host file is not read again), on the verb's session and deadline."""
 
-    def __init__(self, plugin_type: str, env: RuntimeEnv, node: NodeSettings) -> None:
+    def __init__(self, plugin_type: str, env: RuntimeEnv, node: NodeSettings,
+                 host: HostSettings | None = None, cluster: VerbCluster | None = None) -> None:
         self.plugin_type = plugin_type
         self.env = env
         self.node = node
+        self.host = host
+        self.cluster = cluster
 
     def start_add(self, stdin: bytes, deadline: Deadline) -> PendingAdd:
         """Allocate now (nothing to overlap)."""
@@ -186,7 +197,7 @@ class InProcessIpam:
         from cni_plugin.ipam.plugin import verbs
         try:
             done = verbs.add_owned(self._request("ADD", stdin), claim, claim_ips,
-                                   node=self.node)
+                                   caller=self._caller(deadline))
         except CniError as exc:
             return FinishedAdd(self._as_delegate(exc, "ADD"))
         return FinishedAdd(done.result, done.undo)
@@ -197,9 +208,14 @@ class InProcessIpam:
         verb = {"DEL": verbs.delete, "CHECK": verbs.check, "STATUS": verbs.status,
                 "GC": verbs.gc}[command]
         try:
-            verb(self._request(command, stdin), self.node)
+            verb(self._request(command, stdin), self._caller(deadline))
         except CniError as exc:
             raise self._as_delegate(exc, command) from None
+
+    def _caller(self, deadline: Deadline) -> Caller | None:
+        if self.host is None or self.cluster is None:
+            return None  # no verb to lend them: the plugin's own, as the executable
+        return Caller(self.node, self.host, self.cluster, deadline)
 
     def _request(self, command: str, stdin: bytes) -> Request:
         return Request(environ=_environ(self.env, command, self.node), stdin=stdin)
@@ -215,12 +231,13 @@ class InProcessIpam:
 class FinishedAdd:
     """An ADD whose answer is already known (and, in-process, how to undo it)."""
 
-    def __init__(self, done: Result | CniError, undo: Callable[[], None] | None = None) -> None:
+    def __init__(self, done: Result | CniError,
+                 undo: Callable[[Deadline], None] | None = None) -> None:
         self._done = done
         self._undo = undo
 
     @property
-    def undo(self) -> Callable[[], None] | None:
+    def undo(self) -> Callable[[Deadline], None] | None:
         """The in-process ADD's own undo, if it gave one."""
         return self._undo
 

@@ -66,7 +66,7 @@ def _add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborators) ->
                              deadline=inv.deadline), \
                 open_links(attachment, link_options_of(inv), lock_dir=lock_dir,
                            node=inv.node, deadline=inv.deadline) as kernel:
-            ipam: delegate.PendingAdd = start_ipam_add(inv, rollback, pod_claim)
+            ipam: delegate.PendingAdd = start_ipam_add(inv, cluster, rollback, pod_claim)
             if pod_claim is not None and ipam.failed:
                 _api_record_claim_failure(cluster, pod_claim, ipam, inv)
             # The VRF exists before galactic-router can read the VPC's instance: it resolves
@@ -124,11 +124,12 @@ def answer_sid(inv: Invocation, attachment: AttachmentRef, publication: Publicat
                    deadline=inv.deadline)
 
 
-def start_ipam_add(inv: Invocation, rollback: Rollback,
+def start_ipam_add(inv: Invocation, cluster: VerbCluster, rollback: Rollback,
                    pod_claim: PodClaim | None = None) -> delegate.PendingAdd:
-    """The delegated ADD, started (a child process running while the rest is made; with a
-    claim, vpc-attach-ipam in-process with it), with its release recorded for rollback."""
-    ipam = delegate.of(inv)
+    """The delegated ADD, started (a child process running while the rest is made;
+    vpc-attach-ipam in-process on the verb's session, with the claim if any), with its release
+    recorded for rollback."""
+    ipam = delegate.of(inv, cluster)
     if ipam is None:
         return delegate.FinishedAdd(Result())  # a tap without ipam is L2 only
     if pod_claim is not None:
@@ -142,7 +143,7 @@ def start_ipam_add(inv: Invocation, rollback: Rollback,
         if pending.failed:  # an ADD it refused allocated nothing
             return
         if pending.undo is not None:  # in-process: exactly what it did, nothing more
-            pending.undo()
+            pending.undo(deadline)
         else:
             ipam.run("DEL", inv.stdin, deadline)
 

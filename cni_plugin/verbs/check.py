@@ -49,9 +49,9 @@ def check(inv: Invocation, collaborators: Collaborators) -> None:
                 diffs.extend(sid_differences(attachment, VpcSid(
                     settled.sid, settled.locator, settled.node_id, settled.vrf_id), addressing,
                     node=inv.node, deadline=inv.deadline))
-    if diffs:
-        raise CniError(CHECK_MISMATCH, f"CHECK found {len(diffs)} difference(s): {diffs[0]}",
-                       "; ".join(diffs))
-    ipam = delegate.of(inv)
-    if ipam is not None:
-        ipam.run("CHECK", inv.stdin, inv.deadline)
+        if diffs:
+            raise CniError(CHECK_MISMATCH, f"CHECK found {len(diffs)} difference(s): "
+                           f"{diffs[0]}", "; ".join(diffs))
+        ipam = delegate.of(inv, cluster)
+        if ipam is not None:
+            ipam.run("CHECK", inv.stdin, inv.deadline)

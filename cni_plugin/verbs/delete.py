@@ -38,7 +38,8 @@ def delete(inv: Invocation, collaborators: Collaborators) -> None:
     with inv.container_lock():  # never interleaved with an ADD of the same container
         chosen = resolve_recorded(inv)  # vpcFromPod: what ADD recorded, never the annotation
         if chosen is None:
-            _release_unrecorded(inv)
+            with collaborators.verb_cluster(inv) as cluster:
+                _release_unrecorded(inv, cluster)
             return
         with collaborators.verb_cluster(chosen) as cluster:  # one API client for DEL
             _undo_add(chosen, cluster, collaborators)
@@ -46,19 +47,19 @@ def delete(inv: Invocation, collaborators: Collaborators) -> None:
             choice.remove_record(chosen)  # only once everything above succeeded
 
 
-def _release_unrecorded(inv: Invocation) -> None:
+def _release_unrecorded(inv: Invocation, cluster: VerbCluster) -> None:
     """A vpcFromPod DEL with no record: ADD made no link or object (it records first), but an
     IPAM allocation keyed by the container may be left by a node that lost /run: release it."""
     log.info("DEL: no recorded attachment for %s/%s; releasing IPAM only",
              inv.env.container_id, inv.env.ifname)
-    ipam = delegate.of(inv)
+    ipam = delegate.of(inv, cluster)
     if ipam is not None:
         ipam.run("DEL", inv.stdin, inv.deadline)
 
 
 def _undo_add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborators) -> None:
     failures: list[CniError] = []
-    ipam = delegate.of(inv)
+    ipam = delegate.of(inv, cluster)
     if ipam is not None:
         _best_effort(failures, "release IPAM", lambda: ipam.run("DEL", inv.stdin, inv.deadline))
     _best_effort(failures, "withdraw published objects",

@@ -63,11 +63,11 @@ def gc(inv: Invocation, collaborators: Collaborators) -> None:
             from cni_plugin.verbs import persistent_ips  # only then: see verbs/add.py
             _best_effort(failures, lambda: persistent_ips.api_free_gone_claims(inv, cluster))
             persistent_ips.forget_pending_targets_except(inv, valid)
-    try:
-        _forward_ipam(inv)
-    except CniError as exc:
-        log.warning("GC: %s (%s)", exc.msg, exc.details)
-        failures.append(exc)
+        try:
+            _forward_ipam(inv, cluster)
+        except CniError as exc:
+            log.warning("GC: %s (%s)", exc.msg, exc.details)
+            failures.append(exc)
     if failures:
         raise failures[0]
     if inv.conf.vpc_from_pod:
@@ -148,7 +148,7 @@ def _release_vpc(inv: Invocation) -> None:
             log.info("GC: removed table %d of VPC %s (no attachment left)", table, inv.conf.vpc)
 
 
-def _forward_ipam(inv: Invocation) -> None:
-    ipam = delegate.of(inv)
+def _forward_ipam(inv: Invocation, cluster: VerbCluster) -> None:
+    ipam = delegate.of(inv, cluster)
     if ipam is not None:
         ipam.run("GC", inv.stdin, inv.deadline)

@@ -34,21 +34,25 @@ def status(inv: Invocation, collaborators: Collaborators) -> None:
             # The runtime polls STATUS: without an agent, this announces migration targets
             # KubeVirt marked ready since (docs/architecture.md, "Live migration").
             persistent_ips.api_cut_over_ready_targets(inv, cluster)
-        sids = inv.conf.attachment != "existing" and inv.conf.isolation == "vrf" and \
-            router_has_sids(inv, cluster)
-    if sids:
-        with host_netlink(inv.deadline) as rtnl:
-            if not srv6.end_dt46_supported(rtnl):
-                raise CniError(STATUS_NOT_AVAILABLE, "this kernel cannot answer this node's "
-                               "SRv6 SIDs (seg6local End.DT46 into a VRF)",
-                               "a kernel with CONFIG_IPV6_SEG6_LWTUNNEL (Linux 5.14 or later)")
-    try:
-        ipam = delegate.of(inv)
-        if ipam is not None:
-            ipam.run("STATUS", inv.stdin, inv.deadline)
-    except CniError as exc:
-        raise CniError(STATUS_NOT_AVAILABLE, f"IPAM delegate not ready: {exc.msg}",
-                       exc.details) from None
+        if inv.conf.attachment != "existing" and inv.conf.isolation == "vrf" and \
+                router_has_sids(inv, cluster):
+            _srv6_status(inv)
+        try:
+            ipam = delegate.of(inv, cluster)
+            if ipam is not None:
+                ipam.run("STATUS", inv.stdin, inv.deadline)
+        except CniError as exc:
+            raise CniError(STATUS_NOT_AVAILABLE, f"IPAM delegate not ready: {exc.msg}",
+                           exc.details) from None
+
+
+def _srv6_status(inv: Invocation) -> None:
+    """Code 50 when the kernel cannot answer the SIDs this node's router gives it."""
+    with host_netlink(inv.deadline) as rtnl:
+        if not srv6.end_dt46_supported(rtnl):
+            raise CniError(STATUS_NOT_AVAILABLE, "this kernel cannot answer this node's "
+                           "SRv6 SIDs (seg6local End.DT46 into a VRF)",
+                           "a kernel with CONFIG_IPV6_SEG6_LWTUNNEL (Linux 5.14 or later)")
 
 
 def _galactic_status(inv: Invocation) -> None:

@@ -34,6 +34,8 @@ The cluster and the nodes:
 - `report`: figures a test module reports at the end of the run;
 - `cluster/`: a local Kubernetes control plane (`python -m e2e.harness.cluster`);
 - `faults/`: a fault proxy in front of the API server, admission refusals;
+- `sessions`: how a verb reaches the API server, counted (sessions, clients, connections,
+  deadlines) through the fault proxy and the plugin's log;
 - `cri/`: containerd + runc with a CRI client (`python -m e2e.harness.cri`);
 - `tools/`: the Go reference plugins and cnitool, built and cached (`python -m e2e.harness.tools`);
 - `vm/`: the full-kernel VM the `fullkernel` tests run in where this kernel lacks VRF.

@@ -2,7 +2,9 @@
 
 The node's name and kubeconfig are host settings (netconf/host.py: the runtime's environment,
 the host file), never the network config: a tenant's config does not choose who the node is.
-The client is made on first use, so an ADD served from the node's blocks connects to nothing.
+The requests go through the verb's session (`kube/session.py`: vpc-attach's, when it runs this
+plugin in-process; the executable's own otherwise), whose client is made on first use, so an
+ADD served from the node's blocks connects to nothing; and they end by the verb's deadline.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, TypeVar
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.ipam.ipamclaims.api import IPAMCLAIMS
 from cni_plugin.ipam.plugin.blocks import ClusterBlock, pool_hash
+from cni_plugin.ipam.plugin.caller import Caller
 from cni_plugin.ipam.plugin.claims import POOL_LABEL
 from cni_plugin.ipam.plugin.pool import Pool
 from cni_plugin.kube.client import (
@@ -23,8 +26,8 @@ from cni_plugin.kube.client import (
     Resource,
     api_failure,
 )
-from cni_plugin.kube.config import load_kubeconfig
 from cni_plugin.kube.kinds import NODES
+from cni_plugin.kube.session import ColdCluster, VerbCluster
 from netconf.errors import INVALID_CONFIG, TRY_AGAIN_LATER, CniError
 from netconf.host import HostSettings, NodeSettings
 
@@ -36,27 +39,25 @@ NODE_FIELD = "spec.node"  # a selectable field of the CRD: node names may exceed
 
 
 class KubeBlockApi:
-    """`claims.BlockApi` over one lazily made API client, inside one verb's deadline."""
+    """`claims.BlockApi` on the verb's session, inside the verb's deadline."""
 
-    def __init__(self, node: str, kubeconfig: str, deadline: Deadline, created_by: str) -> None:
+    def __init__(self, node: str, cluster: VerbCluster, deadline: Deadline, created_by: str,
+                 *, own_session: bool = False) -> None:
         self.node = node
-        self.kubeconfig = kubeconfig
+        self.cluster = cluster
         self.deadline = deadline
         self.created_by = created_by
-        self._client: KubeClient | None = None
+        self._own_session = own_session  # the executable's: ended with this
 
     @property
     def client(self) -> KubeClient:
-        """The API client, made on first use."""
-        if self._client is None:
-            self._client = KubeClient(load_kubeconfig(self.kubeconfig))
-        return self._client
+        """The session's API client (connected on first use)."""
+        return self.cluster.session().client()
 
     def close(self) -> None:
-        """Close the client, if one was made."""
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        """End the session if it is this one's own (the verb ends the one it lent)."""
+        if self._own_session:
+            self.cluster.close()
 
     def node_uid(self) -> str:
         """The UID of this node's Node (code 11 while it is not registered)."""
@@ -147,10 +148,9 @@ def block_object(block: ClusterBlock, node: str, node_uid: str, created_by: str,
     }
 
 
-def node_settings(node: NodeSettings) -> HostSettings:
+def node_identity(settings: HostSettings) -> HostSettings:
     """The host settings a cluster pool needs: node name and kubeconfig (code 7 naming the
     missing one)."""
-    settings = node.host({})
     for value, key, env in ((settings.node_name, "nodeName", "VPC_ATTACH_NODE_NAME"),
                             (settings.kubeconfig, "kubeconfig", "VPC_ATTACH_KUBECONFIG")):
         if not value:
@@ -161,8 +161,24 @@ def node_settings(node: NodeSettings) -> HostSettings:
 
 
 def block_api(node: NodeSettings, container_id: str, ifname: str) -> KubeBlockApi:
-    """The API of this node's blocks for one verb (code 7 without node name or kubeconfig)."""
-    settings = node_settings(node)
-    created_by = f"{container_id}/{ifname}/{secrets.token_hex(4)}"
-    return KubeBlockApi(str(settings.node_name), str(settings.kubeconfig),
-                        Deadline(settings.timeout_seconds), created_by)
+    """The API of this node's blocks for one verb of the executable: a session and a deadline
+    of its own (code 7 without node name or kubeconfig)."""
+    settings = node_identity(node.host({}))
+    return KubeBlockApi(str(settings.node_name),
+                        VerbCluster(ColdCluster(), settings.kubeconfig, container_id),
+                        Deadline(settings.timeout_seconds), _created_by(container_id, ifname),
+                        own_session=True)
+
+
+def lent_block_api(caller: Caller, container_id: str, ifname: str,
+                   deadline: Deadline | None = None) -> KubeBlockApi:
+    """The API of this node's blocks on the session and deadline (the caller's, unless given:
+    a rollback's) of the verb running this plugin in-process (code 7 without node name or
+    kubeconfig)."""
+    settings = node_identity(caller.host)
+    return KubeBlockApi(str(settings.node_name), caller.cluster, deadline or caller.deadline,
+                        _created_by(container_id, ifname))
+
+
+def _created_by(container_id: str, ifname: str) -> str:
+    return f"{container_id}/{ifname}/{secrets.token_hex(4)}"

@@ -10,8 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Request
 from cni_plugin.ipam.plugin import allocator
+from cni_plugin.ipam.plugin.caller import Caller
 from cni_plugin.ipam.plugin.config import (
     DataDirOutsideRoot,
     FixedAddress,
@@ -19,7 +21,12 @@ from cni_plugin.ipam.plugin.config import (
     confine_data_dir,
     parse_network,
 )
-from cni_plugin.ipam.plugin.kubeblocks import KubeBlockApi, block_api, node_settings
+from cni_plugin.ipam.plugin.kubeblocks import (
+    KubeBlockApi,
+    block_api,
+    lent_block_api,
+    node_identity,
+)
 from cni_plugin.ipam.plugin.pool import Pool
 from cni_plugin.ipam.plugin.requests import PoolRequest, match_pools
 from cni_plugin.ipam.plugin.store import Attachment, ClaimOwner
@@ -38,7 +45,7 @@ from netconf.errors import (
     STATUS_NOT_AVAILABLE,
     CniError,
 )
-from netconf.host import NodeSettings
+from netconf.host import HostSettings, NodeSettings
 from netconf.result import IPConfig, Result, Route
 from netconf.runtime import RuntimeEnv, check_known_args
 from netconf.versions import CHECK_MIN_VERSION, GC_STATUS_MIN_VERSION, at_least
@@ -57,22 +64,24 @@ class IpamInvocation:
     raw: dict[str, Any]
     node: NodeSettings  # the node's settings (its data root, name and kubeconfig)
     requested: Mapping[Pool, PoolRequest]  # the `ips` capability, by the pool it names
+    caller: Caller | None = None  # vpc-attach's verb, when it runs this one in-process
 
     @classmethod
-    def parse(cls, request: Request, node: NodeSettings | None = None) -> IpamInvocation:
-        """Validate env, config and CNI_ARGS (codes 1, 2, 4, 6, 7). node: the node's settings
-        vpc-attach read for the verb it delegates (the executable reads its own)."""
+    def parse(cls, request: Request, caller: Caller | None = None) -> IpamInvocation:
+        """Validate env, config and CNI_ARGS (codes 1, 2, 4, 6, 7). caller: the vpc-attach
+        verb that runs this one in-process, whose node settings it reads (the executable reads
+        its own)."""
         env = RuntimeEnv.from_environ(request.environ, request.cni_args)
         raw = request.config()
         conf = parse_network(raw)
         check_known_args(env.cni_args, _config_cni_args(raw))  # args.cni wins (SPEC §3)
-        if node is None:
-            node = NodeSettings.read(request.environ, request.host_file())
+        node = caller.node if caller is not None \
+            else NodeSettings.read(request.environ, request.host_file())
         conf = confine_data_dir(conf, node)  # before anything touches the disk
         requested: Mapping[Pool, PoolRequest] = {}
         if env.command in ("ADD", "CHECK"):  # DEL and GC release whatever is held
             requested = match_pools(conf, requested_ips(raw, env.cni_args))
-        return cls(env=env, conf=conf, raw=raw, node=node, requested=requested)
+        return cls(env=env, conf=conf, raw=raw, node=node, requested=requested, caller=caller)
 
     @property
     def attachment(self) -> Attachment:
@@ -86,6 +95,8 @@ class IpamInvocation:
         if self.conf.mode != "pools" or self.conf.scope != "cluster":
             return None
         try:
+            if self.caller is not None:  # the verb's session and deadline
+                return lent_block_api(self.caller, self.env.container_id, self.env.ifname)
             return block_api(self.node, self.env.container_id, self.env.ifname)
         except CniError as exc:
             if required:
@@ -94,6 +105,10 @@ class IpamInvocation:
                         exc.msg)
             return None
 
+    def host(self) -> HostSettings:
+        """The host settings of this verb (the caller's; the executable's node's own)."""
+        return self.caller.host if self.caller is not None else self.node.host({})
+
     def require_version(self, minimum: str, verb: str) -> None:
         """Code 1 when the config's version predates `verb`."""
         if not at_least(self.conf.cni_version, minimum):
@@ -101,9 +116,9 @@ class IpamInvocation:
                            f"cniVersion {self.conf.cni_version} < {minimum}")
 
 
-def add(request: Request, node: NodeSettings | None = None) -> Result:
+def add(request: Request, caller: Caller | None = None) -> Result:
     """Addresses for the attachment: as configured, or one block per pool (idempotent)."""
-    return add_owned(request, node=node).result
+    return add_owned(request, caller=caller).result
 
 
 @dataclass(frozen=True)
@@ -116,16 +131,18 @@ class OwnedAdd:
     attachment: Attachment
     allocations: list[allocator.Allocation]
     node: NodeSettings = field(default_factory=lambda: NodeSettings({}))  # the node's settings
+    caller: Caller | None = None
 
-    def undo(self) -> None:
-        """The created-only undo (a failed ADD's rollback): a fresh record is freed, an
-        adopted claim's record put back as it was, a lend this ADD made deleted; best
-        effort."""
+    def undo(self, deadline: Deadline | None = None) -> None:
+        """The created-only undo (a failed ADD's rollback, within its deadline): a fresh
+        record is freed, an adopted claim's record put back as it was, a lend this ADD made
+        deleted (on the caller's session); best effort."""
         blocks = None
         if any(a.lend is not None for a in self.allocations):
+            container_id, ifname = self.attachment.container_id, self.attachment.ifname
             try:
-                blocks = block_api(self.node, self.attachment.container_id,
-                                   self.attachment.ifname)
+                blocks = lent_block_api(self.caller, container_id, ifname, deadline) \
+                    if self.caller is not None else block_api(self.node, container_id, ifname)
             except CniError as exc:
                 log.warning("cannot undo this ADD's lends (GC deletes them): %s", exc.msg)
         try:
@@ -136,11 +153,11 @@ class OwnedAdd:
 
 
 def add_owned(request: Request, claim: ClaimOwner | None = None,
-              claim_ips: tuple[str, ...] = (), *, node: NodeSettings | None = None) -> OwnedAdd:
+              claim_ips: tuple[str, ...] = (), *, caller: Caller | None = None) -> OwnedAdd:
     """ADD, its records owned by claim when given (vpc-attach in-process only: never from a
     network config). claim_ips: the claim's `status.ips`, requested exactly (code 7 outside
     the pools, or when the `ips` capability asks for others)."""
-    inv = IpamInvocation.parse(request, node)
+    inv = IpamInvocation.parse(request, caller)
     conf = inv.conf
     if conf.mode != "pools":
         result = Result(ips=[_fixed_ip(fixed) for fixed in conf.fixed], routes=list(conf.routes))
@@ -155,7 +172,7 @@ def add_owned(request: Request, claim: ClaimOwner | None = None,
         if blocks is not None:
             blocks.close()
     return OwnedAdd(_pool_result(conf, allocations), conf, inv.attachment, allocations,
-                    inv.node)
+                    inv.node, caller)
 
 
 def claim_requests(conf: IpamConfig, claim: ClaimOwner, claim_ips: tuple[str, ...],
@@ -188,10 +205,10 @@ def _pool_result(conf: IpamConfig, allocations: list[allocator.Allocation]) -> R
     return Result(ips=ips, routes=[*defaults, *conf.routes])
 
 
-def delete(request: Request, node: NodeSettings | None = None) -> None:
+def delete(request: Request, caller: Caller | None = None) -> None:
     """Release this (container, ifname)'s records; succeeds when there are none."""
     try:
-        inv = IpamInvocation.parse(request, node)
+        inv = IpamInvocation.parse(request, caller)
     except DataDirOutsideRoot as exc:
         # Nothing was ever allocated there (ADD refuses it too): DEL after a failed ADD
         # succeeds (SPEC §3), touching nothing.
@@ -205,9 +222,9 @@ def delete(request: Request, node: NodeSettings | None = None) -> None:
             blocks.close()
 
 
-def check(request: Request, node: NodeSettings | None = None) -> None:
+def check(request: Request, caller: Caller | None = None) -> None:
     """Code 103 unless the attachment holds a block in every pool (and prevResult lists it)."""
-    inv = IpamInvocation.parse(request, node)
+    inv = IpamInvocation.parse(request, caller)
     inv.require_version(CHECK_MIN_VERSION, "CHECK")
     prev_data = lookup_ci(inv.raw, "prevResult")
     prev = Result.from_wire(prev_data) if prev_data is not None else None
@@ -233,15 +250,15 @@ def check(request: Request, node: NodeSettings | None = None) -> None:
                        "; ".join(diffs))
 
 
-def status(request: Request, node: NodeSettings | None = None) -> None:
+def status(request: Request, caller: Caller | None = None) -> None:
     """Code 50 unless allocation state can be written (pools only: other modes store nothing)."""
-    inv = IpamInvocation.parse(request, node)
+    inv = IpamInvocation.parse(request, caller)
     inv.require_version(GC_STATUS_MIN_VERSION, "STATUS")
     if inv.conf.mode != "pools":
         return
     if inv.conf.scope == "cluster":
         try:
-            node_settings(inv.node)
+            node_identity(inv.host())
         except CniError as exc:
             raise CniError(STATUS_NOT_AVAILABLE, exc.msg, exc.details) from None
     directory = inv.conf.network_dir
@@ -255,9 +272,9 @@ def status(request: Request, node: NodeSettings | None = None) -> None:
                        f"{directory}: {exc.strerror or exc}") from None
 
 
-def gc(request: Request, node: NodeSettings | None = None) -> None:
+def gc(request: Request, caller: Caller | None = None) -> None:
     """Release the records of every attachment the runtime did not list as valid."""
-    inv = IpamInvocation.parse(request, node)
+    inv = IpamInvocation.parse(request, caller)
     inv.require_version(GC_STATUS_MIN_VERSION, "GC")
     blocks = inv.blocks(required=False)
     try:
