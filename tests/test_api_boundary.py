@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from cni_plugin.agent.warm import WatchCache
 from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Invocation, Request
@@ -18,6 +17,7 @@ from cni_plugin.kube.client import ApiError, KubeClient, Resource, Target, api_f
 from cni_plugin.kube.config import load_kubeconfig
 from cni_plugin.kube.kinds import NAMESPACES, PODS
 from cni_plugin.kube.session import ClusterSession, ColdCluster, ColdSession, VerbCluster
+from cni_plugin.kube.watch import WatchCache
 from cni_plugin.publish import published_differences
 from cni_plugin.publish.resources import ADVERTISEMENTS, ENDPOINT_SLICES
 from netconf.errors import PUBLISH_FAILURE, TRY_AGAIN_LATER, CniError

@@ -12,6 +12,7 @@ import pytest
 
 from cni_plugin.agent import warm
 from cni_plugin.agent.warm import WarmCluster
+from cni_plugin.kube import watch
 from cni_plugin.kube.client import KubeClient, Resource
 
 
@@ -131,7 +132,7 @@ def test_a_watch_on_its_first_list_is_not_reported_out_of_sync_until_the_grace_e
         try:
             cache = cluster.watch_pods(silent_config, "node-1")
             assert cluster.unsynced() == []
-            monkeypatch.setattr(warm, "FIRST_LIST_GRACE_SECONDS", 0.0)
+            monkeypatch.setattr(watch, "FIRST_LIST_GRACE_SECONDS", 0.0)
             assert cluster.unsynced() == [cache.describe()]
         finally:
             cluster.close()
