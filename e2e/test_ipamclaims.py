@@ -14,21 +14,17 @@ from typing import Any
 import pytest
 
 from cni_plugin.core.deadline import Deadline
-from cni_plugin.ipam.ipamclaims.api import (
-    IPAMCLAIMS,
+from cni_plugin.kube.client import KubeClient
+from cni_plugin.kube.config import load_kubeconfig
+from cni_plugin.kube.kinds import IPAMCLAIMS, PODS
+from cni_plugin.kube.networks import NetworkName
+from cni_plugin.kubevirt.api import (
     ClaimHoldsOtherAddresses,
     api_read_ipamclaim,
     api_write_ipamclaim_status,
 )
-from cni_plugin.ipam.ipamclaims.claim import Allocated, AllocationFailed, IPAMClaim
-from cni_plugin.ipam.ipamclaims.selection import (
-    ClaimReference,
-    NetworkName,
-    find_claim_reference,
-)
-from cni_plugin.kube.client import KubeClient
-from cni_plugin.kube.config import load_kubeconfig
-from cni_plugin.kube.kinds import PODS
+from cni_plugin.kubevirt.claim import Allocated, AllocationFailed, IPAMClaim
+from cni_plugin.kubevirt.selection import ClaimReference, find_claim_reference
 from e2e.harness.cluster import Cluster
 from e2e.harness.ipamclaims import CRD_NAME, ipamclaim_crd
 from e2e.harness.kube import ApiError, Kube

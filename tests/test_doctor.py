@@ -147,9 +147,9 @@ def test_pending_migration_targets_are_listed_and_an_unannounced_ready_one_warne
         tmp_path: Path) -> None:
     from typing import cast
 
-    from cni_plugin.doctor.migrations import migration_targets
     from cni_plugin.kube.client import KubeClient
-    from cni_plugin.publish.migration import (
+    from cni_plugin.kubevirt.doctor import migration_targets
+    from cni_plugin.kubevirt.migration import (
         READY_ANNOTATION,
         MigrationSource,
         PendingTarget,

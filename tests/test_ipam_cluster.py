@@ -21,8 +21,7 @@ from cni_plugin.agent.metrics import AgentMetrics
 from cni_plugin.core.request import Request
 from cni_plugin.doctor.blocks import ipam_blocks
 from cni_plugin.doctor.checks import Node
-from cni_plugin.doctor.claims import ipam_claims
-from cni_plugin.ipam.plugin import allocator, claims, lending, verbs
+from cni_plugin.ipam.plugin import allocator, block_claims, lending, verbs
 from cni_plugin.ipam.plugin.blocks import (
     ClusterBlock,
     block_of_cidr,
@@ -38,6 +37,7 @@ from cni_plugin.ipam.plugin.kubeblocks import block_object
 from cni_plugin.ipam.plugin.pool import Pool
 from cni_plugin.ipam.plugin.requests import match_pools
 from cni_plugin.ipam.plugin.store import AddressTaken, Attachment, BlockRecord, ClaimOwner
+from cni_plugin.kubevirt.doctor import ipam_claims
 from netconf.capabilities import requested_ips
 from netconf.errors import (
     INVALID_CONFIG,
@@ -68,7 +68,7 @@ class FakeBlocks:
 
 
 class FakeApi:
-    """`claims.BlockApi` of one node over FakeBlocks, counting its requests."""
+    """`block_claims.BlockApi` of one node over FakeBlocks, counting its requests."""
 
     def __init__(self, store: FakeBlocks, node: str) -> None:
         self.store = store
@@ -92,7 +92,7 @@ class FakeApi:
         digest = pool_hash(network, pool)
         with self.store.lock:
             return [o for o in self.store.objects.values()
-                    if o["metadata"]["labels"][claims.POOL_LABEL] == digest]
+                    if o["metadata"]["labels"][block_claims.POOL_LABEL] == digest]
 
     def node_blocks(self) -> list[dict[str, Any]]:
         self._call("list node")
@@ -617,7 +617,7 @@ def allocate_claimed(conf: IpamConfig, api: FakeApi, container: str, claim: Clai
 
 
 def lends(store: FakeBlocks) -> dict[str, dict[str, Any]]:
-    return {name: o for name, o in store.objects.items() if claims.is_lend(o)}
+    return {name: o for name, o in store.objects.items() if block_claims.is_lend(o)}
 
 
 def three_nodes(tmp_path: Path) -> tuple[FakeBlocks, dict[str, tuple[IpamConfig, FakeApi]]]:
@@ -635,13 +635,13 @@ def test_a_claims_address_in_another_nodes_block_is_lent_to_the_node_running_the
     (moved,) = allocate_claimed(*nodes["b"], "vm-on-b", VM_CLAIM, ip)
     assert moved.address == address and moved.lend is not None
     ((name, lend),) = lends(store).items()
-    holder = next(o for o in store.objects.values() if not claims.is_lend(o))
+    holder = next(o for o in store.objects.values() if not block_claims.is_lend(o))
     assert name == moved.lend.name and name.endswith("-lent")
     assert lend["spec"] == {"network": NETWORK, "subnet": "172.27.0.0/24",
                             "allocationPrefixLength": 32, "cidr": f"{ip}/32", "node": "node-b",
                             "lentFrom": holder["metadata"]["name"], "claim": "vms/vm-a.blue",
                             "claimUID": "uid-claim-a"}
-    assert lend["metadata"]["labels"][claims.LENT_LABEL] == "true"
+    assert lend["metadata"]["labels"][block_claims.LENT_LABEL] == "true"
     assert lend["metadata"]["ownerReferences"][0]["name"] == "node-b"
     assert any(p.is_file() for p in (tmp_path / "a").rglob(ip)), \
         "node a keeps the claim's record: it never hands it out"
@@ -787,7 +787,7 @@ def test_a_node_claiming_the_block_of_a_deleted_holder_keeps_the_lent_address_fo
     allocator.release(nodes["a"][0], Attachment("vm-1", "eth0"), nodes["a"][1])
     ip = ipaddress.ip_address(address.split("/")[0])
     allocate_claimed(*nodes["b"], "vm-2", VM_CLAIM, str(ip))
-    holder = next(n for n, o in store.objects.items() if not claims.is_lend(o))
+    holder = next(n for n, o in store.objects.items() if not block_claims.is_lend(o))
     del store.objects[holder]  # node a's Node deleted: the garbage collector took its block
     neighbour = str(ip + 1)  # node c asks for another address of that block: it claims it
     assert allocate_requested(conf_c, c, "pod", neighbour) == [f"{neighbour}/32"]

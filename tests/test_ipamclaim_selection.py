@@ -13,16 +13,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cni_plugin.ipam.ipamclaims.selection import (
+from cni_plugin.kube.networks import (
     NETWORKS_ANNOTATION,
-    ClaimReference,
     NetworkName,
     NetworkSelection,
     SelectionError,
-    claim_name_for,
-    find_claim_reference,
     parse_network_selections,
 )
+from cni_plugin.kubevirt.selection import ClaimReference, claim_name_for, find_claim_reference
 from netconf.errors import INVALID_CONFIG, CniError
 
 BLUE = NetworkName("vms", "blue")
@@ -140,7 +138,7 @@ def test_an_element_asking_for_another_interface_is_not_this_attachment() -> Non
 
 
 # The plugin is not told its NetworkAttachmentDefinition (network None): the interface alone
-# decides, and the claim's spec.network is checked instead (cni_plugin/verbs/persistent_ips.py).
+# decides, and the claim's spec.network is checked instead (cni_plugin/kubevirt/steps.py).
 
 
 def test_without_the_network_the_element_whose_interface_is_this_one_names_the_claim() -> None:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cni_plugin.ipam.ipamclaims.claim import (
+from cni_plugin.kubevirt.claim import (
     IPS_ALLOCATED,
     MESSAGE_MAX,
     Allocated,

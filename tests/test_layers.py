@@ -24,6 +24,7 @@ LAYERS: dict[str, int] = {
     "cni_plugin.core": 1,
     "cni_plugin.kernel": 2, "cni_plugin.kube": 2, "cni_plugin.ipam": 2, "cni_plugin.galactic": 2,
     "cni_plugin.publish": 2, "cni_plugin.attachment": 2, "cni_plugin.tenancy": 2,
+    "cni_plugin.kubevirt": 2, "cni_plugin.kubevirt.doctor": 5,  # doctor's checks of the room
     "cni_plugin.policy": 2,
     "cni_plugin.verbs": 3,
     "cni_plugin.dispatch": 4,
@@ -42,10 +43,13 @@ DOMAIN_USES: dict[str, set[str]] = {
     "cni_plugin.attachment": {"cni_plugin.kernel", "cni_plugin.galactic"},
     "cni_plugin.publish": {"cni_plugin.kube"},
     "cni_plugin.tenancy": {"cni_plugin.kube"},
-    # Policy (SPEC §17) reads the cluster (kube, publish's resources), matches labels as
-    # tenancy does, reads the Pod's network selections as IPAMClaims do, writes the kernel.
+    # Policy (SPEC §17) reads the cluster (kube, publish's resources) and the Pod's network
+    # selections (kube), matches labels as tenancy does, writes the kernel.
     "cni_plugin.policy": {"cni_plugin.kernel", "cni_plugin.kube", "cni_plugin.publish",
-                          "cni_plugin.tenancy", "cni_plugin.ipam"},
+                          "cni_plugin.tenancy"},
+    # A feature's room sits above the rooms it spans: KubeVirt's claims keep IPAM records and
+    # its migrations change what publishing wrote; neither of those knows of it.
+    "cni_plugin.kubevirt": {"cni_plugin.kube", "cni_plugin.ipam", "cni_plugin.publish"},
 }
 # The kernel's steps take the names, tables and paths they read, never the whole request: the
 # verbs pick those out of the Invocation once (cni_plugin/verbs/facts.py).

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.kube.client import ApiError, KubeClient, Resource, Target
-from cni_plugin.publish import migration
-from cni_plugin.publish.migration import (
+from cni_plugin.kubevirt import migration
+from cni_plugin.kubevirt.migration import (
     READY_ANNOTATION,
     MigrationSource,
     PendingTarget,
@@ -287,7 +287,7 @@ class Warm:
 
 def test_the_agent_cuts_over_when_its_pod_watch_sees_the_ready_timestamp(
         tmp_path: Path) -> None:
-    from cni_plugin.agent.migrations import MigrationCutovers
+    from cni_plugin.kubevirt.cutovers import MigrationCutovers
     api, lock_dir = scene(), str(tmp_path)
     warm = Warm(api)
     write_pending(lock_dir, pending())

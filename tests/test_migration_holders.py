@@ -12,14 +12,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cni_plugin.ipam.ipamclaims.holders import (
-    Holder,
-    holders,
-    living,
-    migration_source,
-    names_claim,
-)
-from cni_plugin.ipam.ipamclaims.selection import NETWORKS_ANNOTATION
+from cni_plugin.kube.networks import NETWORKS_ANNOTATION
+from cni_plugin.kubevirt.holders import Holder, holders, living, migration_source, names_claim
 
 CLAIM = "vm-a.blue"
 

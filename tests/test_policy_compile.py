@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cni_plugin.ipam.ipamclaims.selection import NetworkName
+from cni_plugin.kube.networks import NetworkName
 from cni_plugin.policy.compile import (
     PRIMARY,
     Compiled,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from cni_plugin.ipam.ipamclaims.selection import NetworkName
+from cni_plugin.kube.networks import NetworkName
 from cni_plugin.policy.compile import PRIMARY, Endpoint
 from cni_plugin.policy.world import (
     UNKNOWN_NETWORK,

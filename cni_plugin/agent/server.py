@@ -42,8 +42,8 @@ from netconf.host import lenient_host_settings, resolve_host_settings
 
 if TYPE_CHECKING:
     from cni_plugin.agent.health import HealthServer
-    from cni_plugin.agent.ipamclaims import DeletedClaimReleaser
     from cni_plugin.agent.metrics import AgentMetrics
+    from cni_plugin.kubevirt.claim_watch import DeletedClaimReleaser
 
 log = logging.getLogger(__name__)
 DRAIN_SECONDS = 120.0
@@ -71,7 +71,7 @@ class Agent:
         self.verbs = dispatch.plugin_verbs(Collaborators(
             cluster=cluster, delete_retired_later=reaper.submit,
             rollback_finished=metrics.rollback_finished if metrics is not None else None,
-            tenancy_denied=self._denied))
+            tenancy_denied=self._denied, migration_targets=cluster))
         self.stopping = threading.Event()
         self._inflight = 0
         self._cond = threading.Condition()
@@ -330,9 +330,9 @@ def _release_deleted_claims(kubeconfig: str | None,
                             metrics: AgentMetrics | None) -> DeletedClaimReleaser | None:
     """Watch IPAMClaims with the agent's own kubeconfig and free deleted claims' addresses on
     this node (none without a kubeconfig: GC frees them then)."""
-    from cni_plugin.agent.ipamclaims import DeletedClaimReleaser
     from cni_plugin.ipam.plugin.config import node_data_root
     from cni_plugin.kube.config import load_kubeconfig
+    from cni_plugin.kubevirt.claim_watch import DeletedClaimReleaser
     from netconf.host import NodeSettings
     if not kubeconfig:
         return None

@@ -11,12 +11,12 @@ import os
 import threading
 from typing import Any, Protocol
 
-from cni_plugin.agent.migrations import MigrationCutovers
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.kube.client import ApiError, ApiObserver, KubeClient, Resource
 from cni_plugin.kube.config import KubeCredentials, load_kubeconfig
 from cni_plugin.kube.kinds import BINDINGS, NAMESPACES, PODS
 from cni_plugin.kube.watch import WatchCache
+from cni_plugin.kubevirt.cutovers import MigrationCutovers
 from cni_plugin.publish.bgp.spec import recorded_containers
 from cni_plugin.publish.resources import ADVERTISEMENTS, ROUTERS, VRF_INSTANCES
 from netconf.errors import TRY_AGAIN_LATER, CniError
@@ -204,6 +204,13 @@ class WarmCluster:
                     self, kubeconfig, node)
         return found
 
+    def expect_migration_targets(self, kubeconfig: str, node: str, lock_dir: str) -> None:
+        """A migration target is pending under lock_dir (KubeVirt's `MigrationTargets`): the
+        Pod watch cuts it over on KubeVirt's ready mark (checked once now too, in case it came
+        already)."""
+        self.watch_pods(kubeconfig, node)
+        self.migrations(kubeconfig, node).expect(lock_dir)
+
     def watch_tenancy(self, kubeconfig: str) -> tuple[WatchCache, WatchCache]:
         """The watches of every VPCBinding and every namespace (started if they are not yet)."""
         return (self._watch(kubeconfig, BINDINGS, "", absent_ok=True),
@@ -284,12 +291,6 @@ class WarmSession:
         """Kept for this verb only (the watch had not seen it yet)."""
         meta = pod.get("metadata") or {}
         self._pods[(str(meta.get("namespace")), str(meta.get("name")))] = pod
-
-    def expect_migration(self, node: str, lock_dir: str) -> None:
-        """A migration target is pending under lock_dir: the Pod watch cuts it over on
-        KubeVirt's ready mark (checked once now too, in case it came already)."""
-        self._cluster.watch_pods(self._kubeconfig, node)
-        self._cluster.migrations(self._kubeconfig, node).expect(lock_dir)
 
     def shared_may_hold(self, namespace: str, name: str, node: str,
                         deadline: Deadline) -> bool:

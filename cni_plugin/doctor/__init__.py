@@ -28,9 +28,9 @@ from cni_plugin.doctor.checks import networks as check_networks
 from cni_plugin.doctor.checks import rbac as check_rbac
 from cni_plugin.doctor.checks import router as check_router
 from cni_plugin.doctor.checks import tenancy as check_tenancy
-from cni_plugin.doctor.claims import ipam_claims as check_ipam_claims
 from cni_plugin.doctor.galactic import galactic_datapath as check_galactic_datapath
-from cni_plugin.doctor.migrations import migration_targets as check_migration_targets
+from cni_plugin.kubevirt.doctor import ipam_claims as check_ipam_claims
+from cni_plugin.kubevirt.doctor import migration_targets as check_migration_targets
 
 DEFAULT_CNI_CONF_DIR = "/etc/cni/net.d"
 DEFAULT_CNI_BIN_DIR = "/opt/cni/bin"

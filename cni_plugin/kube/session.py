@@ -53,10 +53,6 @@ class ClusterSession(Protocol):
         """Keep a Pod this verb read from the API for the verb's later steps (the IPAMClaim
         step reads the Pod the EndpointSlice step then owns its slice by: one GET)."""
 
-    def expect_migration(self, node: str, lock_dir: str) -> None:
-        """A live migration's target was recorded under lock_dir, to be announced when
-        KubeVirt marks its Pod ready: the agent's Pod watch does it (without one, STATUS)."""
-
     def shared_may_hold(self, namespace: str, name: str, node: str,
                         deadline: Deadline) -> bool:
         """Whether the shared advertisement `name` (the form earlier versions wrote) may hold
@@ -111,9 +107,6 @@ class ColdSession:
         """Kept for this verb only."""
         meta = pod.get("metadata") or {}
         self._pods[(str(meta.get("namespace")), str(meta.get("name")))] = pod
-
-    def expect_migration(self, node: str, lock_dir: str) -> None:
-        """No watch: STATUS, polled by the runtime, cuts the target over."""
 
     def shared_may_hold(self, namespace: str, name: str, node: str,
                         deadline: Deadline) -> bool:

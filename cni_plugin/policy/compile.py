@@ -17,7 +17,7 @@ import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from cni_plugin.ipam.ipamclaims.selection import NetworkName
+from cni_plugin.kube.networks import NetworkName
 from cni_plugin.policy.model import MULTI, Network, Peer, Policy, PortSpec, Rule
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cni_plugin.ipam.ipamclaims.selection import NetworkName
+from cni_plugin.kube.networks import NetworkName
 from cni_plugin.tenancy.bindings import MalformedBinding, Selector
 
 MULTI = "MultiNetworkPolicy"

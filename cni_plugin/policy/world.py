@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cni_plugin.ipam.ipamclaims.selection import (
+from cni_plugin.kube.networks import (
     NETWORKS_ANNOTATION,
     NetworkName,
     SelectionError,

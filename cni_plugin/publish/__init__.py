@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.request import Invocation
@@ -26,7 +26,6 @@ from netconf.errors import INVALID_CONFIG, STATUS_NOT_AVAILABLE, TRY_AGAIN_LATER
 
 if TYPE_CHECKING:
     from cni_plugin.publish.bgp.advertisement import Found
-    from cni_plugin.publish.migration import MigrationSource
 
 
 @contextmanager
@@ -141,14 +140,14 @@ class Publication:
             vrf_id, _read = settling.result()
         return SettledInstance(vrf_id, router.srv6_locator, router.node_id)
 
-    def api_publish(self, addressing: Addressing,
-                    migrating_from: MigrationSource | None = None) -> None:
+    def api_publish(self, addressing: Addressing, announce: bool = True) -> Unannounced | None:
         """BGP state first, then the EndpointSlices; every creation recorded for rollback.
-        A live migration's target (`migrating_from` its source) is recorded instead of
-        announced, its slices not ready, until KubeVirt marks it ready (`publish.migration`)."""
+        Not announced (a live migration's target, until KubeVirt marks it ready): the slices
+        are written not ready, and what the advertisement would get is held back and
+        returned, for the caller to record (nothing when publishing is off)."""
         ctx, router, rollback = self._ctx, self._router, self._rollback
         if ctx is None:
-            return
+            return None
         from cni_plugin.publish import endpointslice
         from cni_plugin.publish.bgp import advertisement
         deadline = ctx.inv.deadline
@@ -158,7 +157,7 @@ class Publication:
         with api_boundary("publish the attachment"):
             if router is not None and self._settling is not None and settled is not None:
                 _vrf_id, read = self._settling.result()
-                if migrating_from is None:
+                if announce:
                     advertisement.ensure_advertisement(ctx, router, settled.vrf_id, addressing,
                                                        rollback, deadline, read)
                 else:
@@ -168,36 +167,30 @@ class Publication:
             if ctx.inv.conf.publish.endpoint_slice:
                 slices = endpointslice.ensure_slices(ctx, addressing,
                                                      settled.sid if settled else None,
-                                                     rollback, deadline,
-                                                     ready=migrating_from is None)
-            if migrating_from is not None:
-                self._record_pending(ctx, migrating_from, ours, spec, slices)
+                                                     rollback, deadline, ready=announce)
+            if announce:
+                return None
+            return Unannounced(
+                node=ctx.node, namespace=ctx.namespace, advertisement=ctx.advertisement_name,
+                annotations=ours, spec=spec,
+                owner_references=ctx.node_owner(deadline) if ours else [], slices=slices,
+                pod_uid=_pod_uid(ctx))
 
-    def _record_pending(self, ctx: PublishContext, source: MigrationSource,
-                        ours: dict[str, str], spec: dict[str, object],
-                        slices: list[str]) -> None:
-        """The migration target's record (removed by a rollback), and the agent told of it."""
-        from cni_plugin.core import naming
-        from cni_plugin.publish import migration
-        from cni_plugin.publish.endpointslice import FAMILY_SUFFIX, slice_name
-        inv, lock_dir = ctx.inv, ctx.inv.host.lock_dir
-        conf = inv.conf
-        pending = migration.PendingTarget(
-            network=conf.name, container_id=inv.env.container_id, ifname=inv.env.ifname,
-            pod_namespace=inv.pod.namespace or "", pod_name=inv.pod.name or "",
-            pod_uid=_pod_uid(ctx), node=ctx.node, bgp_namespace=ctx.namespace,
-            advertisement=ctx.advertisement_name, annotations=ours, spec=dict(spec),
-            owner_references=ctx.node_owner(inv.deadline) if ours else [],
-            created_by=inv.created_by, slices=slices, source=source,
-            source_advertisement=naming.advertisement_name(conf.vpc, conf.vpcattachment,
-                                                           source.node),
-            source_slices=[slice_name(source.name, conf.vpc, conf.vpcattachment, family)
-                           for family in FAMILY_SUFFIX] if conf.publish.endpoint_slice else [])
-        self._rollback.created(f"pending migration target {inv.env.container_id}",
-                               lambda _d: migration.remove_pending(lock_dir, inv.env.container_id,
-                                                                   inv.env.ifname))
-        migration.write_pending(lock_dir, pending)
-        ctx.session.expect_migration(ctx.node, lock_dir)
+
+@dataclass(frozen=True)
+class Unannounced:
+    """What an attachment published but not announced holds back: this container's
+    annotations as ADD would have merged them into this node's advertisement (and its spec and
+    owner, to create it), and its EndpointSlices, written not ready."""
+
+    node: str
+    namespace: str  # of the BGP objects
+    advertisement: str  # this node's advertisement of the attachment
+    annotations: dict[str, str]
+    spec: dict[str, object]
+    owner_references: list[dict[str, Any]]
+    slices: list[str]
+    pod_uid: str
 
 
 def _pod_uid(ctx: PublishContext) -> str:
@@ -292,29 +285,21 @@ def _router_and_vrf_id(ctx: PublishContext) -> tuple[Router | None, int | None]:
     return router, instance_vrf_id(ctx, ctx.inv.deadline)
 
 
-def published_differences(inv: Invocation, cluster: VerbCluster,
-                          addressing: Addressing) -> list[str]:
-    """What CHECK finds changed in the published objects (addressing: prevResult's)."""
+def published_differences(inv: Invocation, cluster: VerbCluster, addressing: Addressing,
+                          announced: bool = True) -> list[str]:
+    """What CHECK finds changed in the published objects (addressing: prevResult's; not
+    announced: the advertisement lacks the container on purpose)."""
     from cni_plugin.publish import endpointslice
     from cni_plugin.publish.bgp.check import advertisement_differences
     with connected(inv, cluster) as ctx, api_boundary("check the published objects"):
         if ctx is None:
             return []
         diffs: list[str] = []
-        if inv.conf.publish.bgp and not _pending_target(inv):
+        if inv.conf.publish.bgp and announced:
             diffs += advertisement_differences(ctx, addressing, inv.deadline)
         if inv.conf.publish.endpoint_slice:
             diffs += endpointslice.slice_differences(ctx, addressing, inv.deadline)
         return diffs
-
-
-def _pending_target(inv: Invocation) -> bool:
-    """Whether this container is a live migration's target not announced yet (its
-    advertisement lacks it on purpose until KubeVirt marks it ready)."""
-    if not inv.conf.allow_persistent_ips:
-        return False
-    from cni_plugin.publish.migration import record_path
-    return os.path.exists(record_path(inv.host.lock_dir, inv.env.container_id, inv.env.ifname))
 
 
 def published_sid(inv: Invocation, cluster: VerbCluster) -> SettledInstance | None:

@@ -8,8 +8,6 @@ created-only rollback as it happens.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from cni_plugin.attachment import sid
 from cni_plugin.attachment.create import Created, open_links
 from cni_plugin.attachment.node import lock_attachment
@@ -20,15 +18,13 @@ from cni_plugin.core.request import Invocation
 from cni_plugin.core.rollback import Rollback
 from cni_plugin.ipam import delegate
 from cni_plugin.kube.session import VerbCluster
+from cni_plugin.kubevirt import KubeVirt, api_read_pod_claim
 from cni_plugin.publish import Publication, Publisher
 from cni_plugin.tenancy import admit, choice
 from cni_plugin.verbs.collaborators import Collaborators
 from cni_plugin.verbs.facts import attachment_of, link_options_of
 from netconf.errors import INVALID_CONFIG, CniError
 from netconf.result import Result
-
-if TYPE_CHECKING:
-    from cni_plugin.verbs.persistent_ips import PodClaim
 
 
 def add(parsed: Invocation, collaborators: Collaborators) -> Result:
@@ -50,7 +46,7 @@ def _add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborators) ->
             Rollback(inv.final_deadline, on_finish=collaborators.rollback_finished) as rollback:
         publisher = Publisher.api_find_router(inv, cluster)
         # allowPersistentIPs: the IPAMClaim the Pod names for this interface, if any.
-        pod_claim = _api_read_pod_claim(inv, cluster)
+        kubevirt = api_read_pod_claim(inv, cluster, collaborators.migration_targets)
         if inv.conf.vpc_from_pod:  # what DEL and CHECK read instead of the annotation
             rollback.created("record of the Pod's chosen attachment",
                              lambda _deadline: choice.remove_record(inv))
@@ -66,9 +62,8 @@ def _add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborators) ->
                              deadline=inv.deadline), \
                 open_links(attachment, link_options_of(inv), lock_dir=lock_dir,
                            node=inv.node, deadline=inv.deadline) as kernel:
-            ipam: delegate.PendingAdd = start_ipam_add(inv, cluster, rollback, pod_claim)
-            if pod_claim is not None and ipam.failed:
-                _api_record_claim_failure(cluster, pod_claim, ipam, inv)
+            ipam = start_ipam_add(inv, cluster, rollback, kubevirt)
+            kubevirt.api_record_failure(ipam)  # the claim's, before the IPAM's error ends ADD
             # The VRF exists before galactic-router can read the VPC's instance: it resolves
             # the VPC's table through it once (SPEC §15).
             vpc_table = kernel.ensure_vpc_table(keeps_table=publisher.publishes_instance)
@@ -80,34 +75,12 @@ def _add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborators) ->
                 addressing = Addressing.from_result(allocated)
                 result = chain(prev, created.configure(addressing))
                 answer_sid(inv, attachment, publication, created, addressing, rollback)
-                # A live migration's target is recorded, announced once KubeVirt marks it ready.
-                publication.api_publish(addressing, None if pod_claim is None
-                                        else pod_claim.migrating_from)
-            if pod_claim is not None:  # last: a claim holding others rolls all of it back
-                from cni_plugin.verbs import persistent_ips
-                persistent_ips.api_record_allocation(cluster, pod_claim, allocated, inv.deadline)
-                if pod_claim.migrating_from is not None and pod_claim.ready:
-                    persistent_ips.api_cut_over_now(inv, cluster)  # marked ready already
+                # A live migration's target is held back, announced once KubeVirt marks it ready.
+                unannounced = publication.api_publish(addressing, announce=kubevirt.announces)
+                kubevirt.record_target(unannounced, rollback)
+            # Last: a claim holding other addresses rolls all of it back.
+            kubevirt.api_record_allocation(allocated)
     return result
-
-
-def _api_read_pod_claim(inv: Invocation, cluster: VerbCluster) -> PodClaim | None:
-    """With `allowPersistentIPs`, the IPAMClaim the Pod names for this interface. Its modules
-    are imported only then: every other ADD in a fresh process would pay ~5 ms for them."""
-    if not inv.conf.allow_persistent_ips:
-        return None
-    from cni_plugin.verbs import persistent_ips
-    return persistent_ips.api_read_pod_claim(inv, cluster)
-
-
-def _api_record_claim_failure(cluster: VerbCluster, pod_claim: PodClaim,
-                              ipam: delegate.PendingAdd, inv: Invocation) -> None:
-    """The claim's failed condition, before the IPAM's error ends the ADD."""
-    try:
-        ipam.result()
-    except CniError as failure:
-        from cni_plugin.verbs import persistent_ips
-        persistent_ips.api_record_failure(cluster, pod_claim, failure, inv.deadline)
 
 
 def answer_sid(inv: Invocation, attachment: AttachmentRef, publication: Publication,
@@ -125,18 +98,14 @@ def answer_sid(inv: Invocation, attachment: AttachmentRef, publication: Publicat
 
 
 def start_ipam_add(inv: Invocation, cluster: VerbCluster, rollback: Rollback,
-                   pod_claim: PodClaim | None = None) -> delegate.PendingAdd:
+                   kubevirt: KubeVirt) -> delegate.PendingAdd:
     """The delegated ADD, started (a child process running while the rest is made;
-    vpc-attach-ipam in-process on the verb's session, with the claim if any), with its release
-    recorded for rollback."""
+    vpc-attach-ipam in-process on the verb's session, with the Pod's IPAMClaim if any), with
+    its release recorded for rollback."""
     ipam = delegate.of(inv, cluster)
     if ipam is None:
         return delegate.FinishedAdd(Result())  # a tap without ipam is L2 only
-    if pod_claim is not None:
-        from cni_plugin.verbs import persistent_ips
-        pending = persistent_ips.start_claimed_add(inv, ipam, pod_claim)
-    else:
-        pending = ipam.start_add(inv.stdin, inv.deadline)
+    pending = kubevirt.start_ipam_add(ipam, inv)
 
     def release(deadline: Deadline) -> None:
         pending.settle(deadline)

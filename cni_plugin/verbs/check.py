@@ -7,6 +7,7 @@ from cni_plugin.attachment.sid import VpcSid, sid_differences
 from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.request import Invocation
 from cni_plugin.ipam import delegate
+from cni_plugin.kubevirt import kubevirt_steps
 from cni_plugin.publish import published_differences, published_sid
 from cni_plugin.tenancy import resolve_recorded
 from cni_plugin.verbs.collaborators import Collaborators
@@ -42,7 +43,8 @@ def check(inv: Invocation, collaborators: Collaborators) -> None:
                                             mode=inv.conf.isolation, mtu=inv.conf.mtu,
                                             deadline=inv.deadline))
     with collaborators.verb_cluster(inv) as cluster:  # one API client for CHECK
-        diffs.extend(published_differences(inv, cluster, addressing))
+        announced = kubevirt_steps(inv, cluster).announced()  # a migration target is not yet
+        diffs.extend(published_differences(inv, cluster, addressing, announced))
         if inv.conf.attachment != "existing" and inv.conf.isolation == "vrf":
             settled = published_sid(inv, cluster)
             if settled is not None and settled.sid and settled.locator and settled.node_id:

@@ -4,12 +4,16 @@ links are removed, and who hears how a rollback ended and which ADDs tenancy den
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from cni_plugin.attachment.detach import RetiredLinks
 from cni_plugin.core.request import Invocation
 from cni_plugin.core.rollback import RollbackObserver
 from cni_plugin.kube.session import ClusterSource, ColdCluster, VerbCluster
 from cni_plugin.tenancy import DenialObserver
+
+if TYPE_CHECKING:
+    from cni_plugin.kubevirt import MigrationTargets
 
 
 @dataclass(frozen=True)
@@ -23,6 +27,9 @@ class Collaborators:
     rollback_finished: RollbackObserver | None = None
     # The agent's: told of each ADD no VPCBinding admitted (it counts them, writes audit Events).
     tenancy_denied: DenialObserver | None = None
+    # The agent's Pod watch: told of each live-migration target ADD recorded (it cuts it over
+    # when KubeVirt marks the Pod ready; without it, STATUS does).
+    migration_targets: MigrationTargets | None = None
 
     def verb_cluster(self, inv: Invocation) -> VerbCluster:
         """The verb's one cluster session (nothing is opened until a step needs the API),

@@ -11,6 +11,7 @@ from cni_plugin.attachment.sid import unregister_datapath
 from cni_plugin.core.request import Invocation
 from cni_plugin.ipam import delegate
 from cni_plugin.kube.session import VerbCluster
+from cni_plugin.kubevirt import kubevirt_steps
 from cni_plugin.publish import unpublish
 from cni_plugin.tenancy import choice, resolve_recorded
 from cni_plugin.verbs.collaborators import Collaborators
@@ -64,9 +65,7 @@ def _undo_add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborator
         _best_effort(failures, "release IPAM", lambda: ipam.run("DEL", inv.stdin, inv.deadline))
     _best_effort(failures, "withdraw published objects",
                  lambda: unpublish(inv, cluster))
-    if inv.conf.allow_persistent_ips:  # a migration target that never cut over: forgotten
-        from cni_plugin.publish import migration
-        migration.remove_pending(inv.host.lock_dir, inv.env.container_id, inv.env.ifname)
+    kubevirt_steps(inv, cluster).forget_target()  # a migration target that never cut over
     if inv.conf.attachment != "existing":
         attachment = attachment_of(inv)  # what the kernel steps read of the request
         lock_dir, node, deadline = inv.host.lock_dir, inv.node, inv.deadline

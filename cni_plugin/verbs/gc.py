@@ -20,6 +20,7 @@ from cni_plugin.ipam import delegate
 from cni_plugin.kernel import links
 from cni_plugin.kernel.rtnl import Rtnl
 from cni_plugin.kube.session import VerbCluster
+from cni_plugin.kubevirt import kubevirt_steps
 from cni_plugin.publish import (
     collect_stale_advertisements,
     collect_stale_slices,
@@ -59,10 +60,9 @@ def gc(inv: Invocation, collaborators: Collaborators) -> None:
     with collaborators.verb_cluster(inv) as cluster:  # one API client for every attachment
         for chosen in _chosen_attachments(inv) if inv.conf.vpc_from_pod else [inv]:
             _collect(chosen, cluster, valid, failures)
-        if inv.conf.allow_persistent_ips:  # addresses of deleted IPAMClaims
-            from cni_plugin.verbs import persistent_ips  # only then: see verbs/add.py
-            _best_effort(failures, lambda: persistent_ips.api_free_gone_claims(inv, cluster))
-            persistent_ips.forget_pending_targets_except(inv, valid)
+        kubevirt = kubevirt_steps(inv, cluster)
+        _best_effort(failures, kubevirt.api_free_gone_claims)  # of deleted IPAMClaims
+        kubevirt.forget_targets_except(valid)
         try:
             _forward_ipam(inv, cluster)
         except CniError as exc:

@@ -7,6 +7,7 @@ from cni_plugin.core.request import Invocation
 from cni_plugin.galactic import pins
 from cni_plugin.ipam import delegate
 from cni_plugin.kernel import isolation, srv6
+from cni_plugin.kubevirt import kubevirt_steps
 from cni_plugin.publish import publishing_status, router_has_sids
 from cni_plugin.tenancy import tenancy_status
 from cni_plugin.verbs.collaborators import Collaborators
@@ -28,12 +29,7 @@ def status(inv: Invocation, collaborators: Collaborators) -> None:
     with collaborators.verb_cluster(inv) as cluster:  # one API client for STATUS
         publishing_status(inv, cluster)
         tenancy_status(inv, cluster)
-        if inv.conf.allow_persistent_ips:
-            from cni_plugin.verbs import persistent_ips  # only then: see verbs/add.py
-            persistent_ips.api_check_claim_access(inv, cluster)
-            # The runtime polls STATUS: without an agent, this announces migration targets
-            # KubeVirt marked ready since (docs/architecture.md, "Live migration").
-            persistent_ips.api_cut_over_ready_targets(inv, cluster)
+        kubevirt_steps(inv, cluster).api_status()  # claims' permissions, ready targets cut over
         if inv.conf.attachment != "existing" and inv.conf.isolation == "vrf" and \
                 router_has_sids(inv, cluster):
             _srv6_status(inv)

@@ -5,7 +5,7 @@ invocations cannot deadlock. DEL and GC visit every pool directory of the networ
 configured pools, so records survive no config change unreleased.
 
 A pool of `scope: cluster` allocates only inside the cluster blocks this node holds and claims
-another block through the API (`claims.py`, under the same lock) only when they are full.
+another block through the API (`block_claims.py`, under the same lock) only when they are full.
 
 A requested address (`requests.py`) is reserved under the same lock, so two containers asking
 for it at once cannot both get it; in a cluster pool only inside a block this node holds or
@@ -23,9 +23,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from cni_plugin.ipam.plugin import claimed, claims, lending
+from cni_plugin.ipam.plugin import block_claims, claimed, lending
+from cni_plugin.ipam.plugin.block_claims import BlockApi
 from cni_plugin.ipam.plugin.blocks import block_of_index, pool_hash
-from cni_plugin.ipam.plugin.claims import BlockApi
 from cni_plugin.ipam.plugin.config import IpamConfig
 from cni_plugin.ipam.plugin.pool import Pool
 from cni_plugin.ipam.plugin.requests import PoolRequest
@@ -134,17 +134,17 @@ def _place(conf: IpamConfig, pool: Pool, state: PoolState, index: int,
     if blocks is None:
         raise CniError(INTERNAL_ERROR, f"pool {pool.subnet} has scope 'cluster' but no "
                        "API was given to claim a block")
-    holder = claims.hold_block_of(state, conf.network, pool, index, blocks, conf.data_root,
+    holder = block_claims.hold_block_of(state, conf.network, pool, index, blocks, conf.data_root,
                                   conf.persistent_ips)
     if holder is None:
         if claim is not None:
             lending.recall(state, conf.network, pool, index, blocks, claim)
         return None
     if claim is None:
-        raise claims.held_elsewhere(conf.network, pool, index, holder, blocks.node)
+        raise block_claims.held_elsewhere(conf.network, pool, index, holder, blocks.node)
     return lending.borrow(state, conf.network, pool, index,
-                          block_of_index(conf.network, pool, index), claims.node_of(holder) or "",
-                          blocks, claim)
+                          block_of_index(conf.network, pool, index),
+                          block_claims.node_of(holder) or "", blocks, claim)
 
 
 def _claims_record(state: PoolState, claim: ClaimOwner,
@@ -161,12 +161,12 @@ def _reserve_in_cluster(conf: IpamConfig, pool: Pool, state: PoolState, attachme
                         blocks: BlockApi | None, claim: ClaimOwner | None) -> str:
     """An allocation in this node's cluster blocks, claiming blocks until one has room (code
     102 when the cluster has none left)."""
-    while (name := claims.reserve_in_held(state, conf.network, pool, attachment,
+    while (name := block_claims.reserve_in_held(state, conf.network, pool, attachment,
                                           claim)) is None:
         if blocks is None:
             raise CniError(INTERNAL_ERROR, f"pool {pool.subnet} has scope 'cluster' but no "
                            "API was given to claim a block")
-        claims.claim(state, conf.network, pool, blocks, conf.data_root, conf.persistent_ips)
+        block_claims.claim(state, conf.network, pool, blocks, conf.data_root, conf.persistent_ips)
     return name
 
 
@@ -341,16 +341,16 @@ def collect_garbage(conf: IpamConfig, valid: set[Attachment],
                 released.extend(state.collect_garbage(valid))
                 pool = configured_pool(conf, state)
                 if pool is not None and conf.scope == "cluster" and blocks is not None:
-                    claims.settle(state, conf.network, pool, blocks)
+                    block_claims.settle(state, conf.network, pool, blocks)
                     lending.drop_moved_on(state, blocks)
-                    claims.release_spare_blocks(state, conf.network, pool, blocks)
+                    block_claims.release_spare_blocks(state, conf.network, pool, blocks)
         except CniError as exc:
             log.warning("GC of %s: %s", state.directory, exc.msg)
             failures.append(exc)
     if conf.scope == "cluster" and blocks is not None:
         states = {pool_hash(conf.network, pool): pool_state(conf, pool) for pool in conf.pools}
         try:
-            claims.delete_orphans(states, conf.network, conf.pools, blocks)
+            block_claims.delete_orphans(states, conf.network, conf.pools, blocks)
         except CniError as exc:
             log.warning("GC of network %s's IPAM blocks: %s", conf.network, exc.msg)
             failures.append(exc)
@@ -366,7 +366,7 @@ def _release_block_quietly(conf: IpamConfig, pool: Pool, state: PoolState, name:
     if index is None:
         return
     try:
-        claims.release_if_spare(state, conf.network, pool, index, blocks)
+        block_claims.release_if_spare(state, conf.network, pool, index, blocks)
     except CniError as exc:
         log.warning("cannot give back the IPAM block of %s: %s", name, exc.msg)
 

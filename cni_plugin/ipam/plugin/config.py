@@ -97,7 +97,7 @@ class IpamConfig:
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT_SECONDS
     scope: Scope = DEFAULT_SCOPE
     # The network config's top-level `allowPersistentIPs`: its IPAMClaims' addresses are kept
-    # by a node claiming a cluster block (claims.Keeping), not only by the node that held it.
+    # by a node claiming a cluster block (block_claims.Keeping), not only by the node that held it.
     persistent_ips: bool = False
 
     @property

@@ -14,10 +14,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from cni_plugin.core.deadline import Deadline
-from cni_plugin.ipam.ipamclaims.api import IPAMCLAIMS
+from cni_plugin.ipam.plugin.block_claims import POOL_LABEL
 from cni_plugin.ipam.plugin.blocks import ClusterBlock, pool_hash
 from cni_plugin.ipam.plugin.caller import Caller
-from cni_plugin.ipam.plugin.claims import POOL_LABEL
 from cni_plugin.ipam.plugin.pool import Pool
 from cni_plugin.kube.client import (
     CREATED_BY_ANNOTATION,
@@ -26,7 +25,7 @@ from cni_plugin.kube.client import (
     Resource,
     api_failure,
 )
-from cni_plugin.kube.kinds import NODES
+from cni_plugin.kube.kinds import IPAMCLAIMS, NODES
 from cni_plugin.kube.session import ColdCluster, VerbCluster
 from netconf.errors import INVALID_CONFIG, TRY_AGAIN_LATER, CniError
 from netconf.host import HostSettings, NodeSettings

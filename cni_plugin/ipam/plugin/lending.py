@@ -12,11 +12,11 @@ names the claim — another claim's lend is code 102, the same claim's is the VM
 (taken over: deleted with a uid precondition, then created for this node). When the VM
 comes back to the holder, the holder deletes the lend (`recall`).
 
-Order, as for blocks (claims.py): the local record of the lend (state `borrowed`) is written
+Order, as for blocks (block_claims.py): the local record of the lend (state `borrowed`) is written
 before the create, so GC never deletes a lend this node is making (it deletes only lends of
 this node without a local record). A failed ADD deletes a lend it created (`undo_lends`); the
 claim's deletion frees the records on every node (the agent's watch, GC) and deletes the lend
-the node recorded (`ipamclaims/release.py`).
+the node recorded (`cni_plugin/kubevirt/release.py`).
 
 Every function here runs under the pool's lock.
 """
@@ -28,8 +28,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from cni_plugin.ipam.plugin.block_claims import LENT_LABEL, POOL_LABEL, BlockApi, node_of, uid_of
 from cni_plugin.ipam.plugin.blocks import ClusterBlock, object_name, pool_hash
-from cni_plugin.ipam.plugin.claims import LENT_LABEL, POOL_LABEL, BlockApi, node_of, uid_of
 from cni_plugin.ipam.plugin.pool import Pool
 from cni_plugin.ipam.plugin.store import AddressTaken, BlockRecord, ClaimOwner, PoolState
 from cni_plugin.kube.client import CREATED_BY_ANNOTATION

@@ -12,7 +12,8 @@ Layout (all writes happen under the pool's `lock`):
 - `.tmp-*`: files being written (temp + rename); leftovers of a crash are removed by GC;
 - `blocks/<IPAMBlock name>` (`scope: cluster` only): a cluster block this node claimed, holding
   `{"name", "cidr", "uid", "state"}`; state `claiming` is written before the claim's create and
-  becomes `held` after it, so a crash in between is settled by the next claim or GC (claims.py);
+  becomes `held` after it, so a crash in between is settled by the next claim or GC
+  (block_claims.py);
   state `borrowed`: one address of another node's block lent to this node for an IPAMClaim,
   named like its lend object (lending.py).
 """

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from cni_plugin.core import naming
+from cni_plugin.kubevirt.migration import RECORDS_DIR
 from cni_plugin.publish.endpointslice import slice_name
-from cni_plugin.publish.migration import RECORDS_DIR
 from e2e.harness.agentproc import OwnAgents
 from e2e.harness.galactic.build import GalacticBuild
 from e2e.harness.galactic.fabric import Fabric, running_fabric

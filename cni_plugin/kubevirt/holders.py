@@ -15,11 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cni_plugin.ipam.ipamclaims.selection import (
-    NETWORKS_ANNOTATION,
-    SelectionError,
-    parse_network_selections,
-)
+from cni_plugin.kube.networks import NETWORKS_ANNOTATION, SelectionError, parse_network_selections
 
 VM_NAME_LABEL = "vm.kubevirt.io/name"  # on every virt-launcher Pod of a VM (virt-controller)
 COMPLETED_PHASES = ("Succeeded", "Failed")

@@ -14,21 +14,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from cni_plugin.core.deadline import Deadline
-from cni_plugin.ipam.ipamclaims.claim import (
-    GROUP,
-    KIND,
-    VERSION,
+from cni_plugin.kube.client import ApiError, KubeClient, api_failure, update_with_retry
+from cni_plugin.kube.kinds import IPAMCLAIMS
+from cni_plugin.kubevirt.claim import (
     Allocation,
     IPAMClaim,
     IPsAlreadySet,
     MalformedClaim,
     status_after,
 )
-from cni_plugin.ipam.ipamclaims.selection import ClaimReference
-from cni_plugin.kube.client import ApiError, KubeClient, Resource, api_failure, update_with_retry
+from cni_plugin.kubevirt.selection import ClaimReference
 from netconf.errors import INVALID_CONFIG, TRY_AGAIN_LATER, CniError
 
-IPAMCLAIMS = Resource(GROUP, VERSION, "ipamclaims", KIND)
 STATUS = "status"
 
 

@@ -15,11 +15,11 @@ import logging
 from collections.abc import Collection
 
 from cni_plugin.core.deadline import Deadline
-from cni_plugin.ipam.ipamclaims.api import IPAMCLAIMS
 from cni_plugin.ipam.plugin.allocator import claim_owners, free_claim
 from cni_plugin.ipam.plugin.kubeblocks import IPAM_BLOCKS
 from cni_plugin.ipam.plugin.lending import Lend
 from cni_plugin.kube.client import ApiError, KubeClient
+from cni_plugin.kube.kinds import IPAMCLAIMS
 from netconf.errors import CniError
 
 log = logging.getLogger(__name__)

@@ -10,12 +10,12 @@ import logging
 from typing import Any
 
 from cni_plugin.core.deadline import Deadline
-from cni_plugin.ipam.ipamclaims.api import IPAMCLAIMS
-from cni_plugin.ipam.ipamclaims.release import api_free_gone_claims, free_deleted_claim
 from cni_plugin.ipam.plugin.config import DEFAULT_LOCK_TIMEOUT_SECONDS
 from cni_plugin.kube.client import ApiObserver, KubeClient
 from cni_plugin.kube.config import KubeCredentials
+from cni_plugin.kube.kinds import IPAMCLAIMS
 from cni_plugin.kube.watch import WatchCache
+from cni_plugin.kubevirt.release import api_free_gone_claims, free_deleted_claim
 
 log = logging.getLogger(__name__)
 RECONCILE_SECONDS = 60.0  # the reads after a listing, one GET per claim not listed

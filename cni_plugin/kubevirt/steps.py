@@ -1,15 +1,18 @@
-"""KubeVirt's persistent IPs in ADD (SPEC §16, `allowPersistentIPs`): the IPAMClaim the Pod's
-network-selection element names for this attachment is read before IPAM (`api_read_pod_claim`),
-vpc-attach-ipam keeps its addresses in records the claim owns, and the claim's status is written
-after (`api_record_allocation`, or `api_record_failure`). GC frees the records of claims that
-are gone (`api_free_gone_claims`); STATUS checks the permissions ADD uses
-(`api_check_claim_access`). Every step goes through the verb's one
-cluster session; the Pod comes from the agent's Pod cache when there is one.
+"""KubeVirt's steps in the verbs (SPEC §16, `allowPersistentIPs`), behind the room's step object
+(`kubevirt.KubeVirt`): `PersistentIps` for a network that allows persistent IPs, `ClaimedPod`
+for an ADD whose Pod names an IPAMClaim.
+
+ADD: the IPAMClaim the Pod's network-selection element names for this attachment is read before
+IPAM (`api_read_pod_claim`), vpc-attach-ipam keeps its addresses in records the claim owns, and
+the claim's status is written after (`api_record_allocation`, or `api_record_failure`). GC frees
+the records of claims that are gone; STATUS checks the permissions ADD uses. Every step goes
+through the verb's one cluster session; the Pod comes from the agent's Pod cache when there is
+one.
 
 A live migration (KubeVirt's source and target Pods of one claim): the claim's other living
-Pods are listed with the claim; a second one makes this Pod the target, recorded instead of
-announced until KubeVirt's ready timestamp (`publish.migration`; STATUS cuts over without an
-agent: `api_cut_over_ready_targets`); a third is refused, code 102.
+Pods are listed with the claim; a second one makes this Pod the target, published but not
+announced and recorded (`kubevirt.migration`) until KubeVirt's ready timestamp (the agent's Pod
+watch cuts it over; without an agent, STATUS); a third is refused, code 102.
 
 The plugin is not told its NetworkAttachmentDefinition, so the element is the one whose
 interface is CNI_IFNAME (asked for, or Multus's `net<position + 1>`), and the claim's
@@ -19,20 +22,24 @@ interface is CNI_IFNAME (asked for, or Multus's `net<position + 1>`), and the cl
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
+from cni_plugin.core import naming
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.request import Invocation
+from cni_plugin.core.rollback import Rollback
 from cni_plugin.ipam import delegate
-from cni_plugin.ipam.ipamclaims import release
-from cni_plugin.ipam.ipamclaims.api import (
-    IPAMCLAIMS,
-    api_read_ipamclaim,
-    api_write_ipamclaim_status,
-)
-from cni_plugin.ipam.ipamclaims.claim import Allocated, AllocationFailed, FailureReason, IPAMClaim
-from cni_plugin.ipam.ipamclaims.holders import (
+from cni_plugin.ipam.plugin.config import DEFAULT_LOCK_TIMEOUT_SECONDS, node_data_root
+from cni_plugin.ipam.plugin.store import AddressTaken, ClaimOwner
+from cni_plugin.kube.client import ApiError, KubeClient, api_failure
+from cni_plugin.kube.kinds import IPAMCLAIMS, PODS
+from cni_plugin.kube.session import VerbCluster
+from cni_plugin.kubevirt import migration, release
+from cni_plugin.kubevirt.api import api_read_ipamclaim, api_write_ipamclaim_status
+from cni_plugin.kubevirt.claim import Allocated, AllocationFailed, FailureReason, IPAMClaim
+from cni_plugin.kubevirt.holders import (
     COMPLETED_PHASES,
     MAX_HOLDERS,
     VM_NAME_LABEL,
@@ -40,13 +47,11 @@ from cni_plugin.ipam.ipamclaims.holders import (
     holders,
     migration_source,
 )
-from cni_plugin.ipam.ipamclaims.selection import find_claim_reference
-from cni_plugin.ipam.plugin.config import DEFAULT_LOCK_TIMEOUT_SECONDS, node_data_root
-from cni_plugin.ipam.plugin.store import AddressTaken, ClaimOwner
-from cni_plugin.kube.client import ApiError, KubeClient, api_failure
-from cni_plugin.kube.kinds import PODS
-from cni_plugin.kube.session import VerbCluster
-from cni_plugin.publish.migration import MigrationSource, target_ready
+from cni_plugin.kubevirt.migration import MigrationSource, target_ready
+from cni_plugin.kubevirt.selection import find_claim_reference
+from cni_plugin.kubevirt.step import KubeVirt, MigrationTargets
+from cni_plugin.publish import Unannounced
+from cni_plugin.publish.endpointslice import FAMILY_SUFFIX, slice_name
 from cni_plugin.publish.status import api_review_access
 from netconf.config import OWN_IPAM
 from netconf.errors import (
@@ -75,12 +80,20 @@ class PodClaim:
     ready: bool = False
 
 
-def api_read_pod_claim(inv: Invocation, cluster: VerbCluster) -> PodClaim | None:
-    """With `allowPersistentIPs`, the claim the Pod names for this interface (code 7 when it is
-    for another network, 11 when it does not exist yet or is being deleted); None without
-    the setting or without a claim reference (then ADD is what it always was)."""
-    if not inv.conf.allow_persistent_ips:
-        return None
+def api_read_pod_claim(inv: Invocation, cluster: VerbCluster,
+                       targets: MigrationTargets | None) -> PersistentIps:
+    """ADD's steps: `ClaimedPod` with the claim the Pod names for this interface, else
+    `PersistentIps` (whose ADD steps are the no-op form's)."""
+    pod_claim = api_pod_claim(inv, cluster)
+    if pod_claim is None:
+        return PersistentIps(inv, cluster)
+    return ClaimedPod(inv, cluster, pod_claim, targets)
+
+
+def api_pod_claim(inv: Invocation, cluster: VerbCluster) -> PodClaim | None:
+    """The claim the Pod names for this interface (code 7 when it is for another network, 11
+    when it does not exist yet or is being deleted); None without a claim reference (then ADD
+    is what it always was)."""
     namespace, name = inv.pod.namespace, inv.pod.name
     if not namespace or not name:
         raise CniError(INVALID_CONFIG, "allowPersistentIPs needs the Pod: K8S_POD_NAMESPACE "
@@ -168,7 +181,6 @@ def api_record_allocation(cluster: VerbCluster, pod_claim: PodClaim, allocated: 
 def api_cut_over_now(inv: Invocation, cluster: VerbCluster) -> None:
     """ADD of a migration target KubeVirt marked ready before it: its announcement is taken
     over at once. Best effort: a failure leaves the record, which the agent or STATUS finish."""
-    from cni_plugin.publish import migration
     lock_dir = inv.host.lock_dir
     path = migration.record_path(lock_dir, inv.env.container_id, inv.env.ifname)
     try:
@@ -186,7 +198,6 @@ def api_cut_over_ready_targets(inv: Invocation, cluster: VerbCluster) -> None:
     """STATUS: cut over this network's migration targets on this node whose Pods KubeVirt
     marked ready (one GET per pending target; none on a node without one). Best effort:
     STATUS answers whether ADD would work, and a failed cut-over is tried again next time."""
-    from cni_plugin.publish import migration
     lock_dir = inv.host.lock_dir
     if not migration.pending_targets(lock_dir):
         return
@@ -204,7 +215,6 @@ def api_cut_over_ready_targets(inv: Invocation, cluster: VerbCluster) -> None:
 
 def forget_pending_targets_except(inv: Invocation, valid: set[tuple[str, str]]) -> None:
     """GC: drop this network's pending migration targets of containers no longer valid."""
-    from cni_plugin.publish import migration
     for pending in migration.pending_targets(inv.host.lock_dir):
         if pending.network == inv.conf.name and \
                 (pending.container_id, pending.ifname) not in valid:
@@ -260,3 +270,103 @@ def api_check_claim_access(inv: Invocation, cluster: VerbCluster) -> None:
             raise
         raise CniError(STATUS_NOT_AVAILABLE, f"allowPersistentIPs: {exc.msg}",
                        exc.details) from None
+
+
+def record_target(inv: Invocation, source: MigrationSource, held: Unannounced,
+                  rollback: Rollback, targets: MigrationTargets | None) -> None:
+    """A live migration's target: what publishing held back recorded on this node (removed by
+    a rollback) for its cut-over, and the agent told of it."""
+    conf, lock_dir = inv.conf, inv.host.lock_dir
+    pending = migration.PendingTarget(
+        network=conf.name, container_id=inv.env.container_id, ifname=inv.env.ifname,
+        pod_namespace=inv.pod.namespace or "", pod_name=inv.pod.name or "",
+        pod_uid=held.pod_uid, node=held.node, bgp_namespace=held.namespace,
+        advertisement=held.advertisement, annotations=held.annotations, spec=dict(held.spec),
+        owner_references=held.owner_references, created_by=inv.created_by, slices=held.slices,
+        source=source,
+        source_advertisement=naming.advertisement_name(conf.vpc, conf.vpcattachment,
+                                                       source.node),
+        source_slices=[slice_name(source.name, conf.vpc, conf.vpcattachment, family)
+                       for family in FAMILY_SUFFIX] if conf.publish.endpoint_slice else [])
+    rollback.created(f"pending migration target {inv.env.container_id}",
+                     lambda _d: migration.remove_pending(lock_dir, inv.env.container_id,
+                                                         inv.env.ifname))
+    migration.write_pending(lock_dir, pending)
+    if targets is not None and inv.host.kubeconfig:
+        targets.expect_migration_targets(inv.host.kubeconfig, held.node, lock_dir)
+
+
+class PersistentIps(KubeVirt):
+    """The steps of a network that allows persistent IPs; ADD's are the no-op form's (this
+    Pod names no claim for the interface)."""
+
+    def __init__(self, inv: Invocation, cluster: VerbCluster) -> None:
+        self.inv = inv
+        self.cluster = cluster
+
+    def forget_target(self) -> None:
+        """DEL: the container's pending migration target, if any, is forgotten."""
+        inv = self.inv
+        migration.remove_pending(inv.host.lock_dir, inv.env.container_id, inv.env.ifname)
+
+    def announced(self) -> bool:
+        """CHECK: not while this container is a migration target KubeVirt has not marked
+        ready (its advertisement lacks it on purpose)."""
+        inv = self.inv
+        return not os.path.exists(migration.record_path(inv.host.lock_dir,
+                                                        inv.env.container_id, inv.env.ifname))
+
+    def api_status(self) -> None:
+        """STATUS: the claims' permissions checked, ready targets cut over."""
+        api_check_claim_access(self.inv, self.cluster)
+        # The runtime polls STATUS: without an agent, this announces migration targets
+        # KubeVirt marked ready since (docs/architecture.md, "Live migration").
+        api_cut_over_ready_targets(self.inv, self.cluster)
+
+    def api_free_gone_claims(self) -> None:
+        """GC: the records of claims that no longer exist, freed."""
+        api_free_gone_claims(self.inv, self.cluster)
+
+    def forget_targets_except(self, valid: set[tuple[str, str]]) -> None:
+        """GC: pending targets of containers no longer valid, dropped."""
+        forget_pending_targets_except(self.inv, valid)
+
+
+class ClaimedPod(PersistentIps):
+    """ADD of a Pod that names an IPAMClaim for this interface."""
+
+    def __init__(self, inv: Invocation, cluster: VerbCluster, pod_claim: PodClaim,
+                 targets: MigrationTargets | None) -> None:
+        super().__init__(inv, cluster)
+        self.pod_claim = pod_claim
+        self.targets = targets
+
+    def start_ipam_add(self, ipam: delegate.IpamBackend, inv: Invocation) -> delegate.PendingAdd:
+        """vpc-attach-ipam's ADD with the claim's records and addresses."""
+        return start_claimed_add(inv, ipam, self.pod_claim)
+
+    def api_record_failure(self, pending: delegate.PendingAdd) -> None:
+        """The claim's failed condition, when the allocation failed."""
+        if not pending.failed:
+            return
+        try:
+            pending.result()
+        except CniError as failure:
+            api_record_failure(self.cluster, self.pod_claim, failure, self.inv.deadline)
+
+    @property
+    def announces(self) -> bool:
+        """Not a live migration's target until KubeVirt marks it ready."""
+        return self.pod_claim.migrating_from is None
+
+    def record_target(self, unannounced: Unannounced | None, rollback: Rollback) -> None:
+        """A migration target's record (none when nothing was published)."""
+        source = self.pod_claim.migrating_from
+        if unannounced is not None and source is not None:
+            record_target(self.inv, source, unannounced, rollback, self.targets)
+
+    def api_record_allocation(self, allocated: Result) -> None:
+        """The claim's status; a target marked ready already is cut over now."""
+        api_record_allocation(self.cluster, self.pod_claim, allocated, self.inv.deadline)
+        if self.pod_claim.migrating_from is not None and self.pod_claim.ready:
+            api_cut_over_now(self.inv, self.cluster)  # marked ready already

@@ -1,5 +1,8 @@
-"""`vpc-attach doctor`: the IPAMClaims whose addresses this node holds (SPEC §16), the
-addresses lent to this node for a claim's VM, and this node's addresses lent to others."""
+"""`vpc-attach doctor`'s checks of KubeVirt's room (SPEC §16): the IPAMClaims whose addresses
+this node holds, the addresses lent to this node for a claim's VM and this node's addresses
+lent to others (`ipam.claims`, `ipam.lends.*`), and the live-migration targets waiting for
+KubeVirt's ready timestamp (`migration.targets`). A doctor check module: it sits with the
+doctor's layer (tests/test_layers.py), in the room whose state it reads."""
 
 from __future__ import annotations
 
@@ -8,15 +11,17 @@ from typing import Any
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.doctor.checks import API_SECONDS, OK, SKIP, WARN, Finding, Node, host_file_of
 from cni_plugin.ipam.plugin import claimed
-from cni_plugin.ipam.plugin.claims import HELD, LENT_LABEL, node_of
+from cni_plugin.ipam.plugin.block_claims import HELD, LENT_LABEL, node_of
 from cni_plugin.ipam.plugin.kubeblocks import IPAM_BLOCKS
 from cni_plugin.ipam.plugin.lending import BORROWED
 from cni_plugin.ipam.plugin.store import BlockRecord, PoolState, Record, pool_directories
 from cni_plugin.kube.client import ApiError
+from cni_plugin.kube.kinds import PODS
+from cni_plugin.kubevirt.migration import PendingTarget, pending_targets, target_ready
 from netconf.errors import CniError
 from netconf.host import ipam_data_root
 
-SHOWN = 10  # claims or lends listed in one line
+SHOWN = 10  # claims, lends or targets listed in one line
 
 
 def ipam_claims(node: Node) -> list[Finding]:
@@ -117,3 +122,39 @@ def _lent_out(node: Node, held: set[str]) -> list[Finding]:
     return [Finding("ipam.lends.out", OK, f"{len(out)} address(es) of this node's blocks lent "
                     f"to other nodes: {'; '.join(parts[:SHOWN])}", "this node keeps each "
                     "claim's record, so it never hands them out")]
+
+
+
+def migration_targets(node: Node) -> list[Finding]:
+    """The pending targets under the node's lockDir; WARN for one whose Pod KubeVirt marked
+    ready (its cut-over is overdue: no agent, or the API refused it)."""
+    pending = pending_targets(node.settings.lock_dir)
+    if not pending:
+        return [Finding("migration.targets", OK,
+                        "no live-migration target waits for KubeVirt's ready timestamp here")]
+    overdue = [p for p in pending if _marked_ready(node, p)]
+    listed = "; ".join(f"{p.pod_namespace}/{p.pod_name} (container {p.container_id[:12]}, "
+                       f"source {p.source.namespace}/{p.source.name} on node {p.source.node})"
+                       for p in pending[:SHOWN])
+    if overdue:
+        return [Finding("migration.targets", WARN,
+                        f"{len(overdue)} of {len(pending)} live-migration target(s) are marked "
+                        f"ready but not announced: {listed}",
+                        "the node agent announces them on its Pod watch; without it, run "
+                        "STATUS with the VM network's config (docs/operations.md: a VM's live "
+                        "migration)")]
+    return [Finding("migration.targets", OK, f"{len(pending)} live-migration target(s) wait "
+                    f"for KubeVirt's ready timestamp: {listed}")]
+
+
+def _marked_ready(node: Node, pending: PendingTarget) -> bool:
+    if node.client is None:
+        return False
+    try:
+        pod = node.client.get(PODS, pending.pod_name, namespace=pending.pod_namespace,
+                              deadline=Deadline(API_SECONDS))
+    except (ApiError, CniError):
+        return False
+    if pod is None or not target_ready(pod):
+        return False
+    return not pending.pod_uid or str(pod["metadata"].get("uid")) == pending.pod_uid

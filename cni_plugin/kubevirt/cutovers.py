@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.kube.client import ApiError, KubeClient
-from cni_plugin.publish import migration
+from cni_plugin.kubevirt import migration
 from netconf.errors import CniError
 
 log = logging.getLogger(__name__)
