@@ -18,7 +18,7 @@ from cni_plugin.kube.config import load_kubeconfig
 from cni_plugin.kube.kinds import NAMESPACES, PODS
 from cni_plugin.kube.session import ClusterSession, ColdCluster, ColdSession, VerbCluster
 from cni_plugin.kube.watch import WatchCache
-from cni_plugin.publish import published_differences
+from cni_plugin.publish.check import published_differences
 from cni_plugin.publish.resources import ADVERTISEMENTS, ENDPOINT_SLICES
 from netconf.errors import PUBLISH_FAILURE, TRY_AGAIN_LATER, CniError
 from netconf.result import Result

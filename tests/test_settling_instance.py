@@ -1,4 +1,4 @@
-"""Settling the instance (`publish.SettlingInstance`): the VPC's BGPVRFInstance is settled on a
+"""Settling the instance (`publishing.SettlingInstance`): the VPC's BGPVRFInstance is settled on a
 thread of its own while IPAM and the kernel work run; whatever happens in that block, a
 rollback after it finds everything the thread created, and the thread's error reaches the
 verb."""
@@ -13,9 +13,9 @@ from typing import Any, cast
 
 import pytest
 
-from cni_plugin import publish
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.rollback import Rollback
+from cni_plugin.publish import publisher as publishing
 from cni_plugin.publish.bgp import advertisement, instance
 from cni_plugin.publish.context import PublishContext, Router
 from netconf.errors import INVALID_CONFIG, CniError
@@ -44,9 +44,9 @@ def test_a_failure_in_the_block_waits_for_the_thread_so_the_rollback_undoes_its_
     waits for the thread, so the rollback that follows deletes the instance it created."""
     creating, joining = threading.Event(), threading.Event()
     undone: list[str] = []
-    wait = publish.SettlingInstance.wait
+    wait = publishing.SettlingInstance.wait
 
-    def block_end_waits(settling: publish.SettlingInstance) -> None:
+    def block_end_waits(settling: publishing.SettlingInstance) -> None:
         joining.set()
         wait(settling)
 
@@ -58,8 +58,8 @@ def test_a_failure_in_the_block_waits_for_the_thread_so_the_rollback_undoes_its_
         return 7
 
     monkeypatch.setattr(instance, "ensure_vrf_instance", create_instance)
-    monkeypatch.setattr(publish.SettlingInstance, "wait", block_end_waits)
-    publisher = publish.Publisher(fake_context(), ROUTER)
+    monkeypatch.setattr(publishing.SettlingInstance, "wait", block_end_waits)
+    publisher = publishing.Publisher(fake_context(), ROUTER)
     with pytest.raises(CniError, match="kernel"), Rollback(Deadline(6)) as rollback, \
             publisher.api_settle_instance_thread(rollback):
         assert creating.wait(5)
@@ -72,7 +72,7 @@ def test_the_threads_error_is_raised_to_the_verb(monkeypatch: pytest.MonkeyPatch
         raise CniError(INVALID_CONFIG, "BGPVRFInstance refused")
 
     monkeypatch.setattr(instance, "ensure_vrf_instance", no_router)
-    settling = publish.SettlingInstance(fake_context(), ROUTER, Rollback(Deadline(6)))
+    settling = publishing.SettlingInstance(fake_context(), ROUTER, Rollback(Deadline(6)))
     with pytest.raises(CniError, match="refused") as caught:
         settling.result()
     assert caught.value.code == INVALID_CONFIG
@@ -83,5 +83,5 @@ def test_the_thread_hands_over_the_vrf_id_and_the_advertisement_it_read(
     monkeypatch.setattr(instance, "ensure_vrf_instance", lambda *_: 9)
     found = advertisement.Found({"metadata": {"name": "3e-3e-worker-1"}})
     monkeypatch.setattr(advertisement, "read_found", lambda *_: found)
-    settling = publish.SettlingInstance(fake_context(), ROUTER, Rollback(Deadline(6)))
+    settling = publishing.SettlingInstance(fake_context(), ROUTER, Rollback(Deadline(6)))
     assert settling.result() == (9, found)

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from cni_plugin.core.request import Invocation
     from cni_plugin.core.rollback import Rollback
     from cni_plugin.ipam.delegate import IpamBackend, PendingAdd
-    from cni_plugin.publish import Unannounced
+    from cni_plugin.publish.publisher import Unannounced
     from netconf.result import Result
 
 

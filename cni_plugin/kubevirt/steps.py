@@ -50,8 +50,8 @@ from cni_plugin.kubevirt.holders import (
 from cni_plugin.kubevirt.migration import MigrationSource, target_ready
 from cni_plugin.kubevirt.selection import find_claim_reference
 from cni_plugin.kubevirt.step import KubeVirt, MigrationTargets
-from cni_plugin.publish import Unannounced
 from cni_plugin.publish.endpointslice import FAMILY_SUFFIX, slice_name
+from cni_plugin.publish.publisher import Unannounced
 from cni_plugin.publish.status import api_review_access
 from netconf.config import OWN_IPAM
 from netconf.errors import (

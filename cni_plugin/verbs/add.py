@@ -19,7 +19,7 @@ from cni_plugin.core.rollback import Rollback
 from cni_plugin.ipam import delegate
 from cni_plugin.kube.session import VerbCluster
 from cni_plugin.kubevirt import KubeVirt, api_read_pod_claim
-from cni_plugin.publish import Publication, Publisher
+from cni_plugin.publish.publisher import Publication, Publisher
 from cni_plugin.tenancy import admit, choice
 from cni_plugin.verbs.collaborators import Collaborators
 from cni_plugin.verbs.facts import attachment_of, link_options_of

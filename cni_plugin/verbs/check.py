@@ -8,7 +8,7 @@ from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.request import Invocation
 from cni_plugin.ipam import delegate
 from cni_plugin.kubevirt import kubevirt_steps
-from cni_plugin.publish import published_differences, published_sid
+from cni_plugin.publish.check import published_differences, published_sid
 from cni_plugin.tenancy import resolve_recorded
 from cni_plugin.verbs.collaborators import Collaborators
 from cni_plugin.verbs.facts import attachment_of

@@ -12,7 +12,7 @@ from cni_plugin.core.request import Invocation
 from cni_plugin.ipam import delegate
 from cni_plugin.kube.session import VerbCluster
 from cni_plugin.kubevirt import kubevirt_steps
-from cni_plugin.publish import unpublish
+from cni_plugin.publish.withdraw import unpublish
 from cni_plugin.tenancy import choice, resolve_recorded
 from cni_plugin.verbs.collaborators import Collaborators
 from cni_plugin.verbs.facts import attachment_of

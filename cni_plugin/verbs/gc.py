@@ -21,7 +21,7 @@ from cni_plugin.kernel import links
 from cni_plugin.kernel.rtnl import Rtnl
 from cni_plugin.kube.session import VerbCluster
 from cni_plugin.kubevirt import kubevirt_steps
-from cni_plugin.publish import (
+from cni_plugin.publish.collect import (
     collect_stale_advertisements,
     collect_stale_slices,
     collect_unused_instance,

@@ -8,7 +8,7 @@ from cni_plugin.galactic import pins
 from cni_plugin.ipam import delegate
 from cni_plugin.kernel import isolation, srv6
 from cni_plugin.kubevirt import kubevirt_steps
-from cni_plugin.publish import publishing_status, router_has_sids
+from cni_plugin.publish.status import publishing_status, router_has_sids
 from cni_plugin.tenancy import tenancy_status
 from cni_plugin.verbs.collaborators import Collaborators
 from netconf.errors import INCOMPATIBLE_VERSION, STATUS_NOT_AVAILABLE, CniError
