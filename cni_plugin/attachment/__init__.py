@@ -4,7 +4,8 @@ One module per job, imported by the verbs directly: `ref` (`AttachmentRef`, whic
 step works on), `node` (the host netlink socket, the host and VPC locks, the VPC's table or
 VRF, node set-up, releasing an unused VPC), `create` (`open_links` → `VethLinks` (`veth`) or
 `TapLinks` (`tap`), whose `create` returns the `CreatedVeth`/`CreatedTap` that alone has
-`configure`), `host_side` (what both make on the host side), `sid` (answering the VPC's SID:
-the kernel's End.DT46 and galactic's datapath; the MTU), `detach` (DEL), `check` (CHECK's
+`configure`), `new_links` (what the links of both kinds are made with and in: `LinkOptions`, the
+VPC's table, the MTU), `host_side` (what both make on the host side), `sid` (answering the VPC's
+SID: the kernel's End.DT46 and galactic's datapath), `detach` (DEL), `check` (CHECK's
 differences).
 """

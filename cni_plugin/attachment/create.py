@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
-from cni_plugin.attachment.host_side import LinkOptions
+from cni_plugin.attachment.new_links import LinkOptions
 from cni_plugin.attachment.node import host_netlink
 from cni_plugin.attachment.ref import AttachmentRef
 from cni_plugin.attachment.tap import CreatedTap, TapLinks

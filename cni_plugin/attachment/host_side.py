@@ -1,16 +1,12 @@
 """What either kind of attachment makes on the host side (SPEC §5): the host link G…H claimed,
-marked with its owner and undone by rollback; `NewLinks`, what veth and tap links are made
-from (the VPC's table, the MTU); then the host side configured: the VRF master or device group,
-sysctls, gateways, routes in the VPC's table and neighbours."""
+marked with its owner and undone by rollback; then the host side configured: the VRF master or
+device group, sysctls, gateways, routes in the VPC's table and neighbours."""
 
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
 
-from cni_plugin.attachment.node import ensure_vpc_table, host_netlink
-from cni_plugin.attachment.ref import AttachmentRef
-from cni_plugin.attachment.sid import link_mtu
+from cni_plugin.attachment.node import host_netlink
 from cni_plugin.core.addressing import Addressing, IPInterface
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.rollback import Undo
@@ -18,48 +14,9 @@ from cni_plugin.kernel import addresses, isolation, links, sysctl
 from cni_plugin.kernel.addresses import RouteSpec
 from cni_plugin.kernel.links import Link, Owner
 from cni_plugin.kernel.rtnl import Rtnl
-from netconf.config import TapOptions
 from netconf.errors import INTERFACE_CONFLICT, TRY_AGAIN_LATER, CniError
-from netconf.host import NodeSettings
 
 TAP_IPV4_GATEWAY_PREFIX = 25
-
-
-@dataclass(frozen=True)
-class LinkOptions:
-    """What the stanza and runtimeConfig say an attachment's links are made with."""
-
-    mode: str  # the VPC's isolation: vrf or table
-    mtu: int | None  # the stanza's (None: what `link_mtu` leaves)
-    mac: str | None  # runtimeConfig's, for a veth's pod end
-    tap: TapOptions  # a tap's owner, group, queues and vnet header
-
-
-class NewLinks:
-    """What the links of either kind are made in: the VPC's table, at an MTU, with the host
-    link's name and the owner mark they carry."""
-
-    def __init__(self, attachment: AttachmentRef, options: LinkOptions, host_rtnl: Rtnl, *,
-                 lock_dir: str, node: NodeSettings, deadline: Deadline) -> None:
-        self.attachment = attachment
-        self.options = options
-        self.host_rtnl = host_rtnl
-        self.lock_dir = lock_dir
-        self.node = node
-        self.deadline = deadline
-        self.name = attachment.host_link  # G…H
-        self.owner = attachment.owner
-
-    def ensure_vpc_table(self, *, keeps_table: bool) -> isolation.VpcTable:
-        """The VPC's VRF or table, created if missing (kernel, under the host lock)."""
-        return ensure_vpc_table(self.host_rtnl, self.attachment.vpc, self.options.mode,
-                                lock_dir=self.lock_dir, node=self.node,
-                                deadline=self.deadline, keeps_table=keeps_table)
-
-    def mtu(self, *, encapsulated: bool) -> int | None:
-        """The MTU to make the links with (`link_mtu`)."""
-        return link_mtu(self.host_rtnl, self.node, self.options.mtu, self.name,
-                        encapsulated=encapsulated)
 
 
 def claim_host_link(rtnl: Rtnl, name: str, owner: Owner) -> None:

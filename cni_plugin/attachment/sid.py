@@ -1,6 +1,6 @@
 """The VPC's SID answered on this node (SPEC §15): End.DT46 into the VPC's VRF in the kernel
 and, where galactic's eBPF datapath is pinned, the attachment registered in it (removed by DEL
-and GC); the MTU its encapsulation leaves the links; what CHECK finds wrong with either."""
+and GC); what CHECK finds wrong with either."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from cni_plugin.core import naming
 from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.rollback import Rollback
-from cni_plugin.galactic import layout, pins, registration, underlay
+from cni_plugin.galactic import layout, pins, registration
 from cni_plugin.kernel import isolation, links, srv6
 from cni_plugin.kernel.links import Link, Owner
 from cni_plugin.kernel.rtnl import Rtnl
@@ -35,25 +35,6 @@ class VpcSid:
 def galactic_datapath(node: NodeSettings) -> bool:
     """Whether galactic's datapath is pinned on this node (its pin directory)."""
     return pins.present(node.galactic.pin_dir)
-
-
-def link_mtu(rtnl: Rtnl, node: NodeSettings, configured: int | None, link_name: str,
-             *, encapsulated: bool) -> int | None:
-    """The MTU of the links ADD makes: the stanza's (configured); else, where the node's
-    packets leave encapsulated (galactic's datapath and a router with SIDs), the underlay's MTU
-    less the 40-byte outer header, since galactic's usid_egress drops what no longer fits."""
-    if not encapsulated:
-        return configured
-    settings = node.galactic
-    room = underlay.workload_mtu(underlay.underlay_links(rtnl, settings.underlay_interfaces),
-                                 settings.underlay_mtu)
-    if room is None or configured is None:
-        return room if configured is None else configured
-    if configured > room:
-        log.warning("mtu %d of %s leaves no room for the 40-byte SRv6 encapsulation (the "
-                    "underlay carries %d): larger packets to other nodes are dropped",
-                    configured, link_name, room)
-    return configured
 
 
 def answer_sid(attachment: AttachmentRef, host_link: Link, table: int, vpc_sid: VpcSid,

@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cni_plugin.attachment.host_side import (
-    NewLinks,
     claim_host_link,
     require_link,
     set_up_host_side,
     undo_link,
 )
+from cni_plugin.attachment.new_links import NewLinks
 from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.rollback import Rollback
 from cni_plugin.kernel import isolation, links

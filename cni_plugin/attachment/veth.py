@@ -7,13 +7,12 @@ import secrets
 from dataclasses import dataclass
 
 from cni_plugin.attachment.host_side import (
-    LinkOptions,
-    NewLinks,
     claim_host_link,
     require_link,
     set_up_host_side,
     undo_link,
 )
+from cni_plugin.attachment.new_links import LinkOptions, NewLinks
 from cni_plugin.attachment.node import host_netlink
 from cni_plugin.attachment.ref import AttachmentRef
 from cni_plugin.core import naming

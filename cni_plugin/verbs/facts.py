@@ -3,7 +3,7 @@ the facts down, so no kernel step depends on more of the request than it reads."
 
 from __future__ import annotations
 
-from cni_plugin.attachment.host_side import LinkOptions
+from cni_plugin.attachment.new_links import LinkOptions
 from cni_plugin.attachment.ref import AttachmentRef
 from cni_plugin.core.request import Invocation
 
