@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from cni_plugin.core import naming
-from cni_plugin.doctor.checks import srv6_decap
+from cni_plugin.doctor.kernel import srv6_decap
 from e2e.harness.kernel import run_ip, temporary_netns
 from e2e.harness.kube import Kube
 from e2e.harness.pace import after_answer_bound

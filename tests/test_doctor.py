@@ -13,8 +13,10 @@ from typing import Any
 import yaml
 
 from cni_plugin.doctor import render_table
-from cni_plugin.doctor.checks import CLUSTER_ROLE, FAIL, OK, WARN, Finding, Node, host_settings
-from cni_plugin.doctor.checks import networks as check_networks
+from cni_plugin.doctor.cluster import CLUSTER_ROLE
+from cni_plugin.doctor.networks import networks as check_networks
+from cni_plugin.doctor.node import FAIL, OK, WARN, Finding, Node
+from cni_plugin.doctor.settings import host_settings
 
 REPO = Path(__file__).resolve().parent.parent
 

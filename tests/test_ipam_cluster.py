@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from cni_plugin.agent.metrics import AgentMetrics
 from cni_plugin.core.request import Request
 from cni_plugin.doctor.blocks import ipam_blocks
-from cni_plugin.doctor.checks import Node
+from cni_plugin.doctor.node import Node
 from cni_plugin.ipam.plugin import allocator, block_claims, lending, verbs
 from cni_plugin.ipam.plugin.blocks import (
     ClusterBlock,

@@ -16,19 +16,19 @@ import os
 import sys
 from collections.abc import Callable
 
+from cni_plugin.doctor.agent import agent as check_agent
 from cni_plugin.doctor.blocks import ipam_blocks as check_ipam_blocks
-from cni_plugin.doctor.checks import FAIL, Finding, Node
-from cni_plugin.doctor.checks import agent as check_agent
-from cni_plugin.doctor.checks import api as check_api
-from cni_plugin.doctor.checks import host_protection as check_host_protection
-from cni_plugin.doctor.checks import host_settings as check_host_settings
-from cni_plugin.doctor.checks import kernel as check_kernel
-from cni_plugin.doctor.checks import leftovers as check_leftovers
-from cni_plugin.doctor.checks import networks as check_networks
-from cni_plugin.doctor.checks import rbac as check_rbac
-from cni_plugin.doctor.checks import router as check_router
-from cni_plugin.doctor.checks import tenancy as check_tenancy
+from cni_plugin.doctor.cluster import api as check_api
+from cni_plugin.doctor.cluster import rbac as check_rbac
+from cni_plugin.doctor.cluster import router as check_router
+from cni_plugin.doctor.cluster import tenancy as check_tenancy
 from cni_plugin.doctor.galactic import galactic_datapath as check_galactic_datapath
+from cni_plugin.doctor.kernel import host_protection as check_host_protection
+from cni_plugin.doctor.kernel import kernel as check_kernel
+from cni_plugin.doctor.leftovers import leftovers as check_leftovers
+from cni_plugin.doctor.networks import networks as check_networks
+from cni_plugin.doctor.node import FAIL, Finding, Node
+from cni_plugin.doctor.settings import host_settings as check_host_settings
 from cni_plugin.kubevirt.doctor import ipam_claims as check_ipam_claims
 from cni_plugin.kubevirt.doctor import migration_targets as check_migration_targets
 

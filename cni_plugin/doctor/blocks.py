@@ -7,7 +7,7 @@ import ipaddress
 from typing import Any
 
 from cni_plugin.core.deadline import Deadline
-from cni_plugin.doctor.checks import API_SECONDS, FAIL, OK, SKIP, WARN, Finding, Node
+from cni_plugin.doctor.node import API_SECONDS, FAIL, OK, SKIP, WARN, Finding, Node
 from cni_plugin.ipam.plugin.kubeblocks import IPAM_BLOCKS, NODE_FIELD
 from cni_plugin.ipam.plugin.store import BlockRecord, PoolState, pool_directories
 from cni_plugin.kube.client import ApiError

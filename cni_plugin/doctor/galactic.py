@@ -3,7 +3,7 @@ registered in galactic's datapath still are (SPEC §15)."""
 
 from __future__ import annotations
 
-from cni_plugin.doctor.checks import FAIL, NETLINK_SECONDS, OK, WARN, Finding, Node
+from cni_plugin.doctor.node import FAIL, NETLINK_SECONDS, OK, WARN, Finding, Node
 from cni_plugin.galactic import layout, pins, registration
 from cni_plugin.galactic.pins import Datapath
 from cni_plugin.kernel import links, netns, tc

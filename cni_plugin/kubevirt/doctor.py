@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from cni_plugin.core.deadline import Deadline
-from cni_plugin.doctor.checks import API_SECONDS, OK, SKIP, WARN, Finding, Node, host_file_of
+from cni_plugin.doctor.node import API_SECONDS, OK, SKIP, WARN, Finding, Node, host_file_of
 from cni_plugin.ipam.plugin import claimed
 from cni_plugin.ipam.plugin.block_claims import HELD, LENT_LABEL, node_of
 from cni_plugin.ipam.plugin.kubeblocks import IPAM_BLOCKS
