@@ -20,7 +20,7 @@ import pytest
 
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.rollback import Rollback
-from cni_plugin.galactic import layout, pins, registration
+from cni_plugin.galactic import layout, pins, record, registration, removal
 from cni_plugin.galactic.layout import (
     EGRESS_ROUTE_TABLE,
     FUNCTION_TABLE,
@@ -170,7 +170,7 @@ def test_a_rolled_back_registration_leaves_every_map_byte_for_byte(node: Node) -
     assert rollback.run() == []
     assert node.rows() == before
     assert tc_bpf_filters(os.path.basename(node.netns), "G000000jU001H") == []
-    assert not os.listdir(node.lock_dir / registration.RECORDS_DIR)
+    assert not os.listdir(node.lock_dir / record.RECORDS_DIR)
 
 
 def test_a_rollback_keeps_the_vpcs_row_another_attachment_wrote_since(node: Node) -> None:
@@ -193,16 +193,16 @@ def test_unregister_removes_the_attachments_own_rows_only(node: Node) -> None:
     node.register(node.registration("G000000jU001H", "c1", shared), Rollback(Deadline(10)))
     second = node.registration("G000000jU002H", "c2", shared)
     node.register(second, Rollback(Deadline(10)))
-    assert registration.unregister(str(node.pin_dir), str(node.lock_dir), "c1", "eth0")
+    assert removal.unregister(str(node.pin_dir), str(node.lock_dir), "c1", "eth0")
     rows = node.rows()
     assert list(rows[IFINDEX_VRF_TABLE.name]) == [second.host_ifindex.to_bytes(4, "little")]
     assert len(rows[EGRESS_ROUTE_TABLE.name]) == 1  # c2 still advertises it
     assert len(rows[VRF_TABLE.name]) == len(rows[LOCATOR_TABLE.name]) == 1
-    assert registration.unregister(str(node.pin_dir), str(node.lock_dir), "c2", "eth0")
+    assert removal.unregister(str(node.pin_dir), str(node.lock_dir), "c2", "eth0")
     rows = node.rows()
     assert rows[IFINDEX_VRF_TABLE.name] == rows[EGRESS_ROUTE_TABLE.name] == {}
     assert len(rows[VRF_TABLE.name]) == 1  # the VPC's: it goes with the VRF (release_vpc)
-    assert not registration.unregister(str(node.pin_dir), str(node.lock_dir), "c2", "eth0")
+    assert not removal.unregister(str(node.pin_dir), str(node.lock_dir), "c2", "eth0")
 
 
 def test_releasing_the_vpc_removes_its_vrf_row_and_keeps_the_routers_routes(node: Node) -> None:
@@ -212,11 +212,11 @@ def test_releasing_the_vpc_removes_its_vrf_row_and_keeps_the_routers_routes(node
     with bpf.open_map(str(node.pin_dir / EGRESS_ROUTE_TABLE.name)) as routes:
         routes.update(remote, layout.EgressRoute("2001:db8:b:2:e003::", 9, "02:00:00:00:00:09",
                                                  "02:00:00:00:00:08").encode())
-    assert registration.release_vpc(str(node.pin_dir), TABLE) == 2
+    assert removal.release_vpc(str(node.pin_dir), TABLE) == 2
     rows = node.rows()
     assert rows[VRF_TABLE.name] == {}
     assert list(rows[EGRESS_ROUTE_TABLE.name]) == [remote]
-    assert registration.route_table_ids(str(node.pin_dir)) == {TABLE}
+    assert removal.route_table_ids(str(node.pin_dir)) == {TABLE}
 
 
 def test_a_map_of_another_layout_is_refused_naming_both_and_nothing_is_written(
@@ -263,7 +263,7 @@ def test_gc_removes_rows_of_links_that_are_gone(node: Node) -> None:
                   Rollback(Deadline(10)))
     run_ip("-n", os.path.basename(node.netns), "link", "del", "G000000jU001H")
     live = {link.index for link in node.rtnl.links()}
-    assert registration.collect_orphans(str(node.pin_dir), live) == 1
+    assert removal.collect_orphans(str(node.pin_dir), live) == 1
     assert reg.host_ifindex.to_bytes(4, "little") not in node.rows()[IFINDEX_VRF_TABLE.name]
     assert len(node.rows()[IFINDEX_VRF_TABLE.name]) == 1
 
@@ -316,7 +316,7 @@ def test_a_vrfs_default_goes_to_the_first_reachable_nat66_shard(node: Node) -> N
     assert rollback.run() == []
     assert default not in node.rows()[EGRESS_ROUTE_TABLE.name]
     node.register(reg, Rollback(Deadline(10)))
-    assert registration.release_vpc(str(node.pin_dir), TABLE, reg.nat66_shard_sids) == 3
+    assert removal.release_vpc(str(node.pin_dir), TABLE, reg.nat66_shard_sids) == 3
 
 
 def test_no_reachable_nat66_shard_fails_the_registration_and_writes_nothing(

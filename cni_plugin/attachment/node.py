@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager
 from cni_plugin.core import naming
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.locks import file_lock, lock_path
-from cni_plugin.galactic import registration
+from cni_plugin.galactic import removal
 from cni_plugin.kernel import hostfilter, isolation, links, netns, tableids
 from cni_plugin.kernel.rtnl import Rtnl
 from netconf.errors import CniError
@@ -72,7 +72,7 @@ def ensure_vpc_table(rtnl: Rtnl, vpc: str, mode: str, *, lock_dir: str,
             return isolation.ensure_table(rtnl, vpc, lambda: set(kept.values()))
         pin_dir = node.galactic.pin_dir
         vpc_table = isolation.ensure_vrf(rtnl, vpc, kept,
-                                         lambda: registration.route_table_ids(pin_dir))
+                                         lambda: removal.route_table_ids(pin_dir))
         vrf = naming.vrf_name(vpc)
         if keeps_table and kept.get(vrf) != vpc_table.table:
             tableids.keep(lock_dir, vrf, vpc_table.table)
@@ -112,6 +112,6 @@ def release_unused_vpc(vpc: str, mode: str, *, lock_dir: str, node: NodeSettings
             table = isolation.release(rtnl, vpc)
         if table is not None and mode == "vrf":  # its SID's rows go with it
             settings = node.galactic
-            registration.release_vpc(settings.pin_dir, table, settings.nat66_shard_sids)
+            removal.release_vpc(settings.pin_dir, table, settings.nat66_shard_sids)
         return table
     return None

@@ -13,7 +13,7 @@ from cni_plugin.core import naming
 from cni_plugin.core.addressing import Addressing
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.rollback import Rollback
-from cni_plugin.galactic import layout, pins, registration
+from cni_plugin.galactic import layout, pins, record, registration, removal
 from cni_plugin.kernel import isolation, links, srv6
 from cni_plugin.kernel.links import Link, Owner
 from cni_plugin.kernel.rtnl import Rtnl
@@ -80,7 +80,7 @@ def unregister_datapath(owner: Owner, *, lock_dir: str, node: NodeSettings,
     """DEL: the rows owner's attachment registered in galactic's datapath, if any."""
     settings = node.galactic
     with host_lock(lock_dir, deadline):
-        registration.unregister(settings.pin_dir, lock_dir, owner.container_id, owner.ifname)
+        removal.unregister(settings.pin_dir, lock_dir, owner.container_id, owner.ifname)
 
 
 def collect_registrations(network: str, valid: set[tuple[str, str]], *, lock_dir: str,
@@ -90,14 +90,14 @@ def collect_registrations(network: str, valid: set[tuple[str, str]], *, lock_dir
     settings = node.galactic
     collected = []
     with host_lock(lock_dir, deadline):
-        for container_id, ifname in list(registration.records_of(lock_dir, network)):
+        for container_id, ifname in list(record.records_of(lock_dir, network)):
             if (container_id, ifname) in valid:
                 continue
-            registration.unregister(settings.pin_dir, lock_dir, container_id, ifname)
+            removal.unregister(settings.pin_dir, lock_dir, container_id, ifname)
             collected.append(f"{container_id}/{ifname}")
         with host_netlink(deadline) as rtnl:
             live = {link.index for link in rtnl.links()}
-            orphans = registration.collect_orphans(settings.pin_dir, live)
+            orphans = removal.collect_orphans(settings.pin_dir, live)
         if orphans:
             collected.append(f"{orphans} row(s) of links that are gone")
     return collected

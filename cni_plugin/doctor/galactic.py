@@ -4,7 +4,7 @@ registered in galactic's datapath still are (SPEC §15)."""
 from __future__ import annotations
 
 from cni_plugin.doctor.node import FAIL, NETLINK_SECONDS, OK, WARN, Finding, Node
-from cni_plugin.galactic import layout, pins, registration
+from cni_plugin.galactic import layout, pins, record
 from cni_plugin.galactic.pins import Datapath
 from cni_plugin.kernel import links, netns, tc
 from cni_plugin.kernel.rtnl import Rtnl
@@ -41,8 +41,8 @@ def _registrations(node: Node, datapath: Datapath, rtnl: Rtnl) -> list[Finding]:
     by_index = {link.index: link for link in rtnl.links()}
     registered: list[str] = []
     broken: list[str] = []
-    for path in registration.record_paths(lock_dir):
-        rows = registration.read_record(path) or []
+    for path in record.record_paths(lock_dir):
+        rows = record.read_record(path) or []
         ifindex_rows = [(k, v) for m, k, v in rows if m is layout.IFINDEX_VRF_TABLE]
         if not ifindex_rows:
             continue

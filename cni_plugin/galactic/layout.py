@@ -36,6 +36,7 @@ EGRESS_KIND_TAP = 1  # plain bpf_redirect (a tap has no peer)
 ROUTE_FAMILY_INET6 = 0  # USID_EGRESS_ROUTE_FAMILY_*
 ROUTE_FAMILY_INET4 = 1
 ROUTE_KEY_FIXED_BITS = 8 * (4 + 1)  # table_id + family, always matched in full
+DEFAULT_PREFIX = ipaddress.IPv6Network("::/0")  # egressroutemap.DefaultPrefix
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ map vpc-attach touches must have exactly the layout vpc-attach writes, or nothin
 from __future__ import annotations
 
 import errno
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -26,6 +27,7 @@ from cni_plugin.kernel.bpf import (
 )
 from netconf.errors import DATAPATH_MISMATCH, KERNEL_FAILURE, CniError
 
+log = logging.getLogger(__name__)
 MISMATCH_HINT = ("galactic's datapath and vpc-attach are of different versions; nothing was "
                  "written (docs/operations.md#galactics-datapath)")
 
@@ -100,3 +102,15 @@ def opened(pin_dir: str) -> Iterator[Datapath | None]:
                 raise CniError(DATAPATH_MISMATCH, mismatch, MISMATCH_HINT)
             maps[layout.name] = pinned
         yield Datapath(pin_dir, maps)
+
+
+@contextmanager
+def tolerating_mismatch() -> Iterator[None]:
+    """A datapath whose layout differs holds nothing of ours: what reads or cleans our rows
+    goes on without it (what would write them fails, code 107)."""
+    try:
+        yield
+    except CniError as exc:
+        if exc.code != DATAPATH_MISMATCH:
+            raise
+        log.warning("galactic's datapath: %s (%s)", exc.msg, exc.details)

@@ -12,27 +12,24 @@ Created-only (SPEC §7): each write keeps the row's bytes from before; a rollbac
 (or deletes, when there was none) only rows that still hold what this ADD wrote, so a row
 another attachment or galactic itself wrote since is never touched. DEL removes the rows of
 its attachment that still say what it registered (an on-node record lists them, so DEL and GC
-need no prevResult); the VPC's `vrf_table` row goes with the VPC's VRF (`release_vpc`); the
-node's rows stay, as galactic's own chain leaves them.
+need no prevResult: `record.py`); the VPC's `vrf_table` row goes with the VPC's VRF; the node's
+rows stay, as galactic's own chain leaves them (`removal.py`). This module writes them, undoes
+them, and tells CHECK what no longer says the attachment is registered.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import ipaddress
-import json
 import logging
-import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
-from cni_plugin.core import records
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.rollback import Rollback
-from cni_plugin.galactic import layout, underlay
+from cni_plugin.galactic import layout, record, underlay
 from cni_plugin.galactic.layout import (
     EGRESS_ROUTE_TABLE,
     FUNCTION_TABLE,
@@ -49,13 +46,11 @@ from cni_plugin.kernel import tc
 from cni_plugin.kernel.bpf import BPF_EXIST, BPF_MAP_TYPE_LPM_TRIE, BPF_NOEXIST, BpfError
 from cni_plugin.kernel.links import kernel_errors
 from cni_plugin.kernel.rtnl import Rtnl
-from netconf.errors import DATAPATH_MISMATCH, INVALID_CONFIG, TRY_AGAIN_LATER, CniError
+from netconf.errors import INVALID_CONFIG, TRY_AGAIN_LATER, CniError
 
 log = logging.getLogger(__name__)
-RECORDS_DIR = "galactic"  # under the host's lockDir: one record per registered attachment
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-DEFAULT_PREFIX = ipaddress.IPv6Network("::/0")  # egressroutemap.DefaultPrefix
 
 
 @dataclass(frozen=True)
@@ -96,7 +91,7 @@ class Registration:
                 (VRF_TABLE, layout.vrf_key(self.block, self.argument)),
                 (NODE_SRC_ADDR_TABLE, layout.ARRAY_ONLY_KEY),
                 (PUBLIC_UPLINK_TABLE, layout.ARRAY_ONLY_KEY),
-                *([(EGRESS_ROUTE_TABLE, layout.route_key(self.table_id, DEFAULT_PREFIX))]
+                *([(EGRESS_ROUTE_TABLE, layout.route_key(self.table_id, layout.DEFAULT_PREFIX))]
                   if self.nat66_shard_sids else [])]
 
 
@@ -198,13 +193,15 @@ def register(datapath: Datapath, rtnl: Rtnl, registration: Registration, rollbac
     writer = RowWriter(datapath)
     pin_dir = datapath.pin_dir
     rollback.created("record of the rows registered in galactic's datapath",
-                     lambda _d: forget(lock_dir, reg.container_id, reg.ifname))
-    write_record(lock_dir, reg)
+                     lambda _d: record.forget(lock_dir, reg.container_id, reg.ifname))
+    record.write_record(lock_dir, reg.container_id, reg.ifname, network=reg.network,
+                        host_link=reg.host_link, rows=reg.attachment_rows(),
+                        uses=reg.shared_rows())
     def undo(deadline: Deadline) -> None:
         with host_lock(deadline), opened(pin_dir) as datapath:
             if datapath is not None:
-                undo_rows(datapath, writer.written, listed_by_others(
-                    lock_dir, record_path(lock_dir, reg.container_id, reg.ifname)))
+                undo_rows(datapath, writer.written, record.listed_by_others(
+                    lock_dir, record.record_path(lock_dir, reg.container_id, reg.ifname)))
 
     rollback.created("rows written into galactic's datapath", undo)
     block = reg.block
@@ -232,7 +229,7 @@ def _write_nat66_default(writer: RowWriter, rtnl: Rtnl, reg: Registration) -> No
     for sid in reg.nat66_shard_sids:
         hop = underlay.next_hop(rtnl, sid)
         if hop is not None:
-            writer.write(EGRESS_ROUTE_TABLE, layout.route_key(reg.table_id, DEFAULT_PREFIX),
+            writer.write(EGRESS_ROUTE_TABLE, layout.route_key(reg.table_id, layout.DEFAULT_PREFIX),
                          layout.EgressRoute(sid, hop.ifindex, hop.dmac, hop.smac).encode())
             return
     raise CniError(TRY_AGAIN_LATER, f"no NAT66 shard SID is reachable yet, out of "
@@ -297,179 +294,6 @@ def _write_node_rows(writer: RowWriter, rtnl: Rtnl, configured: tuple[str, ...])
     except CniError as exc:
         log.warning("galactic's datapath: node rows not registered: %s (%s)", exc.msg,
                     exc.details)
-
-
-def unregister(pin_dir: str, lock_dir: str, container_id: str, ifname: str) -> bool:
-    """DEL, GC (under the host lock): remove the attachment's own rows that still say what it
-    registered and that no other record lists (a pass-through row two attachments' prefixes
-    share stays), then its record; whether there was a record. A datapath whose layout
-    differs holds no row of ours (vpc-attach never writes one): only the record goes."""
-    path = record_path(lock_dir, container_id, ifname)
-    record = read_record(path)
-    if record is None:
-        return False
-    others = listed_by_others(lock_dir, path)
-    with _tolerating_mismatch(), opened(pin_dir) as datapath:
-        if datapath is not None:
-            remove_rows(datapath, [row for row in record if (row[0].name, row[1]) not in others])
-    forget(lock_dir, container_id, ifname)
-    return True
-
-
-def listed_by_others(lock_dir: str, own: str) -> frozenset[tuple[str, bytes]]:
-    """(map, key) of every row a registration other than the record `own` lists or relies
-    on."""
-    return frozenset((m.name, k) for other in record_paths(lock_dir) if other != own
-                     for m, k in _listed(other))
-
-
-def record_paths(lock_dir: str) -> list[str]:
-    """Every registration record on this node."""
-    directory = os.path.join(lock_dir, RECORDS_DIR)
-    try:
-        return [os.path.join(directory, name) for name in sorted(os.listdir(directory))
-                if name.endswith(".json")]
-    except FileNotFoundError:
-        return []
-
-
-def remove_rows(datapath: Datapath, rows: list[tuple[MapLayout, bytes, bytes]]) -> None:
-    """Delete each row that still holds the value given."""
-    for map_layout, key, value in rows:
-        pinned = datapath[map_layout]
-        with kernel_errors("remove a row of galactic's map", map_layout.name):
-            if pinned.lookup(key) == value:
-                pinned.delete(key)
-
-
-def collect_orphans(pin_dir: str, live_ifindexes: set[int]) -> int:
-    """GC: ifindex_vrf_table rows of links that no longer exist (whoever registered them): a
-    new link given that index would have its packets taken for another VPC's; how many."""
-    removed = 0
-    with _tolerating_mismatch(), opened(pin_dir) as datapath:
-        if datapath is None:
-            return 0
-        rows = datapath[IFINDEX_VRF_TABLE]
-        with kernel_errors("remove stale rows of galactic's map", IFINDEX_VRF_TABLE.name):
-            for key in list(rows.keys()):
-                if layout.decode_ifindex_key(key) not in live_ifindexes and rows.delete(key):
-                    removed += 1
-    return removed
-
-
-def release_vpc(pin_dir: str, table_id: int, nat66_shard_sids: tuple[str, ...] = ()) -> int:
-    """The VPC's VRF went (its table released): its vrf_table row, any pass-through row of its
-    table and its default toward a NAT66 shard go too; the number of rows removed. Routes
-    galactic-router wrote stay: the table id stays the VPC's while its BGPVRFInstance exists."""
-    removed = 0
-    with _tolerating_mismatch(), opened(pin_dir) as datapath:
-        if datapath is None:
-            return 0
-        vrfs = datapath[VRF_TABLE]
-        routes = datapath[EGRESS_ROUTE_TABLE]
-        with kernel_errors("remove the VPC's rows of galactic's map", VRF_TABLE.name):
-            for key, value in list(vrfs.items()):
-                if VrfRow.decode(value).table_id == table_id and vrfs.delete(key):
-                    removed += 1
-        with kernel_errors("remove the VPC's rows of galactic's map", EGRESS_ROUTE_TABLE.name):
-            for key, value in list(routes.items()):
-                table, prefix = layout.decode_route_key(key)
-                ours = value == layout.PASS_THROUGH or (
-                    prefix == DEFAULT_PREFIX
-                    and layout.EgressRoute.decode(value).sid in nat66_shard_sids)
-                if table == table_id and ours and routes.delete(key):
-                    removed += 1
-    return removed
-
-
-@contextlib.contextmanager
-def _tolerating_mismatch() -> Iterator[None]:
-    """A datapath whose layout differs holds nothing of ours: what reads or cleans our rows
-    goes on without it (what would write them fails, code 107)."""
-    try:
-        yield
-    except CniError as exc:
-        if exc.code != DATAPATH_MISMATCH:
-            raise
-        log.warning("galactic's datapath: %s (%s)", exc.msg, exc.details)
-
-
-def route_table_ids(pin_dir: str) -> set[int]:
-    """Linux table ids that rows of galactic's egress_route_table name (galactic-router's
-    routes outlive a VRF: such an id is not given to another VPC)."""
-    with _tolerating_mismatch(), opened(pin_dir) as datapath:
-        if datapath is None:
-            return set()
-        routes = datapath[EGRESS_ROUTE_TABLE]
-        with kernel_errors("read galactic's map", EGRESS_ROUTE_TABLE.name):
-            return {layout.decode_route_key(key)[0] for key in routes.keys()}  # noqa: SIM118
-
-
-# The on-node record: which attachment rows a (container, ifname) registered.
-
-def record_path(lock_dir: str, container_id: str, ifname: str) -> str:
-    """Where a (container, ifname)'s registration is recorded (container IDs hold no '@')."""
-    return os.path.join(lock_dir, RECORDS_DIR, f"{container_id}@{ifname}.json")
-
-
-def write_record(lock_dir: str, reg: Registration) -> None:
-    """Record the attachment's rows before writing them (atomically)."""
-    body = {"network": reg.network, "hostLink": reg.host_link,
-            "rows": [[m.name, k.hex(), v.hex()] for m, k, v in reg.attachment_rows()],
-            "uses": [[m.name, k.hex()] for m, k in reg.shared_rows()]}
-    records.write_record(record_path(lock_dir, reg.container_id, reg.ifname), json.dumps(body),
-                         "the galactic registration")
-
-
-_BY_NAME = {m.name: m for m in layout.MAPS}
-
-
-def read_record(path: str) -> list[tuple[MapLayout, bytes, bytes]] | None:
-    """The rows a record lists, or None when it is absent or unreadable."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-        return [(_BY_NAME[name], bytes.fromhex(key), bytes.fromhex(value))
-                for name, key, value in data["rows"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _listed(path: str) -> list[tuple[MapLayout, bytes]]:
-    """(map, key) of the rows a record lists as its own or relies on."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-        return [(_BY_NAME[row[0]], bytes.fromhex(row[1]))
-                for row in [*data["rows"], *data.get("uses", [])]]
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
-        return []
-
-
-def forget(lock_dir: str, container_id: str, ifname: str) -> None:
-    """Drop a record (DEL done, ADD rolled back)."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(record_path(lock_dir, container_id, ifname))
-
-
-def records_of(lock_dir: str, network: str) -> Iterator[tuple[str, str]]:
-    """(containerID, ifname) of the registrations recorded for network on this node."""
-    directory = os.path.join(lock_dir, RECORDS_DIR)
-    try:
-        names = sorted(os.listdir(directory))
-    except FileNotFoundError:
-        return
-    for name in names:
-        stem, _, ext = name.rpartition(".")
-        container_id, at, ifname = stem.partition("@")
-        if ext != "json" or not at:
-            continue
-        try:
-            with open(os.path.join(directory, name), encoding="utf-8") as handle:
-                if json.load(handle).get("network") == network:
-                    yield container_id, ifname
-        except (OSError, ValueError, AttributeError):
-            continue
 
 
 def differences(datapath: Datapath, rtnl: Rtnl, reg: Registration) -> list[str]:
