@@ -1,1 +1,7 @@
-"""Typed models of everything vpc-attach reads and writes on the CNI boundary."""
+"""Typed models of everything vpc-attach reads and writes on the CNI boundary.
+
+`config` (the plugin stanza), `runtime` (CNI_* environment, CNI_ARGS), `capabilities` (the `ips`
+and `mac` a runtime asks for), `host` (host settings: the node's settings, read once per verb),
+`result` (CNI results of every version), `errors` (the error object and its codes), `versions`
+(the CNI versions spoken), `base62` (VPC and attachment identifiers).
+"""

@@ -6,6 +6,11 @@ server with the plugin's kubeconfig, every permission of the packaged ClusterRol
 BGPRouter, and leftovers (retired links, vpc-attach-ipam allocations without an attachment),
 and the cluster blocks of vpc-attach-ipam pools the node holds.
 Exit status 0 only when no check failed; warnings do not count.
+
+One module per concern, each a list of checks on what they share (`node`: `Finding`, `Node`,
+the statuses and bounds): `settings`, `networks`, `kernel` (with the host protection table),
+`galactic`, `agent`, `cluster` (API, RBAC, router, tenancy), `blocks`, `leftovers`; KubeVirt's
+checks are its room's (`cni_plugin/kubevirt/doctor.py`).
 """
 
 from __future__ import annotations

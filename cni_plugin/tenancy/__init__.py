@@ -7,7 +7,8 @@ the agent's synced watch caches (no request), or without them one LIST of VPCBin
 GET of the namespace, through the ADD's one session (`VerbCluster`). A denial from a cache is
 confirmed against the API server before it is answered, so a binding created a moment ago is
 never refused for a watch still on its way.
-DEL, CHECK and GC never consult bindings; they read what ADD recorded (`choice`).
+DEL, CHECK and GC never consult bindings; they read what ADD recorded (`choice`). The decision
+itself is pure (`bindings`: a binding's match and the answer, no I/O).
 """
 
 from __future__ import annotations
