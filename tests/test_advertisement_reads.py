@@ -56,17 +56,17 @@ def advertisement(name: str, *nodes: str) -> dict[str, Any]:
 
 
 class Session(ColdSession):
-    def __init__(self, client: Recording, may_hold: bool = True) -> None:
+    def __init__(self, client: Recording, holding: frozenset[str] | None = None) -> None:
         super().__init__("unused")
         self._fake = client
-        self.may_hold = may_hold
+        self.holding = holding
 
     def client(self) -> KubeClient:
         return cast(KubeClient, self._fake)
 
-    def shared_may_hold(self, namespace: str, name: str, node: str,
-                        deadline: Deadline) -> bool:
-        return self.may_hold
+    def advertisements_holding(self, namespace: str, node: str,
+                               deadline: Deadline) -> frozenset[str] | None:
+        return self.holding
 
 
 def context(session: ClusterSession) -> PublishContext:
@@ -108,7 +108,12 @@ def test_an_absent_advertisement_reads_the_shared_form_unless_the_session_knows_
     assert client.seen == [f"GET bgpadvertisements {own}", f"GET bgpadvertisements {SHARED}"]
 
     client = Recording({SHARED: advertisement(SHARED, NODE)})
-    found = read_found(context(Session(client, may_hold=False)), Deadline(5))
+    found = read_found(context(Session(client, frozenset({SHARED}))), Deadline(5))
+    assert found.own is None and found.shared is not None  # listed as holding this node's
+    assert client.seen == [f"GET bgpadvertisements {own}", f"GET bgpadvertisements {SHARED}"]
+
+    client = Recording({SHARED: advertisement(SHARED, NODE)})
+    found = read_found(context(Session(client, frozenset({f"{SHARED}-x"}))), Deadline(5))
     assert found.own is None and found.shared is None
     assert client.seen == [f"GET bgpadvertisements {own}"]
 
@@ -127,11 +132,12 @@ def test_the_agent_lists_advertisements_once_and_knows_which_hold_this_nodes_con
                               advertisement("3e-3e", "node-b"),
                               advertisement(f"{SHARED}-{NODE}", NODE)])
     session = agent(client, monkeypatch).session(kubeconfig)
-    assert session.shared_may_hold("ns", SHARED, NODE, Deadline(5))
-    assert not session.shared_may_hold("ns", "3e-3e", NODE, Deadline(5))
-    assert not session.shared_may_hold("ns", "15-28", NODE, Deadline(5))  # none at all
+    holding_this_nodes = frozenset({SHARED, f"{SHARED}-{NODE}"})  # not 3e-3e: node-b's only
+    assert session.advertisements_holding("ns", NODE, Deadline(5)) == holding_this_nodes
+    assert session.advertisements_holding("ns", NODE, Deadline(5)) == holding_this_nodes
     assert client.seen == [f"LIST {ADVERTISEMENTS.plural}"]
-    assert session.shared_may_hold("ns", "3e-3e", "node-b", Deadline(5))  # per node
+    holding_node_bs = frozenset({SHARED, "3e-3e"})  # per node: listed again
+    assert session.advertisements_holding("ns", "node-b", Deadline(5)) == holding_node_bs
     assert client.seen == [f"LIST {ADVERTISEMENTS.plural}"] * 2
 
 
@@ -140,8 +146,8 @@ def test_a_refused_listing_reads_the_shared_form_each_time(
         kubeconfig: str, status: int, monkeypatch: pytest.MonkeyPatch) -> None:
     client = Recording(refuse=status)
     session = agent(client, monkeypatch).session(kubeconfig)
-    assert session.shared_may_hold("ns", "3e-3e", NODE, Deadline(5))
-    assert session.shared_may_hold("ns", "3e-3e", NODE, Deadline(5))
+    assert session.advertisements_holding("ns", NODE, Deadline(5)) is None  # not known
+    assert session.advertisements_holding("ns", NODE, Deadline(5)) is None
     assert client.seen == [f"LIST {ADVERTISEMENTS.plural}"] * 2
 
 
@@ -163,6 +169,5 @@ def test_the_agent_lists_them_at_start_so_its_first_add_asks_nothing_more(
             thread.join(10)
     assert client.seen == [f"LIST {ADVERTISEMENTS.plural}"]  # before any ADD
     session = cluster.session(kubeconfig)
-    assert session.shared_may_hold("ns", SHARED, NODE, Deadline(5))
-    assert not session.shared_may_hold("ns", "3e-3e", NODE, Deadline(5))
+    assert session.advertisements_holding("ns", NODE, Deadline(5)) == frozenset({SHARED})
     assert client.seen == [f"LIST {ADVERTISEMENTS.plural}"]

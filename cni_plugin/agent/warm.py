@@ -292,12 +292,10 @@ class WarmSession:
         meta = pod.get("metadata") or {}
         self._pods[(str(meta.get("namespace")), str(meta.get("name")))] = pod
 
-    def shared_may_hold(self, namespace: str, name: str, node: str,
-                        deadline: Deadline) -> bool:
-        """Whether the agent's one listing found node's containers in `name`."""
-        holders = self._cluster.holders(self._kubeconfig, namespace, node, self.client(),
-                                        deadline)
-        return holders is None or name in holders
+    def advertisements_holding(self, namespace: str, node: str,
+                               deadline: Deadline) -> frozenset[str] | None:
+        """The agent's one listing of the advertisements holding node's containers."""
+        return self._cluster.holders(self._kubeconfig, namespace, node, self.client(), deadline)
 
     def close(self) -> None:
         """Hand the client back to the pool."""

@@ -53,11 +53,10 @@ class ClusterSession(Protocol):
         """Keep a Pod this verb read from the API for the verb's later steps (the IPAMClaim
         step reads the Pod the EndpointSlice step then owns its slice by: one GET)."""
 
-    def shared_may_hold(self, namespace: str, name: str, node: str,
-                        deadline: Deadline) -> bool:
-        """Whether the shared advertisement `name` (the form earlier versions wrote) may hold
-        containers of node: False only when known that it cannot (nothing to convert, so
-        nothing to read)."""
+    def advertisements_holding(self, namespace: str, node: str,
+                               deadline: Deadline) -> frozenset[str] | None:
+        """Names of the BGPAdvertisements in namespace that hold containers of node, from a
+        listing the source keeps, or None (not known: read each)."""
 
     def close(self) -> None:
         """Done with the client (closed, or kept for the next verb)."""
@@ -108,10 +107,10 @@ class ColdSession:
         meta = pod.get("metadata") or {}
         self._pods[(str(meta.get("namespace")), str(meta.get("name")))] = pod
 
-    def shared_may_hold(self, namespace: str, name: str, node: str,
-                        deadline: Deadline) -> bool:
-        """Not known: read it."""
-        return True
+    def advertisements_holding(self, namespace: str, node: str,
+                               deadline: Deadline) -> frozenset[str] | None:
+        """Not known: read each."""
+        return None
 
     def close(self) -> None:
         """Close the client, if one was made."""

@@ -101,10 +101,16 @@ def read_found(ctx: PublishContext, deadline: Deadline) -> Found:
     the ADD that creates this node's, and not when the session knows it holds none of this
     node's containers: the agent lists them once)."""
     own = read_advertisement(ctx, deadline)
-    if own is not None or not ctx.session.shared_may_hold(
-            ctx.namespace, ctx.shared_advertisement_name, ctx.node, deadline):
+    if own is not None or not _shared_may_hold(ctx, deadline):
         return Found(own)
     return Found(None, read_advertisement(ctx, deadline, ctx.shared_advertisement_name))
+
+
+def _shared_may_hold(ctx: PublishContext, deadline: Deadline) -> bool:
+    """Whether the shared advertisement may hold this node's containers: not when the session's
+    listing says it holds none (nothing to convert, so nothing to read)."""
+    holding = ctx.session.advertisements_holding(ctx.namespace, ctx.node, deadline)
+    return holding is None or ctx.shared_advertisement_name in holding
 
 
 def ensure_advertisement(ctx: PublishContext, router: Router, vrf_id: int,
