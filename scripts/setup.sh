@@ -63,6 +63,10 @@ if [ $level -ge 3 ]; then
   want_cmd llvm-14 llvm-strip-14
   want_pkg libbpf-dev
   want_cmd bpftool bpftool
+  # Asked of tests by name (under CI=true a test that skips for want of one fails the run):
+  # readelf reads the image's ELF files, linux/bpf.h is what clang-14 checks our layouts against.
+  want_cmd binutils readelf
+  want_pkg linux-libc-dev
 fi
 apt_install
 if [ $level -ge 3 ]; then
