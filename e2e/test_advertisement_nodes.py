@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +98,7 @@ def cids_of(adv: dict[str, Any] | None) -> set[str]:
             if key.startswith(NODE_KEY)}
 
 
-def first(events: list[tuple[str, str]], name: str) -> int:
+def first(events: Sequence[tuple[str, str]], name: str) -> int:
     """Index of the first event of the object."""
     return next(i for i, (_, named) in enumerate(events) if named == name)
 

@@ -13,10 +13,10 @@ import contextlib
 import json
 import threading
 import urllib.parse
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, overload
 
 import urllib3
 from kubernetes.client import ApiClient, Configuration
@@ -29,7 +29,47 @@ APPLY_PATCH = "application/apply-patch+yaml"
 
 JsonObject = dict[str, Any]
 Query = dict[str, str]
-Events = list[tuple[str, str]]  # watch events as (type, object name)
+Event = tuple[str, str]  # a watch event as (type, object name)
+
+
+class WatchFailed(RuntimeError):
+    """A watch ended other than by its block's end: an ERROR event, a broken stream, a line
+    that is no event."""
+
+
+class WatchEvents(Sequence[Event]):
+    """The events a watch recorded so far, in the API server's order. Reading them raises
+    WatchFailed once the watch failed, so a test waiting on them fails at once with the reason
+    instead of waiting out its timeout."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.failure: str | None = None
+        self._events: list[Event] = []
+
+    def record(self, event: Event) -> None:
+        """The reader's: one more event."""
+        self._events.append(event)
+
+    def _readable(self) -> list[Event]:
+        if self.failure is not None:
+            raise WatchFailed(f"the watch of {self.path} failed: {self.failure}")
+        return self._events
+
+    @overload
+    def __getitem__(self, index: int) -> Event: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Event]: ...
+
+    def __getitem__(self, index: int | slice) -> Event | Sequence[Event]:
+        return self._readable()[index]
+
+    def __len__(self) -> int:
+        return len(self._readable())
+
+    def __repr__(self) -> str:
+        return repr(self._events) + (f" (failed: {self.failure})" if self.failure else "")
 
 
 class ApiError(RuntimeError):
@@ -142,10 +182,11 @@ class Kube:
         return items
 
     @contextlib.contextmanager
-    def watching(self, path: str, window_s: float = 120.0) -> Iterator[Events]:
+    def watching(self, path: str, window_s: float = 120.0) -> Iterator[WatchEvents]:
         """Record a collection's watch events from now on, in the API server's order, as
         (type, name) pairs appended while the block runs (at most ``window_s``); a test waits
-        on the list's content, never on time."""
+        on their content, never on time. A watch that fails before the block ends makes
+        reading them raise (WatchFailed); its stream cut by the block's end does not."""
         listing = self.request("GET", path, query={"limit": "1"})
         query = urllib.parse.urlencode({
             "watch": "1", "resourceVersion": listing["metadata"]["resourceVersion"],
@@ -157,24 +198,34 @@ class Kube:
                                                            read=window_s + self.timeout))
         if response.status != 200:
             raise ApiError("GET", path, response.status, response.read().decode())
-        events: Events = []
+        events = WatchEvents(path)
+        ended = threading.Event()  # set when the block ends: the stream is cut on purpose
 
         def read() -> None:
-            with contextlib.suppress(Exception):  # ended by release_conn below, or its timeout
+            try:
                 buffer = b""
                 for chunk in response.stream(4096):
                     buffer += chunk
                     *lines, buffer = buffer.split(b"\n")
                     for line in filter(None, lines):
-                        event = json.loads(line)
-                        events.append((event["type"], event["object"]["metadata"]["name"]))
+                        events.record(watch_event(line))
+            except Exception as exc:  # any failure is recorded, and raised to the reader
+                if not ended.is_set():
+                    events.failure = f"{type(exc).__name__}: {exc}"
+                return
+            if not ended.is_set():  # the API server closed it (its window ran out)
+                events.failure = f"the API server ended the watch within {window_s:.0f} s"
 
         reader = threading.Thread(target=read, name="watch recorder", daemon=True)
         reader.start()
         try:
             yield events
         finally:
-            response.shutdown()  # the reader's stream ends
+            ended.set()
+            if reader.is_alive():
+                # Its stream is cut; one that ended meanwhile went back to the pool already.
+                with contextlib.suppress(RuntimeError):
+                    response.shutdown()
             reader.join(self.timeout)
             response.close()
 
@@ -264,3 +315,17 @@ def _status_message(body: str) -> str:
         return body
     message = status.get("message") if isinstance(status, dict) else None
     return str(message) if message else body
+
+
+def watch_event(line: bytes) -> Event:
+    """One line of a watch stream as (type, object name); an ERROR event (the API server's
+    Status, e.g. 410 Gone) or a line that is no event raises WatchFailed."""
+    try:
+        event = json.loads(line)
+        kind, obj = event["type"], event["object"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise WatchFailed(f"not a watch event ({exc}): {line[:200]!r}") from None
+    if kind == "ERROR":
+        raise WatchFailed(f"ERROR event: {obj.get('code')} {obj.get('reason')}: "
+                          f"{obj.get('message')}")
+    return str(kind), str(obj["metadata"]["name"])
