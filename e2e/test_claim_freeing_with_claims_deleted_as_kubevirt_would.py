@@ -51,6 +51,14 @@ def claimed(scene: Scene) -> dict[str, str]:
     return scene.files().claims()
 
 
+def pool_hints(scene: Scene) -> dict[str, list[str]]:
+    """claim uid -> the pool directories' hashes the node notes it holds records in
+    (`<ipamDataRoot>/.claims/<claim uid>/<hash>`, cni_plugin/ipam/plugin/README.md)."""
+    root = Path(scene.plugin.environ["VPC_ATTACH_IPAM_DATA_ROOT"]) / ".claims"
+    return {claim.name: sorted(p.name for p in claim.iterdir())
+            for claim in sorted(root.iterdir())} if root.exists() else {}
+
+
 def test_gc_frees_a_deleted_claims_addresses_on_a_node_without_an_agent(scene: Scene) -> None:
     scene.plugin.agent_socket = NO_AGENT_SOCKET
     claim = scene.claim()
@@ -58,11 +66,12 @@ def test_gc_frees_a_deleted_claims_addresses_on_a_node_without_an_agent(scene: S
     gc = {**scene.conf, "cni.dev/valid-attachments": []}
     scene.plugin.ok("GC", gc)
     assert len(claimed(scene)) == 2, "the claim exists: GC keeps its addresses"
-    kubevirt_deletes_claim(scene.kube, scene.namespace, claim)
+    [(uid, pools)] = pool_hints(scene).items()  # where the node notes the claim's pools
+    assert pools, "the claim's pools are noted on the node"
+    assert kubevirt_deletes_claim(scene.kube, scene.namespace, claim) == uid
     scene.plugin.ok("GC", gc)
     assert scene.files().records == {}
-    assert not (scene.data_dir.parent / ".claims").exists() or \
-        not list((scene.data_dir.parent / ".claims").iterdir())
+    assert pool_hints(scene) == {}, "the deleted claim's note of its pools is gone too"
 
 
 def test_the_agent_frees_a_deleted_claims_addresses_when_its_watch_sees_it_go(
