@@ -7,7 +7,9 @@
 - `admission`: `Denials`, refusals by the real API server (a ValidatingAdmissionPolicy whose
   parameter lists the writes to deny), switched per test case;
 - `start_proxy`: a proxy for a test cluster, with the kubeconfig the plugin is pointed at
-  (`VPC_ATTACH_KUBECONFIG`).
+  (`VPC_ATTACH_KUBECONFIG`);
+- `matrix`: the fault matrix's scene (e2e/test_fault_matrix.py): its writes, faults and cases,
+  one case's container, what it left and changed, the figures.
 
 The control plane's processes are paused, resumed, killed and restarted by
 `e2e.harness.cluster.Cluster` (`pause`, `resume`, `paused`, `kill`, `restart`); the node agent
