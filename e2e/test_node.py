@@ -15,24 +15,42 @@ import contextlib
 import copy
 import ipaddress
 import json
+import socket
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from cni_plugin.core import naming
+from cni_plugin.publish.migration import RECORDS_DIR as MIGRATION_RECORDS
 from cni_plugin.tenancy.choice import ANNOTATION as ATTACHMENT_ANNOTATION
 from e2e.harness import kernel, tenancy
-from e2e.harness.faults import Denials, Fault, FaultProxy, ProxiedCluster, Rule, start_proxy
+from e2e.harness.faults import Denials, Fault, Rule
+from e2e.harness.ipamclaims import claim_status
+from e2e.harness.kernel import temporary_netns
 from e2e.harness.kube import Kube
+from e2e.harness.kubevirt.standins import (
+    kubevirt_creates_claim,
+    kubevirt_deletes_claim,
+    kubevirt_marks_target_ready,
+    kubevirt_starts_launcher,
+    launcher_pod,
+)
+from e2e.harness.nodes import api_port, in_node, node_namespace
+from e2e.harness.plugin import Plugin, with_prev
+from e2e.harness.publishing import create_router
 from e2e.harness.report import report
 from e2e.harness.victims import planted_victims
 from e2e.harness.wait import wait_until
 from e2e.node import Node, deploy
-from e2e.node import down as node_down
+from e2e.node.mountns import BOUND
 from e2e.node.node import EXAMPLES
 from e2e.node.observe import (
+    BGP_API,
     Snapshot,
     advertisements,
     bgp_router,
@@ -44,7 +62,6 @@ from e2e.node.observe import (
     pod_addresses,
     pod_events,
     pod_manifest,
-    pod_slices,
     sandbox,
     sandbox_failures,
     sandboxes,
@@ -54,30 +71,31 @@ from e2e.node.observe import (
     vrf_instances,
     wait_running,
 )
+from e2e.node.undertest import (
+    SETTLE_S,
+    NodeUnderTest,
+    advertising,
+    attached_sandboxes,
+    node_under_test,
+    owned_slices,
+    pause_image,
+    ready_condition,
+    start_pod,
+    wait_nothing_left,
+)
+from netconf.host import DEFAULT_AGENT_SOCKET, DEFAULT_IPAM_DATA_ROOT, DEFAULT_LOCK_DIR
+from tests.ipam_files import IpamFiles
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster]
 
 VPC_V4 = ipaddress.ip_network("172.21.1.0/24")  # the veth-pod example's pools
 VPC_V6 = ipaddress.ip_network("fd00:21:ff01::/48")
 PTP_POOL = ipaddress.ip_network("fd00:33::/64")  # the publish-after-ptp example's pool
-CID_KEY = 41  # annotations carry the first 41 characters of the container ID (SPEC §6)
 GC_DEL_S = 180.0  # kubelet's sandbox GC runs once a minute
 RETRY_S = 180.0  # kubelet retries a failed sandbox with backoff
-SETTLE_S = 60.0
 DEPLOYMENT_S = 240.0
-
-
-class NodeUnderTest:
-    """The module's node, the proxy its plugin talks through, and the figures it reports."""
-
-    def __init__(self, node: Node, proxied: ProxiedCluster) -> None:
-        self.node = node
-        self.proxied = proxied
-        self.figures: dict[str, Any] = {}
-
-    @property
-    def proxy(self) -> FaultProxy:
-        return self.proxied.proxy
+VM_NETWORK = "vpc21"  # the veth-pod example's network name: the claims' spec.network
+NOWHERE_LABEL = "vpc-attach.e2e/nowhere"  # no node carries it: the DaemonSet runs on none
 
 
 @pytest.fixture(scope="module")
@@ -87,32 +105,11 @@ def real_node(tmp_path_factory: pytest.TempPathFactory,
     if not kernel.IS_ROOT:
         pytest.skip("needs root for mounts, cgroups and network namespaces")
     base = tmp_path_factory.mktemp("node")
-    state_dir = base / "state"
-    links_before = _host_links()
-    proxied: list[ProxiedCluster] = []
-
-    def through_proxy(cluster: Any) -> str:
-        proxied.append(start_proxy(cluster, base))
-        return proxied[0].proxy.url
-
-    try:
-        node = Node.up(state_dir, plugin_server=through_proxy)
-    except BaseException:
-        node_down(state_dir)
-        for started in proxied:
-            started.stop()
-        raise
-    under_test = NodeUnderTest(node, proxied[0])
-    try:
+    with node_under_test(base) as under_test:
         yield under_test
-    finally:
-        problems = node.down()
-        proxied[0].stop()
-        left = _left_on_host(state_dir, node.kubelet.cgroup_root, links_before)
-        under_test.figures["down"] = {"problems": problems, "left_on_host": left}
-        report(pytestconfig, "real node figures", base / "node-figures.json",
-               under_test.figures)
-        assert not left, f"`down` left these on the host: {left}"
+    report(pytestconfig, "real node figures", base / "node-figures.json", under_test.figures)
+    left = under_test.figures["down"]["left_on_host"]
+    assert not left, f"`down` left these on the host: {left}"
 
 
 @pytest.fixture
@@ -137,95 +134,26 @@ def baseline(node: Node, admin: Kube) -> Snapshot:
     return snapshot(node, admin)
 
 
-def _pause(node: Node) -> str:
-    return node.runtime.pause.ref
-
-
-def _start_pod(node: Node, admin: Kube, prefix: str) -> tuple[dict[str, Any], str, str]:
-    """A Pod created through the API and Running; (pod, sandbox id, sandbox netns)."""
-    name = unique(prefix)
-    create_pod(admin, pod_manifest(name, _pause(node)))
-    pod = wait_running(admin, name)
-    box = sandbox(node, pod["metadata"]["uid"])
-    assert box.netns, f"sandbox {box.id} has no netns"
-    return pod, box.id, box.netns
-
-
-def _wait_nothing_left(node: Node, admin: Kube, baseline: Snapshot,
-                       timeout: float = SETTLE_S) -> dict[str, list[str]]:
-    """Until nothing added since `baseline` remains (or the timeout); what remains."""
-    left: dict[str, list[str]] = {}
-
-    def clean() -> bool:
-        left.clear()
-        left.update(snapshot(node, admin).added_since(baseline))
-        return not left
-
-    with contextlib.suppress(TimeoutError):
-        wait_until("nothing of the deleted Pods left", clean, timeout, interval=0.5)
-    return left
-
-
-def _owned_slices(admin: Kube, uid: str) -> list[dict[str, Any]]:
-    return [s for s in pod_slices(admin)
-            if any(o.get("uid") == uid for o in s["metadata"]["ownerReferences"])]
-
-
-def _advertising(node: Node, admin: Kube, container_id: str) -> list[dict[str, Any]]:
-    """Advertisements carrying an annotation of this container."""
-    return [ad for ad in advertisements(node, admin)
-            if any(key.endswith("." + container_id[:CID_KEY])
-                   for key in ad["metadata"].get("annotations") or {})]
-
-
-def _host_links() -> set[str]:
-    return {link["ifname"] for link in json.loads(kernel.run_ip("-j", "link", "show") or "[]")}
-
-
-def _left_on_host(state_dir: Path, cgroup_root: str, links_before: set[str]) -> list[str]:
-    """Mounts, processes, cgroups, links and files of the node still on the host."""
-    left = []
-    marker = str(state_dir)
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        if marker in line:
-            left.append(f"mount {line.split()[4]}")
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            if marker in cmdline:
-                left.append(f"process {proc.name}: {cmdline.replace(chr(0), ' ')[:120]}")
-    for hierarchy in Path("/sys/fs/cgroup").iterdir():
-        if (hierarchy / cgroup_root.strip("/")).exists():
-            left.append(f"cgroup {hierarchy / cgroup_root.strip('/')}")
-    left += [f"link {name}" for name in sorted(_host_links() - links_before)]
-    if state_dir.exists():
-        left.append(f"state dir {state_dir}")
-    return left
-
-
 # -- the veth-pod conflist ------------------------------------------------------------------
 
 
 def test_a_pod_runs_with_its_vpc_address_published_and_deletion_withdraws_it(
         node: Node, admin: Kube, baseline: Snapshot) -> None:
-    pod, sandbox_id, netns = _start_pod(node, admin, "web")
+    pod, sandbox_id, netns = start_pod(node, admin, "web")
     uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
     pod_ips = {entry["ip"] for entry in pod["status"]["podIPs"]}
     assert ipaddress.ip_address(pod["status"]["podIP"]) in VPC_V4
     assert any(ipaddress.ip_address(ip) in VPC_V6 for ip in pod_ips), pod_ips
     assert pod_ips == set(pod_addresses(node, netns)), "the Pod IPs are eth0's addresses"
 
-    slices = _owned_slices(admin, uid)
+    slices = owned_slices(admin, uid)
     assert len(slices) == 1
     owner = slices[0]["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"], owner["uid"]) == ("Pod", name, uid)
     assert {a for e in slices[0]["endpoints"] for a in e["addresses"]} == \
         {ip for ip in pod_ips if ipaddress.ip_address(ip).version == 6}
 
-    (ad,) = _advertising(node, admin, sandbox_id)
+    (ad,) = advertising(node, admin, sandbox_id)
     router = bgp_router(node, admin)
     assert ad["spec"]["routerRef"] == {"name": router}
     prefixes = set(ad["spec"]["prefixes"])
@@ -249,8 +177,8 @@ def test_a_pod_runs_with_its_vpc_address_published_and_deletion_withdraws_it(
     # The DEL of the sandbox's stop succeeded: the runtime stopped it and removed its netns.
     wait_until(f"sandbox {sandbox_id} stopped and its netns removed", lambda: not any(
         box.ready for box in sandboxes(node, uid)) and not netns_exists(node, netns), SETTLE_S)
-    assert not _owned_slices(admin, uid) and not _advertising(node, admin, sandbox_id)
-    assert _wait_nothing_left(node, admin, baseline) == {}
+    assert not owned_slices(admin, uid) and not advertising(node, admin, sandbox_id)
+    assert wait_nothing_left(node, admin, baseline) == {}
 
     # kubelet's sandbox GC removes the sandbox later (DEL again, the netns gone): the runtime
     # forgets a sandbox only once that DEL succeeded too.
@@ -260,9 +188,9 @@ def test_a_pod_runs_with_its_vpc_address_published_and_deletion_withdraws_it(
 
 def test_a_second_pod_shows_in_use_and_starts_once_the_first_is_deleted(
         node: Node, admin: Kube, baseline: Snapshot) -> None:
-    first, first_sandbox, _ = _start_pod(node, admin, "first")
+    first, first_sandbox, _ = start_pod(node, admin, "first")
     second = unique("second")
-    create_pod(admin, pod_manifest(second, _pause(node)))
+    create_pod(admin, pod_manifest(second, pause_image(node)))
     wait_until(f"{second}'s FailedCreatePodSandBox event", lambda: any(
         "in use by container" in message for message in sandbox_failures(admin, second)),
         RETRY_S, interval=0.5)
@@ -273,16 +201,16 @@ def test_a_second_pod_shows_in_use_and_starts_once_the_first_is_deleted(
     started = wait_running(admin, second, timeout=RETRY_S)
     assert ipaddress.ip_address(started["status"]["podIP"]) in VPC_V4
     delete_pod(admin, second)
-    assert _wait_nothing_left(node, admin, baseline) == {}
+    assert wait_nothing_left(node, admin, baseline) == {}
 
 
 def test_five_create_delete_cycles_leave_nothing(real_node: NodeUnderTest, node: Node,
                                                  admin: Kube, baseline: Snapshot) -> None:
     leaks = []
     for _ in range(5):
-        pod, _, _ = _start_pod(node, admin, "cycle")
+        pod, _, _ = start_pod(node, admin, "cycle")
         delete_pod(admin, pod["metadata"]["name"])
-        leaks.append(_wait_nothing_left(node, admin, baseline))
+        leaks.append(wait_nothing_left(node, admin, baseline))
     real_node.figures["create_delete_cycles"] = {
         "cycles": 5, "leaked": sum(len(items) for left in leaks for items in left.values())}
     assert leaks == [{}] * 5
@@ -293,11 +221,11 @@ def test_an_add_asks_the_api_server_only_what_the_agents_watches_cannot_tell(
     """The agent knows the node's router, its Pods and the router's VRF instances from its
     watches: an ADD lists nothing and reads no Pod, and creates the new Pod's EndpointSlice
     without reading it first (seen by the proxy between the plugin and the API server)."""
-    first, _, _ = _start_pod(node, admin, "first")  # the VPC's instance exists from here on
+    first, _, _ = start_pod(node, admin, "first")  # the VPC's instance exists from here on
     delete_pod(admin, first["metadata"]["name"])
-    assert _wait_nothing_left(node, admin, baseline) == {}
+    assert wait_nothing_left(node, admin, baseline) == {}
     mark = len(real_node.proxy.seen())
-    pod, sandbox_id, _ = _start_pod(node, admin, "asks")
+    pod, sandbox_id, _ = start_pod(node, admin, "asks")
     name = pod["metadata"]["name"]
     seen = [s for s in real_node.proxy.seen()[mark:] if "watch=1" not in s.path]
     # One ADD, which succeeded: one sandbox for the Pod and no failed one.
@@ -314,7 +242,7 @@ def test_an_add_asks_the_api_server_only_what_the_agents_watches_cannot_tell(
         f"{s.method} {s.resource}{'/' + s.name if s.name else ''} -> {s.status}" for s in seen
         if s.resource not in ("selfsubjectaccessreviews", "events", "leases")]
     delete_pod(admin, name)
-    assert _wait_nothing_left(node, admin, baseline) == {}
+    assert wait_nothing_left(node, admin, baseline) == {}
 
 
 def test_a_failing_add_is_the_pods_event_and_the_pod_recovers(
@@ -326,7 +254,7 @@ def test_a_failing_add_is_the_pods_event_and_the_pod_recovers(
     name = unique("refused")
     with Denials(admin, unique("deny-slices"), "default") as denials:
         denials.deny(("CREATE", "endpointslices", f"{name}-7d-7d-ipv6"))
-        uid = create_pod(admin, pod_manifest(name, _pause(node)))["metadata"]["uid"]
+        uid = create_pod(admin, pod_manifest(name, pause_image(node)))["metadata"]["uid"]
         wait_until(f"{name}'s FailedCreatePodSandBox event naming the refusal", lambda: any(
             "denied by the fault harness" in message
             for message in sandbox_failures(admin, name)), RETRY_S, interval=0.5)
@@ -335,9 +263,9 @@ def test_a_failing_add_is_the_pods_event_and_the_pod_recovers(
         assert (get_pod(admin, name) or {}).get("status", {}).get("phase") == "Pending"
         denials.deny()
         pod = wait_running(admin, name, timeout=RETRY_S)
-    assert _owned_slices(admin, pod["metadata"]["uid"])
+    assert owned_slices(admin, pod["metadata"]["uid"])
     delete_pod(admin, name)
-    assert _wait_nothing_left(node, admin, baseline) == {}
+    assert wait_nothing_left(node, admin, baseline) == {}
 
 
 def test_a_namespace_without_a_binding_is_denied_until_one_is_created(
@@ -348,7 +276,8 @@ def test_a_namespace_without_a_binding_is_denied_until_one_is_created(
     namespace, kubelet's retry starts it."""
     with tenancy.namespace(admin) as ns:
         name = unique("tenant")
-        uid = create_pod(admin, pod_manifest(name, _pause(node), namespace=ns))["metadata"]["uid"]
+        manifest = pod_manifest(name, pause_image(node), namespace=ns)
+        uid = create_pod(admin, manifest)["metadata"]["uid"]
         wait_until(f"{name}'s VPCAttachDenied event", lambda: any(
             event.get("reason") == "VPCAttachDenied" for event in pod_events(admin, name, ns)),
             RETRY_S, interval=0.5)
@@ -367,7 +296,7 @@ def test_a_namespace_without_a_binding_is_denied_until_one_is_created(
                                 key=lambda e: e.get("eventTime") or e.get("firstTimestamp")
                                 or "")]
             delete_pod(admin, name, ns)
-    assert _wait_nothing_left(node, admin, baseline) == {}
+    assert wait_nothing_left(node, admin, baseline) == {}
 
 
 def test_status_follows_the_api_and_the_node_reports_its_network(
@@ -380,7 +309,7 @@ def test_status_follows_the_api_and_the_node_reports_its_network(
     seen = len(verb_lines(node, "STATUS"))
     with real_node.proxy.rules(Rule(Fault.RESET_BEFORE_FORWARD, times=0)):
         wait_until("the node reporting its network not ready",
-                   lambda: "NetworkPluginNotReady" in _ready_condition(node, admin)["message"],
+                   lambda: "NetworkPluginNotReady" in ready_condition(node, admin)["message"],
                    SETTLE_S, interval=0.5)
         wait_until("a failed STATUS in the plugin's log", lambda: any(
             line["outcome"] == "error" for line in verb_lines(node, "STATUS")[seen:]),
@@ -388,16 +317,10 @@ def test_status_follows_the_api_and_the_node_reports_its_network(
         failed = [line for line in verb_lines(node, "STATUS")[seen:]
                   if line["outcome"] == "error"]
         assert all(line["code"] == 50 for line in failed), failed
-        assert _ready_condition(node, admin)["status"] == "False"
-        assert "Kubernetes API unavailable" in _ready_condition(node, admin)["message"]
+        assert ready_condition(node, admin)["status"] == "False"
+        assert "Kubernetes API unavailable" in ready_condition(node, admin)["message"]
     node.wait_schedulable(admin, SETTLE_S * 2)
     assert verb_lines(node, "STATUS")[-1]["outcome"] == "ok"
-
-
-def _ready_condition(node: Node, admin: Kube) -> dict[str, Any]:
-    status = (admin.get(f"/api/v1/nodes/{node.node_name}") or {}).get("status", {})
-    ready: dict[str, Any] = next(c for c in status["conditions"] if c["type"] == "Ready")
-    return ready
 
 
 def test_pods_start_while_the_agent_pod_is_replaced(node: Node, admin: Kube,
@@ -405,56 +328,40 @@ def test_pods_start_while_the_agent_pod_is_replaced(node: Node, admin: Kube,
     agent = deploy.agent_pod(admin, node.node_name)
     assert agent is not None
     admin.delete(f"/api/v1/namespaces/{deploy.DAEMONSET[0]}/pods/{agent['metadata']['name']}")
-    pod, sandbox_id, netns = _start_pod(node, admin, "no-agent")
+    pod, sandbox_id, netns = start_pod(node, admin, "no-agent")
     assert ipaddress.ip_address(pod["status"]["podIP"]) in VPC_V4
     assert {entry["ip"] for entry in pod["status"]["podIPs"]} == set(pod_addresses(node, netns))
     assert [box.id for box in sandboxes(node, pod["metadata"]["uid"])] == [sandbox_id]
     replacement = deploy.wait_agent_ready(admin, node.node_name)
     assert replacement["metadata"]["uid"] != agent["metadata"]["uid"]
     delete_pod(admin, pod["metadata"]["name"])
-    assert _wait_nothing_left(node, admin, baseline) == {}
+    assert wait_nothing_left(node, admin, baseline) == {}
 
 
 def test_kubelet_and_containerd_restarts_neither_add_nor_delete(node: Node,
                                                                 admin: Kube) -> None:
-    pod, sandbox_id, netns = _start_pod(node, admin, "steady")
+    pod, sandbox_id, netns = start_pod(node, admin, "steady")
     # The runtime calls ADD only to run a new sandbox and DEL only to stop one.
-    ready_before = _attached_sandboxes(node, admin)
+    ready_before = attached_sandboxes(node, admin)
     eth0_before = _eth0(node, netns)
     node.restart_kubelet()
     node.restart_containerd()
     node.wait_schedulable(admin)
     # A host-network Pod started after both restarts: kubelet has synced every Pod by then.
     probe = unique("probe")
-    manifest = pod_manifest(probe, _pause(node))
+    manifest = pod_manifest(probe, pause_image(node))
     manifest["spec"]["hostNetwork"] = True
     create_pod(admin, manifest)
     wait_running(admin, probe)
-    assert _attached_sandboxes(node, admin) == ready_before, \
+    assert attached_sandboxes(node, admin) == ready_before, \
         "a restart made the runtime call ADD or DEL"
     assert sandbox(node, pod["metadata"]["uid"]).id == sandbox_id
     assert _eth0(node, netns) == eth0_before, "the Pod's eth0 is the one its ADD made"
 
 
-def _attached_sandboxes(node: Node, admin: Kube) -> dict[str, str]:
-    """The node's ready sandboxes of Pods not on the host network (those the runtime calls the
-    plugin for): id -> Pod UID."""
-    host_network = {pod["metadata"]["uid"] for pod in admin.list("/api/v1/pods")
-                    if pod["spec"].get("hostNetwork")}
-    return {box.id: box.uid for box in sandboxes(node)
-            if box.ready and box.uid not in host_network}
-
-
-def _eth0(node: Node, netns: str) -> tuple[int, frozenset[str]]:
-    """A Pod's eth0 as the kernel has it: (ifindex, global addresses)."""
-    (link,) = json.loads(node.namespace.run(["nsenter", f"--net={netns}", "ip", "-j", "link",
-                                             "show", "dev", "eth0"]))
-    return int(link["ifindex"]), frozenset(pod_addresses(node, netns))
-
-
 def test_a_rebooted_node_brings_its_pods_back_attached_and_leaks_nothing(
         real_node: NodeUnderTest, node: Node, admin: Kube, baseline: Snapshot) -> None:
-    pod, old_sandbox, _ = _start_pod(node, admin, "reboot")
+    pod, old_sandbox, _ = start_pod(node, admin, "reboot")
     uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
     node.reboot()
     node.wait_schedulable(admin, RETRY_S)
@@ -470,12 +377,12 @@ def test_a_rebooted_node_brings_its_pods_back_attached_and_leaks_nothing(
     assert box.netns is not None
     addresses = pod_addresses(node, box.netns)
     assert any(ipaddress.ip_address(ip) in VPC_V4 for ip in addresses)
-    assert len(_owned_slices(admin, uid)) == 1
+    assert len(owned_slices(admin, uid)) == 1
     wait_until("the old sandbox's annotations withdrawn",
-               lambda: not _advertising(node, admin, old_sandbox), SETTLE_S)
-    assert _advertising(node, admin, box.id)
+               lambda: not advertising(node, admin, old_sandbox), SETTLE_S)
+    assert advertising(node, admin, box.id)
     delete_pod(admin, name)
-    left = _wait_nothing_left(node, admin, baseline)
+    left = wait_nothing_left(node, admin, baseline)
     real_node.figures["reboot"] = {"leaked": sum(len(items) for items in left.values()),
                                    "left": left}
     assert left == {}
@@ -484,27 +391,13 @@ def test_a_rebooted_node_brings_its_pods_back_attached_and_leaks_nothing(
 # -- the publish-after-ptp conflist ---------------------------------------------------------
 
 
-def _ptp_conflist() -> dict[str, Any]:
-    import yaml
-    nad = yaml.safe_load((EXAMPLES / "nad-publish-after-ptp.yaml").read_text())
-    conflist: dict[str, Any] = json.loads(nad["spec"]["config"])
-    return conflist
-
-
-def _scale(admin: Kube, name: str, replicas: int) -> None:
-    """Set the replicas by a merge patch of the scale subresource: it carries no
-    resourceVersion, so the deployment controller's own writes cannot make it conflict."""
-    admin.request("PATCH", f"/apis/apps/v1/namespaces/default/deployments/{name}/scale",
-                  {"spec": {"replicas": replicas}}, content_type="application/merge-patch+json")
-
-
 def test_a_deployment_behind_ptp_publishes_each_pod_and_withdraws_them(
         real_node: NodeUnderTest, node: Node, admin: Kube, baseline: Snapshot) -> None:
     veth = json.loads(next(node.cni_conf_dir.glob("*.conflist")).read_text())
     node.set_conflist(_ptp_conflist())
     name = unique("ptp")
     labels = {"app": name}
-    template = pod_manifest(name, _pause(node), labels=labels)
+    template = pod_manifest(name, pause_image(node), labels=labels)
     deployment = {"apiVersion": "apps/v1", "kind": "Deployment",
                   "metadata": {"name": name, "namespace": "default"},
                   "spec": {"replicas": 0, "selector": {"matchLabels": labels},
@@ -526,15 +419,15 @@ def test_a_deployment_behind_ptp_publishes_each_pod_and_withdraws_them(
         assert len(ips) == 8 and all(ipaddress.ip_address(ip) in PTP_POOL for ip in ips)
         sandboxes = [sandbox(node, p["metadata"]["uid"]).id for p in running]
         (ad,) = {a["metadata"]["name"]: a for s in sandboxes
-                 for a in _advertising(node, admin, s)}.values()
+                 for a in advertising(node, admin, s)}.values()
         assert set(ad["spec"]["prefixes"]) == {f"{ip}/128" for ip in ips}
-        slices = [s for p in running for s in _owned_slices(admin, p["metadata"]["uid"])]
+        slices = [s for p in running for s in owned_slices(admin, p["metadata"]["uid"])]
         assert len(slices) == 8
         assert {a for s in slices for e in s["endpoints"] for a in e["addresses"]} == ips
 
         _scale(admin, name, 0)
         wait_until("no Pod left", lambda: not pods(), DEPLOYMENT_S, interval=1.0)
-        left = _wait_nothing_left(node, admin, baseline)
+        left = wait_nothing_left(node, admin, baseline)
         real_node.figures["deployment_0_8_0"] = {
             "pods": 8, "prefixes": len(ad["spec"]["prefixes"]), "slices": len(slices),
             "leaked": sum(len(items) for items in left.values())}
@@ -566,7 +459,7 @@ def test_one_conflist_serves_two_tenants_each_pod_naming_its_attachment(
                 ns = stack.enter_context(tenancy.namespace(admin, {"tenant": tenant}))
                 stack.enter_context(tenancy.bound(admin, vpc, selector={
                     "matchLabels": {"tenant": tenant}}, uses=("veth",)))
-                manifest = pod_manifest(unique(f"tenant-{tenant}"), _pause(node), namespace=ns)
+                manifest = pod_manifest(unique(f"tenant-{tenant}"), pause_image(node), namespace=ns)
                 manifest["metadata"]["annotations"] = {ATTACHMENT_ANNOTATION: f"{vpc}/5"}
                 create_pod(admin, manifest)
                 names.append((manifest["metadata"]["name"], ns))
@@ -579,7 +472,7 @@ def test_one_conflist_serves_two_tenants_each_pod_naming_its_attachment(
                 delete_pod(admin, name, ns)
             assert not {naming.host_link_name(vpc, "5") for vpc in chosen.values()} & \
                 host_links(node)
-        left = _wait_nothing_left(node, admin, baseline)
+        left = wait_nothing_left(node, admin, baseline)
         # A VPC's policy rules outlive its last attachment (per-VPC state, not this test's).
         ours = tuple(naming.host_link_name(vpc, "5") for vpc in chosen.values())
         left["rules"] = [r for r in left.get("rules", []) if not any(h in r for h in ours)]
@@ -616,9 +509,9 @@ def test_a_conflist_naming_host_settings_is_refused_and_touches_nothing(
             assert all("config key 'agentSocket' is a host setting" in line["error"]
                        for line in refused), [line["error"] for line in refused]
             wait_until("the node reporting its network not ready", lambda: "NetworkPluginNot"
-                       "Ready" in _ready_condition(node, admin)["message"], SETTLE_S,
+                       "Ready" in ready_condition(node, admin)["message"], SETTLE_S,
                        interval=0.5)
-            ready = _ready_condition(node, admin)
+            ready = ready_condition(node, admin)
             assert ready["status"] == "False" and "host setting" in ready["message"], ready
             victims.assert_untouched()
         finally:
@@ -627,3 +520,289 @@ def test_a_conflist_naming_host_settings_is_refused_and_touches_nothing(
         victims.assert_untouched()
     real_node.figures["tenant_host_keys"] = {"status_refusals": len(refused),
                                              "victims_untouched": True}
+
+
+# -- KubeVirt's virt-launcher Pods through kubelet and containerd ------------------------------
+# KubeVirt does not run here: the claim, the virt-launcher-like Pods (their VM's label, the
+# claim reference in a network-selection element asking for eth0, since no Multus runs) and the
+# ready timestamp are written on its behalf (e2e/harness/kubevirt/standins.py). What kubelet
+# and containerd do with them is theirs: a container exiting, the phase, the sandbox's DEL, the
+# STATUS poll.
+
+
+def test_a_completed_virt_launcher_pod_keeps_the_claims_addresses_and_holds_the_claim_no_more(
+        real_node: NodeUnderTest, node: Node, admin: Kube, baseline: Snapshot) -> None:
+    """A virt-launcher-like Pod (restartPolicy Never) whose container exits: kubelet writes
+    phase Succeeded — what `kubelet_reports_succeeded` writes in the e2e tests on its behalf —
+    and stops its sandbox (the plugin's DEL). The claim keeps its addresses, in its status and
+    in the node's records; the Pod keeps nothing: no link, no slice, no announcement, and the
+    VM's next Pod gets the addresses announced at once (a Pod still holding the claim would make
+    it a migration target, attached but not announced)."""
+    started = time.monotonic()
+    veth = json.loads(next(node.cni_conf_dir.glob("*.conflist")).read_text())
+    node.set_conflist(_vm_network(veth))
+    vm = unique("vm")
+    claim = kubevirt_creates_claim(admin, "default", VM_NETWORK, vm)["metadata"]["name"]
+    made: list[dict[str, Any]] = []
+    try:
+        first = _launcher(node, admin, claim, vm, exits=True)
+        made.append(first)
+        wait_until(f"{first['metadata']['name']} Succeeded", lambda: _phase(admin, first) ==
+                   "Succeeded", RETRY_S, interval=0.5)
+        (box,) = sandboxes(node, first["metadata"]["uid"])
+        wait_until(f"{first['metadata']['name']}'s sandbox stopped and its DEL done", lambda:
+                   not any(b.ready for b in sandboxes(node, first["metadata"]["uid"]))
+                   and any(line["outcome"] == "ok"
+                           for line in verb_lines(node, "DEL", container_id=box.id)),
+                   RETRY_S, interval=0.5)
+        addresses = sorted(claim_status(admin, "default", claim)["ips"])
+        assert len(addresses) == 2, addresses
+        # Kept: the claim's status and the node's records of its addresses.
+        assert _claimed_on(node) == {_host(a): f"default/{claim}" for a in addresses}
+        # Freed: the Pod's link, slice and announcement.
+        assert naming.host_link_name("21", "21") not in host_links(node)
+        assert owned_slices(admin, first["metadata"]["uid"]) == []
+        assert advertising(node, admin, box.id) == []
+
+        second = _launcher(node, admin, claim, vm, exits=False)
+        made.append(second)
+        running = wait_running(admin, second["metadata"]["name"], timeout=RETRY_S)
+        assert sorted(ip["ip"] for ip in running["status"]["podIPs"]) == \
+            sorted(_host(a) for a in addresses)
+        assert claim_status(admin, "default", claim)["ownerPod"]["name"] == \
+            second["metadata"]["name"]
+        assert _pending_migrations(node) == [], "the completed Pod is no migration source"
+        (box2,) = sandboxes(node, second["metadata"]["uid"])
+        (announced,) = advertising(node, admin, box2.id)
+        assert {_host(a) for a in addresses if ":" not in a} <= \
+            {p.split("/")[0] for p in announced["spec"]["prefixes"]}
+        assert [e["conditions"]["ready"] for s in owned_slices(admin,
+                second["metadata"]["uid"]) for e in s["endpoints"]] == [True]
+    finally:
+        for pod in made:  # each DEL runs with the VM network's conflist
+            _delete_and_wait_stopped(node, admin, pod)
+        node.set_conflist(veth)
+        kubevirt_deletes_claim(admin, "default", claim)
+    # The claim gone, the node's agent frees its addresses: nothing of the VM is left.
+    assert wait_nothing_left(node, admin, baseline) == {}
+    real_node.figures["completed_virt_launcher_seconds"] = round(time.monotonic() - started, 1)
+
+
+def test_containerds_own_status_poll_cuts_a_live_migration_over_with_no_agent_on_the_node(
+        real_node: NodeUnderTest, node: Node, admin: Kube, baseline: Snapshot, cni_bin: Path,
+        tmp_path: Path) -> None:
+    """The VM runs on a simulated node (its Pod Pending there, attached by the test as that
+    node's runtime would); its migration target is a Pod kubelet starts here, with the node's
+    agent gone (the DaemonSet schedules nowhere: every verb runs in-process, no Pod watch).
+    containerd's ADD attaches the target unannounced; KubeVirt's ready timestamp is written on
+    its behalf; then nothing but containerd's periodic STATUS runs the plugin on this node, and
+    the routes move: this node's advertisement gets the VM's prefixes, the source's loses them."""
+    started = time.monotonic()
+    veth = json.loads(next(node.cni_conf_dir.glob("*.conflist")).read_text())
+    conflist = _vm_network(veth)
+    vm = unique("vm")
+    with contextlib.ExitStack() as stack:
+        stack.callback(deploy.wait_agent_ready, admin, node.node_name)
+        stack.callback(_schedule_agent, admin, None)
+        _schedule_agent(admin, {NOWHERE_LABEL: "true"})
+        wait_until("the node's agent gone", lambda: deploy.agent_pod(admin, node.node_name)
+                   is None and not _agent_answers(node), RETRY_S, interval=0.5)
+        stack.callback(node.set_conflist, veth)
+        node.set_conflist(conflist)
+        claim = kubevirt_creates_claim(admin, "default", VM_NETWORK, vm)["metadata"]["name"]
+        stack.callback(kubevirt_deletes_claim, admin, "default", claim)
+        source = stack.enter_context(_simulated_source(node, admin, cni_bin, tmp_path, conflist,
+                                                       claim, vm))
+        prefixes = source.prefixes()
+        target = _launcher(node, admin, claim, vm, exits=False)
+        stack.callback(_delete_and_wait_stopped, node, admin, target)
+        wait_running(admin, target["metadata"]["name"], timeout=RETRY_S)
+        assert len(_pending_migrations(node)) == 1, "the target waits for the timestamp"
+        assert _advertised(node, admin, node.node_name) == set()
+        statuses = len(verb_lines(node, "STATUS"))
+        kubevirt_marks_target_ready(admin, "default", target["metadata"]["name"])
+        marked = time.monotonic()
+        wait_until("containerd's STATUS to cut the migration over", lambda:
+                   _advertised(node, admin, node.node_name) == prefixes
+                   and _advertised(node, admin, source.name) == set(), RETRY_S, interval=0.2)
+        cut_over = time.monotonic() - marked
+        polled = [line for line in verb_lines(node, "STATUS")[statuses:]
+                  if line["outcome"] == "ok"]
+        assert polled, "no STATUS ran on the node: what cut over?"
+        assert _pending_migrations(node) == []
+        assert deploy.agent_pod(admin, node.node_name) is None and not _agent_answers(node)
+        real_node.figures["cut_over_by_containerds_status"] = {
+            "seconds_after_the_timestamp": round(cut_over, 2),
+            "statuses_meanwhile": len(polled)}
+    assert wait_nothing_left(node, admin, baseline) == {}
+    real_node.figures["status_cut_over_test_seconds"] = round(time.monotonic() - started, 1)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _eth0(node: Node, netns: str) -> tuple[int, frozenset[str]]:
+    """A Pod's eth0 as the kernel has it: (ifindex, global addresses)."""
+    (link,) = json.loads(node.namespace.run(["nsenter", f"--net={netns}", "ip", "-j", "link",
+                                             "show", "dev", "eth0"]))
+    return int(link["ifindex"]), frozenset(pod_addresses(node, netns))
+
+
+def _ptp_conflist() -> dict[str, Any]:
+    nad = yaml.safe_load((EXAMPLES / "nad-publish-after-ptp.yaml").read_text())
+    conflist: dict[str, Any] = json.loads(nad["spec"]["config"])
+    return conflist
+
+
+def _scale(admin: Kube, name: str, replicas: int) -> None:
+    """Set the replicas by a merge patch of the scale subresource: it carries no
+    resourceVersion, so the deployment controller's own writes cannot make it conflict."""
+    admin.request("PATCH", f"/apis/apps/v1/namespaces/default/deployments/{name}/scale",
+                  {"spec": {"replicas": replicas}}, content_type="application/merge-patch+json")
+
+
+def _vm_network(veth: dict[str, Any]) -> dict[str, Any]:
+    """The node's veth-pod conflist with `allowPersistentIPs`: a VM network on eth0."""
+    network = copy.deepcopy(veth)
+    network["plugins"][0]["allowPersistentIPs"] = True
+    return network
+
+
+def _launcher(node: Node, admin: Kube, claim: str, vm: str, *, exits: bool) -> dict[str, Any]:
+    """A virt-launcher-like Pod of ``vm`` on this node naming ``claim`` for eth0; its container
+    exits at once (restartPolicy Never) or runs until deleted."""
+    manifest = launcher_pod(unique(f"virt-launcher-{vm}"), "default", node.node_name, vm,
+                            claim, interface="eth0")
+    manifest["spec"].update(terminationGracePeriodSeconds=1, restartPolicy="Never")
+    if exits:  # the project's image: nft is there, and exits 0 after printing its version
+        container = {"image": node.image_ref, "command": ["/usr/sbin/nft", "--version"]}
+    else:
+        container = {"image": pause_image(node)}
+    manifest["spec"]["containers"] = [{"name": "compute", "imagePullPolicy": "Never",
+                                       **container}]
+    return create_pod(admin, manifest)
+
+
+def _phase(admin: Kube, pod: dict[str, Any]) -> str | None:
+    found = get_pod(admin, pod["metadata"]["name"]) or {}
+    phase = found.get("status", {}).get("phase")
+    return str(phase) if phase is not None else None
+
+
+def _delete_and_wait_stopped(node: Node, admin: Kube, pod: dict[str, Any]) -> None:
+    """Delete a Pod and wait until its sandbox is stopped (its DEL ran with this conflist)."""
+    delete_pod(admin, pod["metadata"]["name"])
+    wait_until(f"{pod['metadata']['name']}'s sandbox stopped", lambda: not any(
+        box.ready for box in sandboxes(node, pod["metadata"]["uid"])), SETTLE_S, interval=0.5)
+
+
+def _host(address: str) -> str:
+    return str(ipaddress.ip_interface(address).ip)
+
+
+def _host_settings(node: Node) -> dict[str, Any]:
+    """The node's host file, as its installer wrote it."""
+    settings: dict[str, Any] = json.loads(
+        (node.host_path("/etc/vpc-attach") / "host.json").read_text())
+    return settings
+
+
+def _on_host(node: Node, node_path: str) -> Path:
+    """The host path behind a path of the node under one of its bound directories."""
+    for bound in sorted(BOUND, key=len, reverse=True):
+        if node_path == bound or node_path.startswith(bound + "/"):
+            return node.host_path(bound) / node_path[len(bound):].lstrip("/")
+    raise AssertionError(f"{node_path} is no path the node shares with the host")
+
+
+def _claimed_on(node: Node) -> dict[str, str]:
+    """address -> `namespace/name` of each vpc-attach-ipam record an IPAMClaim owns here."""
+    root = _on_host(node, _host_settings(node).get("ipamDataRoot", DEFAULT_IPAM_DATA_ROOT))
+    return {address: owner.rsplit("@", 1)[0]
+            for address, owner in IpamFiles.read(root).claims().items()}
+
+
+def _pending_migrations(node: Node) -> list[str]:
+    """The migration targets recorded on the node, waiting for KubeVirt's timestamp."""
+    lock_dir = _on_host(node, _host_settings(node).get("lockDir", DEFAULT_LOCK_DIR))
+    directory = lock_dir / MIGRATION_RECORDS
+    return sorted(p.name for p in directory.glob("*.json")) if directory.exists() else []
+
+
+def _advertised(node: Node, admin: Kube, node_name: str) -> set[str]:
+    """What ``node_name``'s advertisement of the VM network announces."""
+    name = naming.advertisement_name("21", "21", node_name)
+    found = admin.get(f"{BGP_API}/namespaces/{node.cluster.bgp_namespace}/bgpadvertisements/"
+                      f"{name}")
+    return set((found or {}).get("spec", {}).get("prefixes") or [])
+
+
+def _schedule_agent(admin: Kube, selector: dict[str, str] | None) -> None:
+    """The DaemonSet's Pods only on nodes with these labels (None: on every node again)."""
+    namespace, name = deploy.DAEMONSET
+    admin.request("PATCH", f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}",
+                  {"spec": {"template": {"spec": {"nodeSelector": selector}}}},
+                  content_type="application/merge-patch+json")
+
+
+def _agent_answers(node: Node) -> bool:
+    """Whether anything accepts on the node's agent socket."""
+    path = _on_host(node, _host_settings(node).get("agentSocket", DEFAULT_AGENT_SOCKET))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(2.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass
+class SimulatedSource:
+    """The VM's source node: a namespace of its own, its BGPRouter, the plugin with its name."""
+
+    name: str
+    admin: Kube
+    node: Node
+
+    def prefixes(self) -> set[str]:
+        """What its advertisement of the VM network announces."""
+        return _advertised(self.node, self.admin, self.name)
+
+
+@contextlib.contextmanager
+def _simulated_source(node: Node, admin: Kube, cni_bin: Path, directory: Path,
+                      conflist: dict[str, Any], claim: str,
+                      vm: str) -> Iterator[SimulatedSource]:
+    """The VM running on another node, simulated (no kubelet there): its virt-launcher Pod
+    (Pending, bound to that node) attached by the test as that node's runtime would, and
+    announced; DEL and its objects removed afterwards."""
+    source = SimulatedSource(unique("src-node"), admin, node)
+    router = create_router(admin, source.name)
+    locks, data_root = directory / "src-locks", directory / "src-ipam"
+    locks.mkdir()
+    data_root.mkdir()
+    with node_namespace(api_port(node.cluster.server)) as netns, \
+            temporary_netns("vpa-src") as pod_netns:
+        plugin = Plugin(cni_bin, locks, prefix=in_node(netns), environ={
+            "VPC_ATTACH_NODE_NAME": source.name,
+            "VPC_ATTACH_KUBECONFIG": str(node.cluster.plugin_kubeconfig),
+            "VPC_ATTACH_IPAM_DATA_ROOT": str(data_root)})
+        pod, uid = kubevirt_starts_launcher(admin, "default", source.name, claim, vm,
+                                            interface="eth0")
+        conf = {"cniVersion": conflist["cniVersion"], "name": conflist["name"],
+                **conflist["plugins"][0]}
+        calls = {"container_id": f"ctr-{pod}", "netns": pod_netns,
+                 "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod};"
+                             f"K8S_POD_UID={uid}"}
+        result = plugin.ok("ADD", conf, **calls)
+        try:
+            assert len(source.prefixes()) == 2, source.prefixes()
+            yield source
+        finally:
+            plugin.ok("DEL", with_prev(conf, result), **calls)
+            admin.delete(f"/api/v1/namespaces/default/pods/{pod}", grace_period_seconds=0)
+            admin.delete(f"{BGP_API}/namespaces/{node.cluster.bgp_namespace}/bgprouters/"
+                         f"{router}")
+            admin.delete(f"{BGP_API}/namespaces/{node.cluster.bgp_namespace}/bgpvrfinstances/"
+                         f"{naming.vrf_instance_name('21', source.name)}")
