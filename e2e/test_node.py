@@ -59,6 +59,7 @@ from e2e.node.observe import (
     get_pod,
     host_links,
     netns_exists,
+    plugin_log,
     pod_addresses,
     pod_events,
     pod_manifest,
@@ -622,9 +623,11 @@ def test_containerds_own_status_poll_cuts_a_live_migration_over_with_no_agent_on
         statuses = len(verb_lines(node, "STATUS"))
         kubevirt_marks_target_ready(admin, "default", target["metadata"]["name"])
         marked = time.monotonic()
+        lines = len(plugin_log(node))
         wait_until("containerd's STATUS to cut the migration over", lambda:
                    _advertised(node, admin, node.node_name) == prefixes
-                   and _advertised(node, admin, source.name) == set(), RETRY_S, interval=0.2)
+                   and _advertised(node, admin, source.name) == set(), RETRY_S, interval=0.2,
+                   detail=lambda: _cut_over_seen(node, admin, source, lines))
         cut_over = time.monotonic() - marked
         polled = [line for line in verb_lines(node, "STATUS")[statuses:]
                   if line["outcome"] == "ok"]
@@ -735,6 +738,18 @@ def _advertised(node: Node, admin: Kube, node_name: str) -> set[str]:
     found = admin.get(f"{BGP_API}/namespaces/{node.cluster.bgp_namespace}/bgpadvertisements/"
                       f"{name}")
     return set((found or {}).get("spec", {}).get("prefixes") or [])
+
+
+def _cut_over_seen(node: Node, admin: Kube, source: SimulatedSource, lines: int) -> str:
+    """What a cut-over that did not come shows: the plugin's log since the timestamp (STATUS
+    lines, warnings), the records still pending, both nodes' advertised prefixes."""
+    logged = [line for line in plugin_log(node)[lines:]
+              if line.get("verb") or line.get("level") in ("WARNING", "ERROR", "warning",
+                                                           "error")]
+    return "\n".join([*(json.dumps(line)[:400] for line in logged[-12:]),
+                      f"pending: {_pending_migrations(node)}",
+                      f"this node advertises {_advertised(node, admin, node.node_name)}",
+                      f"the source advertises {source.prefixes()}"])
 
 
 def _schedule_agent(admin: Kube, selector: dict[str, str] | None) -> None:

@@ -3,10 +3,10 @@
 # everything is there). One part and those before it:
 #   setup.sh demo   what scripts/demo.sh's first part uses: Debian packages for the plugin's kernel
 #                   work and the Go builds, a virtualenv with the project and its e2e extra, the
-#                   control plane (etcd, kube-apiserver, kube-controller-manager)
+#                   control plane's etcd and kube-apiserver
 #   setup.sh node   what a node (e2e/node, the demo's second part) runs besides: kubelet,
-#                   kube-scheduler, kubectl, containerd, runc, the reference CNI plugins, and the
-#                   C toolchain runc and the pause image need
+#                   kube-controller-manager, kube-scheduler, kubectl, containerd, runc, the
+#                   reference CNI plugins, and the C toolchain runc and the pause image need
 #   setup.sh [all]  what the tests use besides (scripts/test.sh): the test and bench extras,
 #                   cnitool, the CRI e2e's containerd and pause image, galactic-router and gobgp,
 #                   the full-kernel VM's packages
