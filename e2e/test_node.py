@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from cni_plugin.core import naming
-from cni_plugin.publish.migration import RECORDS_DIR as MIGRATION_RECORDS
+from cni_plugin.kubevirt.migration import RECORDS_DIR as MIGRATION_RECORDS
 from cni_plugin.tenancy.choice import ANNOTATION as ATTACHMENT_ANNOTATION
 from e2e.harness import kernel, tenancy
 from e2e.harness.faults import Denials, Fault, Rule
