@@ -6,7 +6,8 @@ GC keeping an L2-only tap's instance, and a node reboot.
 After each case: objects that did not exist before a failed ADD are gone; shared objects keep
 their spec and other annotations byte for byte; a retried ADD converges, CHECK passes and DEL
 leaves nothing (no link, IPAM reservation, annotation or slice); every answer came within the
-deadline plus MARGIN_S. The matrix and a case are the scene of `e2e.harness.faults.matrix`.
+deadline plus its margin (`late_after`). The matrix and a case are the scene of
+`e2e.harness.faults.matrix`.
 What the cases did is counted (`Figures`) and reported at the end of the module: printed, and
 written to `fault-matrix-<path>.json` in pytest's base temp dir.
 """
