@@ -1,4 +1,5 @@
-"""Build and cache galactic-router, galactic-cni, our two programs on galactic's internal
+"""Build and cache galactic-router, galactic-cni, galactic's own CNI chain (galactic-veth,
+galactic-bgp), our two programs on galactic's internal
 packages (the slice verdict, the eBPF vrf_table sweep) and gobgpd/gobgp.
 
 galactic comes from the unmodified source archives in ``../shared/peers/`` (``$VPC_ATTACH_PEERS``
@@ -47,6 +48,10 @@ OUR_PROGRAMS = {
 GALACTIC_PACKAGES = {
     "galactic-router": "./cmd/galactic-router",
     "galactic-cni": "./cmd/galactic-cni",
+    # galactic's CNI chain for a Pod (galactic-veth, then galactic-bgp): what vpc-attach's
+    # registration is compared with, row by row (SPEC §15).
+    "galactic-veth": "./cmd/galactic-veth",
+    "galactic-bgp": "./cmd/galactic-bgp",
     **{Path(package).name: f"./{package}" for package in OUR_PROGRAMS},
 }
 # Archive name prefix -> the directory it unpacks to (galactic's replace lines point there).
@@ -91,6 +96,8 @@ class GalacticBuild:
 
     router: Path
     cni: Path  # galactic-cni (its ``run`` loads and pins the eBPF uSID datapath)
+    veth: Path  # galactic-veth: creates a Pod's veth (with the reference host-device plugin)
+    bgp: Path  # galactic-bgp: publishes it and registers it in the eBPF datapath
     verdict: Path
     sweep: Path  # runs gc.SweepEBPFVRFTable once (sweep/main.go)
     gobgpd: Path
@@ -230,7 +237,7 @@ def _run_go(args: list[str], cwd: Path) -> None:
 
 
 def galactic_component(source: Path, version: str) -> SourceComponent:
-    """galactic-router, galactic-cni and our programs, built in the prepared tree."""
+    """galactic's programs (GALACTIC_PACKAGES) and ours, built in the prepared tree."""
     return SourceComponent(
         name="galactic",
         module_dir=source / "galactic",
@@ -241,7 +248,8 @@ def galactic_component(source: Path, version: str) -> SourceComponent:
 
 
 def ensure_galactic_built() -> GalacticBuild:
-    """Build (if needed) galactic-router, galactic-cni, our programs, gobgpd and gobgp."""
+    """Build (if needed) galactic-router, galactic-cni, galactic-veth, galactic-bgp, our
+    programs, gobgpd and gobgp."""
     try:
         found = archives(peers_dir())
     except BuildError as missing:
@@ -263,6 +271,8 @@ def ensure_galactic_built() -> GalacticBuild:
     return GalacticBuild(
         router=galactic / "galactic-router",
         cni=galactic / "galactic-cni",
+        veth=galactic / "galactic-veth",
+        bgp=galactic / "galactic-bgp",
         verdict=galactic / "vpc-attach-slice-verdict",
         sweep=galactic / "vpc-attach-ebpf-sweep",
         gobgpd=gobgp / "gobgpd",
