@@ -369,6 +369,16 @@ def underlay_mtu(value: Any, source: NodeSetting[int | None]) -> int | None:
     return _count(value, source.key, MIN_UNDERLAY_MTU, 65535)
 
 
+def on_or_off(value: Any, source: NodeSetting[bool]) -> bool:
+    """`on` (True) or `off` (False); the host file may hold a JSON boolean too."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("on", "off"):
+        return value.strip().lower() == "on"
+    raise CniError(INVALID_CONFIG, f"invalid {source.key} {value!r}",
+                   f"expected 'on' or 'off' (environment {source.env})")
+
+
 def ipv6_sids(value: Any, source: NodeSetting[tuple[str, ...]]) -> tuple[str, ...]:
     """IPv6 SIDs: a list, or comma-separated (blanks skipped)."""
     items = value.split(",") if isinstance(value, str) else value
@@ -507,12 +517,17 @@ class GalacticSettings:
     # a VRF's default egress goes to the first reachable
     nat66_shard_sids: tuple[str, ...] = node_setting(
         "nat66ShardSIDs", "VPC_ATTACH_NAT66_SHARD_SIDS", ipv6_sids, ())
+    # off: a registered veth's Pod side segments before usid_egress (galactic's at the
+    # compatible commit drops a GSO packet it encapsulates); on: galactic encapsulates them
+    offloads: bool = node_setting("galacticOffloads", "VPC_ATTACH_GALACTIC_OFFLOADS", on_or_off,
+                                  False)
 
 
 def resolve_galactic_settings(environ: Mapping[str, str],
                               host_file: Mapping[str, Any] | None = None) -> GalacticSettings:
-    """galacticPinDir, underlayInterfaces (a list, or comma-separated), underlayMTU and
-    nat66ShardSIDs from the environment, else the host file; code 7 for anything malformed."""
+    """galacticPinDir, underlayInterfaces (a list, or comma-separated), underlayMTU,
+    nat66ShardSIDs and galacticOffloads from the environment, else the host file; code 7 for
+    anything malformed."""
     host_file = read_host_file(environ) if host_file is None else host_file
     return resolve_group(GalacticSettings, environ, host_file)
 

@@ -16,20 +16,28 @@ from netconf.host import (
 
 def test_defaults_without_any_setting() -> None:
     assert resolve_galactic_settings({}, {}) == GalacticSettings(DEFAULT_GALACTIC_PIN_DIR, (),
-                                                                 None, ())
+                                                                 None, (), offloads=False)
 
 
 def test_the_environment_wins_over_the_host_file() -> None:
     host_file = {"galacticPinDir": "/file/pins", "underlayInterfaces": ["eth9"],
-                 "underlayMTU": 9000, "nat66ShardSIDs": ["2001:db8::9"]}
+                 "underlayMTU": 9000, "nat66ShardSIDs": ["2001:db8::9"],
+                 "galacticOffloads": True}
     environ = {"VPC_ATTACH_GALACTIC_PIN_DIR": "/env/pins",
                "VPC_ATTACH_UNDERLAY_INTERFACES": "eth0, eth1",
                "VPC_ATTACH_UNDERLAY_MTU": "1500",
-               "VPC_ATTACH_NAT66_SHARD_SIDS": "2001:db8::1,, 2001:db8::2"}
+               "VPC_ATTACH_NAT66_SHARD_SIDS": "2001:db8::1,, 2001:db8::2",
+               "VPC_ATTACH_GALACTIC_OFFLOADS": "off"}
     assert resolve_galactic_settings(environ, host_file) == GalacticSettings(
-        "/env/pins", ("eth0", "eth1"), 1500, ("2001:db8::1", "2001:db8::2"))
+        "/env/pins", ("eth0", "eth1"), 1500, ("2001:db8::1", "2001:db8::2"), offloads=False)
     assert resolve_galactic_settings({}, host_file) == GalacticSettings(
-        "/file/pins", ("eth9",), 9000, ("2001:db8::9",))
+        "/file/pins", ("eth9",), 9000, ("2001:db8::9",), offloads=True)
+
+
+@pytest.mark.parametrize(("value", "on"), [("on", True), ("off", False), (" ON", True),
+                                           (True, True), (False, False)])
+def test_galactic_offloads_is_on_or_off(value: object, on: bool) -> None:
+    assert resolve_galactic_settings({}, {"galacticOffloads": value}).offloads is on
 
 
 @pytest.mark.parametrize(("key", "value", "named"), [
@@ -40,6 +48,8 @@ def test_the_environment_wins_over_the_host_file() -> None:
     ("underlayMTU", "9k", "underlayMTU"),
     ("nat66ShardSIDs", ["10.0.0.1"], "nat66ShardSIDs"),
     ("nat66ShardSIDs", ["::"], "nat66ShardSIDs"),
+    ("galacticOffloads", "maybe", "galacticOffloads"),
+    ("galacticOffloads", 1, "galacticOffloads"),
 ])
 def test_malformed_values_are_code_7_naming_the_key(key: str, value: object, named: str) -> None:
     with pytest.raises(CniError) as refused:
@@ -48,7 +58,7 @@ def test_malformed_values_are_code_7_naming_the_key(key: str, value: object, nam
 
 
 @pytest.mark.parametrize("key", ["galacticPinDir", "underlayInterfaces", "underlayMTU",
-                                 "nat66ShardSIDs"])
+                                 "nat66ShardSIDs", "galacticOffloads"])
 def test_a_network_config_may_not_set_them_even_where_the_node_allows_host_settings(
         key: str) -> None:
     with pytest.raises(CniError) as refused:

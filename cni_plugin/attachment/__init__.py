@@ -6,6 +6,7 @@ VRF, node set-up, releasing an unused VPC), `create` (`open_links` → `VethLink
 `TapLinks` (`tap`), whose `create` returns the `CreatedVeth`/`CreatedTap` that alone has
 `configure`), `new_links` (what the links of both kinds are made with and in: `LinkOptions`, the
 VPC's table, the MTU), `host_side` (what both make on the host side), `sid` (answering the VPC's
-SID: the kernel's End.DT46 and galactic's datapath), `detach` (DEL), `check` (CHECK's
+SID: the kernel's End.DT46 or galactic's datapath), `segmentation` (a registered veth's Pod side
+without segmentation offloads: `galacticOffloads`), `detach` (DEL), `check` (CHECK's
 differences).
 """

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from cni_plugin.attachment import segmentation
 from cni_plugin.attachment.node import host_lock, host_netlink
 from cni_plugin.attachment.ref import AttachmentRef
 from cni_plugin.core import naming
@@ -42,13 +43,16 @@ def answer_sid(attachment: AttachmentRef, host_link: Link, table: int, vpc_sid: 
                node: NodeSettings, deadline: Deadline) -> None:
     """The node answers the VPC's SID before it is announced: End.DT46 into the VPC's VRF in
     the kernel (shared per-VPC state; never undone: it goes with the VRF), and where galactic's
-    datapath is pinned, the attachment registered in it (undone by the rollback)."""
+    datapath is pinned, the attachment registered in it (undone by the rollback), a veth's Pod
+    side segmenting before `usid_egress` sees a packet (`galacticOffloads` off)."""
     settings = node.galactic
     with host_lock(lock_dir, deadline), host_netlink(deadline) as rtnl:
         srv6.ensure_decap(rtnl, attachment.vpc, vpc_sid.sid)
         with pins.opened(settings.pin_dir) as datapath:
             if datapath is None:
                 return
+            if attachment.kind == "veth" and not settings.offloads:
+                segmentation.turn_off(attachment.netns, attachment.ifname, deadline)
             registration.register(
                 datapath, rtnl, registration.Registration(
                     network=attachment.network, container_id=attachment.container_id,
@@ -58,7 +62,8 @@ def answer_sid(attachment: AttachmentRef, host_link: Link, table: int, vpc_sid: 
                                              tap=attachment.kind == "tap"),
                     locator=vpc_sid.locator, node_id=vpc_sid.node_id, argument=vpc_sid.vrf_id,
                     table_id=table, prefixes=addressing.advertised(host_only=False),
-                    nat66_shard_sids=settings.nat66_shard_sids),
+                    nat66_shard_sids=settings.nat66_shard_sids,
+                    pod_netns=attachment.netns if attachment.kind == "veth" else ""),
                 rollback, lock_dir, settings.underlay_interfaces,
                 lambda undo_deadline: host_lock(lock_dir, undo_deadline))
 
@@ -115,6 +120,8 @@ def sid_differences(attachment: AttachmentRef, vpc_sid: VpcSid, addressing: Addr
             table = isolation.find_vpc_table(rtnl, attachment.vpc, "vrf")
             if datapath is None or link is None or table is None:
                 return diffs  # nothing registered to compare, or reported already
+            if attachment.kind == "veth" and not settings.offloads and attachment.netns:
+                diffs += segmentation.difference(attachment.netns, attachment.ifname, deadline)
             return diffs + registration.differences(datapath, rtnl, registration.Registration(
                 network=attachment.network, container_id=attachment.container_id,
                 ifname=attachment.ifname, host_link=link.name, host_ifindex=link.index,

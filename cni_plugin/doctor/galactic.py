@@ -3,16 +3,20 @@ registered in galactic's datapath still are (SPEC §15)."""
 
 from __future__ import annotations
 
+from cni_plugin.attachment import segmentation
+from cni_plugin.core.deadline import Deadline
 from cni_plugin.doctor.node import FAIL, NETLINK_SECONDS, OK, WARN, Finding, Node
 from cni_plugin.galactic import layout, pins, record
 from cni_plugin.galactic.pins import Datapath
-from cni_plugin.kernel import links, netns, tc
-from cni_plugin.kernel.rtnl import Rtnl
+from cni_plugin.kernel import ethtool, links, netns, tc
+from cni_plugin.kernel.rtnl import NetlinkError, Rtnl
 from netconf.errors import CniError
-from netconf.host import resolve_galactic_settings
+from netconf.host import GalacticSettings, resolve_galactic_settings
 
 REREGISTER = ("delete and re-create the Pod: its ADD registers it "
               "(docs/operations.md#galactics-datapath)")
+INGRESS_FILTER_NAME = "galactic_usid_ingress"  # galactic's attach.filterName
+OFFLOADS_DOC = "docs/operations.md#segmentation-offloads-and-gro"
 
 
 def galactic_datapath(node: Node) -> list[Finding]:
@@ -31,7 +35,8 @@ def galactic_datapath(node: Node) -> list[Finding]:
                              f"galactic's eBPF uSID datapath is pinned in {settings.pin_dir}: "
                              "its maps have the layouts vpc-attach writes, usid_egress is pinned")]
             with netns.open_netlink(None, NETLINK_SECONDS) as rtnl:
-                return found + _registrations(node, datapath, rtnl)
+                return [*found, *_registrations(node, datapath, rtnl),
+                        _pod_offloads(node, settings), _receive_aggregation(rtnl)]
     except CniError as exc:
         return [Finding("datapath.galactic", FAIL, exc.msg, exc.details)]
 
@@ -80,3 +85,55 @@ def _registrations(node: Node, datapath: Datapath, rtnl: Rtnl) -> list[Finding]:
                                 f"{len(registered)} attachment(s) registered: "
                                 f"{', '.join(registered) or 'none yet'}"))
     return findings
+
+
+def _pod_offloads(node: Node, settings: GalacticSettings) -> Finding:
+    """Whether each registered veth's Pod side still segments before `usid_egress`."""
+    if settings.offloads:
+        return Finding("datapath.offloads", OK, "galacticOffloads is on: the Pods' segmentation "
+                       "offloads are left as the kernel made them (galactic encapsulates GSO "
+                       "packets itself)")
+    checked: list[str] = []
+    kept_on: list[str] = []
+    for path in record.record_paths(node.settings.lock_dir):
+        end = record.pod_end(path)
+        if end is None or not netns.exists(end[0]):
+            continue
+        try:
+            found = segmentation.left_on(*end, Deadline(NETLINK_SECONDS))
+        except CniError as exc:
+            kept_on.append(f"{end[1]} in {end[0]} ({exc.details or exc.msg})")
+            continue
+        (kept_on if found else checked).append(
+            f"{end[1]} in {end[0]} ({', '.join(sorted(found))})" if found else end[1])
+    if kept_on:
+        return Finding("datapath.offloads", FAIL, "registered Pods whose segmentation offloads "
+                       f"are on: {'; '.join(kept_on)}", "galactic's usid_egress drops the GSO "
+                       f"packets they make; delete and re-create the Pod ({OFFLOADS_DOC})")
+    return Finding("datapath.offloads", OK, f"{len(checked)} registered Pod link(s) segment "
+                   "before usid_egress (galacticOffloads off)")
+
+
+def _receive_aggregation(rtnl: Rtnl) -> Finding:
+    """Links carrying galactic's `usid_ingress` with GRO (or LRO): it hands the program one
+    packet for many segments, which `usid_ingress` at the compatible commit drops (it checks
+    the merged length against the MTU)."""
+    carrying = [link for link in rtnl.links() if not link.name.startswith("G") and any(
+        f.name == INGRESS_FILTER_NAME for f in tc.bpf_filters(rtnl, link.index))]
+    merging: list[str] = []
+    try:
+        with ethtool.Ethtool(NETLINK_SECONDS) as tool:
+            for link in carrying:
+                found = ethtool.receive_aggregation_on(tool.features(link.index))
+                if found:
+                    merging.append(f"{link.name} ({', '.join(sorted(found))})")
+    except NetlinkError as exc:
+        return Finding("datapath.gro", WARN, f"could not read the offloads of the links "
+                       f"usid_ingress is attached to: {exc.message}")
+    if merging:
+        return Finding("datapath.gro", WARN, "receive aggregation is on where galactic's "
+                       f"usid_ingress is attached: {', '.join(merging)}", "usid_ingress drops "
+                       "the merged packets of a TCP stream: ethtool -K <link> gro off lro off "
+                       f"rx-gro-hw off ({OFFLOADS_DOC})")
+    names = ", ".join(link.name for link in carrying) or "no link"
+    return Finding("datapath.gro", OK, f"usid_ingress on {names}: no receive aggregation")

@@ -43,12 +43,13 @@ def record_path(lock_dir: str, container_id: str, ifname: str) -> str:
 
 def write_record(lock_dir: str, container_id: str, ifname: str, *, network: str,
                  host_link: str, rows: Iterable[tuple[MapLayout, bytes, bytes]],
-                 uses: Iterable[tuple[MapLayout, bytes]]) -> None:
+                 uses: Iterable[tuple[MapLayout, bytes]], pod_netns: str = "") -> None:
     """Record an attachment's rows (and the shared rows it relies on) before they are written
-    (atomically)."""
+    (atomically); a veth's Pod netns too (an optional key: older records have none)."""
     body = {"network": network, "hostLink": host_link,
             "rows": [[m.name, k.hex(), v.hex()] for m, k, v in rows],
-            "uses": [[m.name, k.hex()] for m, k in uses]}
+            "uses": [[m.name, k.hex()] for m, k in uses],
+            **({"podNetns": pod_netns} if pod_netns else {})}
     records.write_record(record_path(lock_dir, container_id, ifname), json.dumps(body),
                          "the galactic registration")
 
@@ -65,6 +66,18 @@ def read_record(path: str) -> list[tuple[MapLayout, bytes, bytes]] | None:
                 for name, key, value in data["rows"]]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def pod_end(path: str) -> tuple[str, str] | None:
+    """A veth registration's Pod end: (its netns, its name); None for a tap, or a record
+    written before vpc-attach kept it."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            pod_netns = json.load(handle).get("podNetns")
+    except (OSError, ValueError, AttributeError):
+        return None
+    ifname = os.path.basename(path).rpartition(".")[0].partition("@")[2]
+    return (pod_netns, ifname) if isinstance(pod_netns, str) and pod_netns and ifname else None
 
 
 def listed(path: str) -> list[tuple[MapLayout, bytes]]:

@@ -70,6 +70,7 @@ class Registration:
     table_id: int  # the VPC's Linux table (its VRF's)
     prefixes: tuple[Network, ...]
     nat66_shard_sids: tuple[str, ...] = ()  # the VRF's default egress: the first reachable
+    pod_netns: str = ""  # a veth's: where its Pod end `ifname` is (doctor reads its offloads)
 
     @property
     def block(self) -> int:
@@ -196,7 +197,7 @@ def register(datapath: Datapath, rtnl: Rtnl, registration: Registration, rollbac
                      lambda _d: record.forget(lock_dir, reg.container_id, reg.ifname))
     record.write_record(lock_dir, reg.container_id, reg.ifname, network=reg.network,
                         host_link=reg.host_link, rows=reg.attachment_rows(),
-                        uses=reg.shared_rows())
+                        uses=reg.shared_rows(), pod_netns=reg.pod_netns)
     def undo(deadline: Deadline) -> None:
         with host_lock(deadline), opened(pin_dir) as datapath:
             if datapath is not None:

@@ -12,6 +12,7 @@ import errno
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cni_plugin.kernel.rtnl import (
     NLA_F_NESTED,
@@ -24,6 +25,9 @@ from cni_plugin.kernel.rtnl import (
     iter_attrs,
     parse_attrs,
 )
+
+if TYPE_CHECKING:
+    from cni_plugin.core.deadline import Deadline
 
 NETLINK_GENERIC = 16
 GENL_ID_CTRL = 0x10
@@ -129,8 +133,8 @@ def decode_features(payload: bytes) -> Features:
 class Ethtool:
     """ethtool's netlink family on a generic netlink socket of the calling thread's netns."""
 
-    def __init__(self, timeout: float) -> None:
-        self._socket = Rtnl(timeout, protocol=NETLINK_GENERIC)
+    def __init__(self, timeout: float, deadline: Deadline | None = None) -> None:
+        self._socket = Rtnl(timeout, deadline, protocol=NETLINK_GENERIC)
         try:
             self.family = self._family_id()
         except BaseException:
