@@ -41,31 +41,34 @@ def galactic_datapath(node: NodeSettings) -> bool:
 def answer_sid(attachment: AttachmentRef, host_link: Link, table: int, vpc_sid: VpcSid,
                addressing: Addressing, rollback: Rollback, *, lock_dir: str,
                node: NodeSettings, deadline: Deadline) -> None:
-    """The node answers the VPC's SID before it is announced: End.DT46 into the VPC's VRF in
-    the kernel (shared per-VPC state; never undone: it goes with the VRF), and where galactic's
-    datapath is pinned, the attachment registered in it (undone by the rollback), a veth's Pod
-    side segmenting before `usid_egress` sees a packet (`galacticOffloads` off)."""
+    """The node answers the VPC's SID before it is announced: where galactic's datapath is
+    pinned, the attachment registered in it (undone by the rollback), a veth's Pod side
+    segmenting before `usid_egress` sees a packet (`galacticOffloads` off); elsewhere
+    End.DT46 into the VPC's VRF in the kernel (shared per-VPC state; never undone: it goes
+    with the VRF)."""
     settings = node.galactic
-    with host_lock(lock_dir, deadline), host_netlink(deadline) as rtnl:
-        srv6.ensure_decap(rtnl, attachment.vpc, vpc_sid.sid)
-        with pins.opened(settings.pin_dir) as datapath:
-            if datapath is None:
-                return
-            if attachment.kind == "veth" and not settings.offloads:
-                segmentation.turn_off(attachment.netns, attachment.ifname, deadline)
-            registration.register(
-                datapath, rtnl, registration.Registration(
-                    network=attachment.network, container_id=attachment.container_id,
-                    ifname=attachment.ifname, host_link=host_link.name,
-                    host_ifindex=host_link.index,
-                    egress_kind=_egress_kind(rtnl, attachment.vpc,
-                                             tap=attachment.kind == "tap"),
-                    locator=vpc_sid.locator, node_id=vpc_sid.node_id, argument=vpc_sid.vrf_id,
-                    table_id=table, prefixes=addressing.advertised(host_only=False),
-                    nat66_shard_sids=settings.nat66_shard_sids,
-                    pod_netns=attachment.netns if attachment.kind == "veth" else ""),
-                rollback, lock_dir, settings.underlay_interfaces,
-                lambda undo_deadline: host_lock(lock_dir, undo_deadline))
+    with host_lock(lock_dir, deadline), host_netlink(deadline) as rtnl, \
+            pins.opened(settings.pin_dir) as datapath:
+        if datapath is None:
+            srv6.ensure_decap(rtnl, attachment.vpc, vpc_sid.sid)
+            return
+        # No kernel End.DT46 route here: usid_ingress claims every packet to the node's
+        # locator before routing, so it would serve nothing (docs/architecture.md).
+        if attachment.kind == "veth" and not settings.offloads:
+            segmentation.turn_off(attachment.netns, attachment.ifname, deadline)
+        registration.register(
+            datapath, rtnl, registration.Registration(
+                network=attachment.network, container_id=attachment.container_id,
+                ifname=attachment.ifname, host_link=host_link.name,
+                host_ifindex=host_link.index,
+                egress_kind=_egress_kind(rtnl, attachment.vpc,
+                                         tap=attachment.kind == "tap"),
+                locator=vpc_sid.locator, node_id=vpc_sid.node_id, argument=vpc_sid.vrf_id,
+                table_id=table, prefixes=addressing.advertised(host_only=False),
+                nat66_shard_sids=settings.nat66_shard_sids,
+                pod_netns=attachment.netns if attachment.kind == "veth" else ""),
+            rollback, lock_dir, settings.underlay_interfaces,
+            lambda undo_deadline: host_lock(lock_dir, undo_deadline))
 
 
 def _egress_kind(rtnl: Rtnl, vpc: str, *, tap: bool) -> int:
@@ -110,21 +113,23 @@ def collect_registrations(network: str, valid: set[tuple[str, str]], *, lock_dir
 
 def sid_differences(attachment: AttachmentRef, vpc_sid: VpcSid, addressing: Addressing, *,
                     node: NodeSettings, deadline: Deadline) -> list[str]:
-    """What CHECK finds wrong with the answer to the VPC's SID: its decapsulation in the
-    kernel and, where galactic's datapath is pinned, the attachment's registration in it."""
+    """What CHECK finds wrong with the answer to the VPC's SID: where galactic's datapath is
+    pinned, the attachment's registration in it (and its Pod side's offloads); elsewhere its
+    decapsulation in the kernel."""
     settings = node.galactic
-    with host_netlink(deadline) as rtnl:
-        diffs = srv6.decap_differences(rtnl, attachment.vpc, vpc_sid.sid)
-        with pins.opened(settings.pin_dir) as datapath:
-            link = links.find(rtnl, attachment.host_link)
-            table = isolation.find_vpc_table(rtnl, attachment.vpc, "vrf")
-            if datapath is None or link is None or table is None:
-                return diffs  # nothing registered to compare, or reported already
-            if attachment.kind == "veth" and not settings.offloads and attachment.netns:
-                diffs += segmentation.difference(attachment.netns, attachment.ifname, deadline)
-            return diffs + registration.differences(datapath, rtnl, registration.Registration(
-                network=attachment.network, container_id=attachment.container_id,
-                ifname=attachment.ifname, host_link=link.name, host_ifindex=link.index,
-                egress_kind=layout.EGRESS_KIND_VETH, locator=vpc_sid.locator,
-                node_id=vpc_sid.node_id, argument=vpc_sid.vrf_id, table_id=table,
-                prefixes=addressing.advertised(host_only=False)))
+    with host_netlink(deadline) as rtnl, pins.opened(settings.pin_dir) as datapath:
+        if datapath is None:
+            return srv6.decap_differences(rtnl, attachment.vpc, vpc_sid.sid)
+        link = links.find(rtnl, attachment.host_link)
+        table = isolation.find_vpc_table(rtnl, attachment.vpc, "vrf")
+        if link is None or table is None:
+            return []  # reported already (the link, the VRF)
+        diffs = []
+        if attachment.kind == "veth" and not settings.offloads and attachment.netns:
+            diffs += segmentation.difference(attachment.netns, attachment.ifname, deadline)
+        return diffs + registration.differences(datapath, rtnl, registration.Registration(
+            network=attachment.network, container_id=attachment.container_id,
+            ifname=attachment.ifname, host_link=link.name, host_ifindex=link.index,
+            egress_kind=layout.EGRESS_KIND_VETH, locator=vpc_sid.locator,
+            node_id=vpc_sid.node_id, argument=vpc_sid.vrf_id, table_id=table,
+            prefixes=addressing.advertised(host_only=False)))
