@@ -12,6 +12,9 @@ once. ``sites``: simulated nodes each running galactic-router beside vpc-attach,
 collector (`start_site`, the one way a test starts one); ``collector``: what the collector holds
 over time (waited for, sampled, read as a timeline); ``deployment``: Pods of one attachment
 spread over three sites, each behind its fault proxy. ``vpc_nodes``: vpc-attach on the datapath
-nodes, Pods attached there and what galactic-router wrote for them. CLI: ``python -m
+nodes, Pods attached there and what galactic-router wrote for them. ``chain``: galactic's own
+CNI chain (galactic-veth → galactic-bgp) on a datapath node; ``rows``: what an ADD wrote into
+the pinned maps, normalised where two attachments must differ; ``transfer``: a bulk TCP
+transfer with its retransmits and the underlays' drops, and a link's offloads. CLI: ``python -m
 e2e.harness.galactic build``.
 """

@@ -11,10 +11,10 @@ import ipaddress
 import json
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from cni_plugin.core import naming
 from cni_plugin.galactic import layout
@@ -123,17 +123,20 @@ def vpc_attach_nodes(datapath: Datapath, cluster: Any, cni_bin: Path,
 
 
 @contextlib.contextmanager
-def attached(kube: Kube, node: VpcAttachNode, vpc: str, att: str,
+def attached(kube: Kube, node: VpcAttachNode, vpc: str, att: str, *,
+             ipam: dict[str, Any] | None = None, environ: dict[str, str] | None = None,
              **conf: Any) -> Iterator[DatapathPod]:
-    """A Pod on `node` in (vpc, att), published (BGP and slices); DEL afterwards."""
+    """A Pod on `node` in (vpc, att), published (BGP and slices); DEL afterwards. `ipam`
+    instead of the node's pools; `environ`: host settings of this ADD alone (e.g.
+    `VPC_ATTACH_GALACTIC_OFFLOADS`), as a runtime's environment would carry them."""
     name = f"dp-{att}-{os.urandom(2).hex()}"
     uid = create_pod(kube, name, node.name)
     args = f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={name};K8S_POD_UID={uid}"
-    stanza = base_conf(vpc, att, isolation="vrf", ipam=node.ipam(vpc),
+    stanza = base_conf(vpc, att, isolation="vrf", ipam=ipam or node.ipam(vpc),
                        publish={"bgp": True, "endpointSlice": True}, **conf)
     with temporary_netns("vpa-dppod") as netns:
         result = node.plugin.ok("ADD", stanza, container_id=f"ctr-{name}", netns=netns,
-                                CNI_ARGS=args)
+                                CNI_ARGS=args, **(environ or {}))
         four, six = (ip["address"].split("/")[0] for ip in
                      sorted(result["ips"], key=lambda ip: ":" in ip["address"]))
         pod = DatapathPod(os.path.basename(netns), netns, four, six, vpc, att, name, node,
@@ -167,7 +170,17 @@ def wait_routes(datapath: Datapath, reader: VpcAttachNode, pod: DatapathPod,
                   detail=lambda: f"egress_route_table: {reader.galactic.egress_routes()}")
 
 
-def answered_by(src: DatapathPod, dst: str, servers: list[DatapathPod], work: Path) -> list[str]:
+class NamedPod(Protocol):
+    """A Pod as `answered_by` reads it, whoever attached it: its name and netns."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def netns(self) -> str: ...  # name or path
+
+
+def answered_by(src: NamedPod, dst: str, servers: Sequence[NamedPod], work: Path) -> list[str]:
     """Which of `servers` (TCP listeners on PORT) received a connection from `src` to `dst`."""
     with contextlib.ExitStack() as stack:
         heard = {pod.name: stack.enter_context(listener(pod.netns, "tcp", PORT, work))
