@@ -32,6 +32,15 @@ from e2e.harness.galactic.datapath import (
     galactic_datapath,
     session_state,
 )
+from e2e.harness.galactic.leftovers import (
+    SKIPPED,
+    STRAY_ARGUMENT,
+    orphan_advertisement,
+    owned_vrf_rows,
+    plant_vrf_row,
+    published,
+    tapped,
+)
 from e2e.harness.galactic.sweep import run_sweep
 from e2e.harness.galactic.vpc_nodes import (
     POD_MTU,
@@ -204,26 +213,74 @@ def test_gc_removes_the_rows_of_attachments_the_runtime_no_longer_runs(
         assert links[kept.att] in ifindexes and links[gone.att] not in ifindexes
 
 
-def test_what_galactics_own_gc_passes_do_beside_vpc_attach(
+def test_galactics_vrf_table_sweep_removes_a_row_no_instance_names_and_keeps_ours(
         kube: Kube, cluster: Any, galactic: GalacticBuild, nodes: list[VpcAttachNode]) -> None:
-    """docs/operations.md#galactics-datapath: galactic-cni sweeps nothing without galactic's
-    own conflist, and galactic-router's GC removes the VRF of a VPC its node advertises
-    nothing in (here: an L2-only tap's, which has no addresses to advertise)."""
+    """galactic-cni's sweep (gc.SweepEBPFVRFTable; galactic-cni runs it only where it reads its
+    own conflist, so never on these nodes by itself) sweeps for real beside vpc-attach: a row
+    whose Argument no BGPVRFInstance of the node's router names goes (the positive control),
+    vpc-attach's rows stay; and it took neither of the paths that also say "removed 0" without
+    sweeping (no BGPRouter for the node: shown by the negative control; no pin directory: the
+    program refuses to run then)."""
     node1 = nodes[0]
-    cni_log = (node1.galactic.directory / "galactic-cni.log").read_text()
-    assert "eBPF vrf_table GC sweep disabled" in cni_log
+    assert "eBPF vrf_table GC sweep disabled" in \
+        (node1.galactic.directory / "galactic-cni.log").read_text()
     vpc = random_vpc()
-    conf = base_conf(vpc, "1", attachment="tap", isolation="vrf",
-                     publish={"bgp": True, "endpointSlice": False})
-    args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=vm-l2"
-    with bound(kube, vpc), temporary_netns("vpa-dpvm") as netns:
-        result = node1.plugin.ok("ADD", conf, container_id="vm-l2", netns=netns, CNI_ARGS=args)
-        try:
-            assert node1.table_of(vpc) is not None
-            swept = run_sweep(galactic.sweep, node1.galactic.prefix, cluster.admin_kubeconfig,
-                              node1.name, BGP_NS, router_gc=True)
-            print(f"galactic-router's GC pass on {node1.name}: {swept}")
-            assert swept.orphaned_vrfs_removed >= 1 and node1.table_of(vpc) is None
-        finally:
-            node1.plugin.ok("DEL", with_prev(conf, result), container_id="vm-l2", netns=netns,
-                            CNI_ARGS=args)
+    with bound(kube, vpc), attached(kube, node1, vpc, "1"):
+        stray = plant_vrf_row(node1.galactic, argument=STRAY_ARGUMENT)
+        ours = owned_vrf_rows(node1)
+        assert stray in ours
+        skipped = run_sweep(galactic.sweep, node1.galactic.prefix, cluster.admin_kubeconfig,
+                            "a-node-no-router-targets", BGP_NS)
+        kept = owned_vrf_rows(node1)
+        swept = run_sweep(galactic.sweep, node1.galactic.prefix, cluster.admin_kubeconfig,
+                          node1.name, BGP_NS)
+        after = owned_vrf_rows(node1)
+    print(f"\n[{PATH}] galactic's vrf_table sweep on {node1.name}: planted row {stray}; "
+          f"sweep as another node: removed {skipped.ebpf_vrf_entries_removed}, skipped "
+          f"{SKIPPED in skipped.log}; sweep as {node1.name}: removed "
+          f"{swept.ebpf_vrf_entries_removed}, errors {swept.errors}, skipped "
+          f"{SKIPPED in swept.log}; vpc-attach's rows before {len(ours) - 1}, after "
+          f"{len(after)}")
+    assert SKIPPED in skipped.log and skipped.ebpf_vrf_entries_removed == 0 and kept == ours
+    assert SKIPPED not in swept.log and swept.errors == 0, swept.log
+    assert swept.ebpf_vrf_entries_removed == 1 and stray not in after
+    assert after == {key: row for key, row in ours.items() if key != stray}
+
+
+def test_galactic_routers_gc_keeps_live_veth_and_tap_pods_and_removes_what_is_orphaned(
+        kube: Kube, cluster: Any, galactic: GalacticBuild, nodes: list[VpcAttachNode]) -> None:
+    """galactic-router's GC pass (gc.RunGC) beside live vpc-attach Pods: their VPC's VRF,
+    instance and advertisements survive. What it removes is counted and named, as the positive
+    controls: the planted advertisement of a container whose netns is gone, and what it takes
+    from a VPC the node advertises nothing in (an L2-only tap's instance and VRF:
+    docs/operations.md#galactics-datapath). A first pass clears what earlier tests left (the
+    instances DEL keeps), so the counted pass sees only this test's."""
+    node1 = nodes[0]
+    run_sweep(galactic.sweep, node1.galactic.prefix, cluster.admin_kubeconfig, node1.name,
+              BGP_NS, router_gc=True)
+    vpc, l2_vpc = random_vpc(), random_vpc()
+    tap = base_conf(vpc, "2", attachment="tap", isolation="vrf", ipam=node1.ipam(vpc),
+                    publish={"bgp": True, "endpointSlice": False})
+    l2_tap = base_conf(l2_vpc, "1", attachment="tap", isolation="vrf",
+                       publish={"bgp": True, "endpointSlice": False})
+    with bound(kube, vpc), bound(kube, l2_vpc), attached(kube, node1, vpc, "1") as veth, \
+            tapped(node1, tap, "gc-vm") as vm, tapped(node1, l2_tap, "gc-l2"), \
+            orphan_advertisement(kube, node1, random_vpc()) as orphan:
+        objects = published(kube, vpc, node1)
+        assert node1.table_of(l2_vpc) is not None and all(objects.values())
+        swept = run_sweep(galactic.sweep, node1.galactic.prefix, cluster.admin_kubeconfig,
+                          node1.name, BGP_NS, router_gc=True)
+        survived = published(kube, vpc, node1)
+        print(f"\n[{PATH}] galactic-router's GC pass on {node1.name} with veth {veth.name} and "
+              f"tap {vm} of VPC {vpc}: {swept}; VPC {vpc}'s VRF table "
+              f"{node1.table_of(vpc)}, objects {sorted(k for k, v in survived.items() if v)}; "
+              f"planted advertisement {orphan} left: {kube.get(orphan) is not None}")
+        assert (swept.orphaned_crds_removed, swept.orphaned_vrfs_removed, swept.errors) == (
+            2, 1, 0), swept.log
+        assert kube.get(orphan) is None and node1.table_of(l2_vpc) is None
+        assert vrf_instance(kube, naming.vrf_instance_name(l2_vpc, node1.name)) is None
+        assert node1.table_of(vpc) is not None and all(survived.values()), survived
+        check = node1.plugin.call("CHECK", with_prev(veth.conf, veth.result),
+                                  container_id=veth.container, netns=veth.path,
+                                  CNI_ARGS=veth.cni_args)
+        assert check.status == 0, check.stdout

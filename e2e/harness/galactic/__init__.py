@@ -15,6 +15,8 @@ spread over three sites, each behind its fault proxy. ``vpc_nodes``: vpc-attach 
 nodes, Pods attached there and what galactic-router wrote for them. ``chain``: galactic's own
 CNI chain (galactic-veth → galactic-bgp) on a datapath node; ``rows``: what an ADD wrote into
 the pinned maps, normalised where two attachments must differ; ``transfer``: a bulk TCP
-transfer with its retransmits and the underlays' drops, and a link's offloads. CLI: ``python -m
+transfer with its retransmits and the underlays' drops, and a link's offloads; ``leftovers``:
+what galactic's GC passes must find (a planted row, an orphaned advertisement, a tap) and what
+they must keep. CLI: ``python -m
 e2e.harness.galactic build``.
 """
