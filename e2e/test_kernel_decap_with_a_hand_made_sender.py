@@ -1,5 +1,11 @@
-"""The node answers the SID it publishes for a VPC: seg6local End.DT46 into the VPC's VRF, made
-by ADD, checked by CHECK, shown by doctor — and SRv6 packets sent to it reach the Pod."""
+"""On a node without galactic's datapath, the kernel answers the SID the node publishes for a
+VPC: seg6local End.DT46 into the VPC's VRF, made by ADD, checked by CHECK, shown by doctor —
+and SRv6 packets sent to it reach the Pod.
+
+The sender is hand-made: another netns with kernel `encap seg6` routes to the SID. It stands
+in for no galactic component (galactic-router writes its routes into galactic's eBPF map, never
+into the kernel: SPEC §15); any SRv6 source would do. galactic's own path between nodes is
+e2e/test_galactic_datapath.py's."""
 
 from __future__ import annotations
 
@@ -85,9 +91,9 @@ def test_the_vpc_sid_decapsulates_into_its_vrf_and_reaches_the_pod(
 
     pod_v4, pod_v6 = (ip["address"].split("/")[0] for ip in
                       sorted(result["ips"], key=lambda ip: ":" in ip["address"]))
-    # The remote side as galactic-router would set it up: the Pod's prefixes encapsulated to
-    # the SID. The Pod's answers leave the VPC's table through the underlay (a test-only
-    # leak), so they prove the request was decapsulated into the VRF and delivered.
+    # The hand-made sender: the Pod's prefixes encapsulated to the SID by the kernel. The
+    # Pod's answers leave the VPC's table through the underlay (a test-only leak), so they
+    # prove the request was decapsulated into the VRF and delivered.
     run_ip("-n", remote, "-6", "route", "add", LOCATOR, "via", UNDERLAY_HOST)
     for dst in (f"{pod_v6}/128", f"{pod_v4}/32"):
         run_ip("-n", remote, "route", "add", dst, "encap", "seg6", "mode", "encap", "segs",
