@@ -23,19 +23,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import json
 import os
 import platform
 import secrets
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from e2e.bench import galactic_paths as paths
+from e2e.bench.galactic_paths import TcpPath
 from e2e.bench.machine import _cpu_model
 from e2e.bench.stats import median, p95
 from e2e.harness import cnibin
@@ -46,14 +46,12 @@ from e2e.harness.galactic.datapath import Datapath, DatapathNode, galactic_datap
 from e2e.harness.galactic.fabric import apply_galactic_crds
 from e2e.harness.kernel import run_ip, temporary_netns
 from e2e.harness.kube import Kube
-from e2e.harness.packets import in_netns
+from e2e.harness.pace import pace
 from e2e.harness.plugin import Plugin, base_conf, host_local, random_vpc, with_prev
 from e2e.harness.tenancy import bound
-from e2e.harness.wait import wait_until
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WARMUP = 2
-IPERF_PORT = 5201
 REGISTERED, KERNEL_ONLY, GO = ("vpc-attach, registered in galactic's datapath",
                                "vpc-attach, no galactic datapath (kernel End.DT46)",
                                "Go ptp + host-local (reference)")
@@ -144,90 +142,64 @@ def measure_adds(subjects: list[Subject], runs: int) -> None:
         print(f"round {index + 1}/{WARMUP + runs}", file=sys.stderr, flush=True)
 
 
-@contextlib.contextmanager
-def _pod(node: DatapathNode, cluster: Cluster, cni_bin: Path, vpc: str, index: int,
-         work: Path) -> Iterator[tuple[str, str]]:
-    """A Pod of `vpc` on `node` attached in-process: (netns name, its IPv4 address)."""
-    plugin = Plugin(cni_bin, work / f"pod-locks-{index}", {
-        "VPC_ATTACH_NODE_NAME": node.name, "VPC_ATTACH_KUBECONFIG": str(cluster.plugin_kubeconfig),
-        "VPC_ATTACH_LOCK_DIR": str(work / f"pod-locks-{index}")}, prefix=node.prefix)
-    plugin.lock_dir.mkdir()
-    conf = base_conf(vpc, str(index), isolation="vrf",
-                     ipam=host_local(work / f"pod-ipam-{index}", f"10.191.{index}.0/24"),
-                     publish={"bgp": True, "endpointSlice": False})
-    args = f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=tcp-{index}"
-    with temporary_netns("vpa-tcp") as netns:
-        result = plugin.ok("ADD", conf, container_id=f"tcp-{index}", netns=netns, CNI_ARGS=args)
-        try:
-            yield os.path.basename(netns), result["ips"][0]["address"].split("/")[0]
-        finally:
-            plugin.ok("DEL", with_prev(conf, result), container_id=f"tcp-{index}", netns=netns,
-                      CNI_ARGS=args)
+def tcp_paths(stack: contextlib.ExitStack, datapath: Datapath, cluster: Cluster,
+              cni_bin: Path, kube: Kube, work: Path) -> list[TcpPath]:
+    """Every TCP row's client and server, made once for all rounds."""
+    first, second = datapath.nodes
+    underlays = ([first.netns, second.netns], [first.underlay_link, second.underlay_link],
+                 [first.pin_dir, second.pin_dir])
+    left, right, veth_address = stack.enter_context(paths.veth_pair())
+    paths_made = [TcpPath("veth", "two netns, one veth pair, same VM", left, right,
+                          veth_address, *underlays)]
+    client, server, address = stack.enter_context(paths.plain_routing(first, second))
+    paths_made.append(TcpPath("plain", "plain routing over the same two nodes (no SRv6)",
+                              client, server, address, *underlays))
+    as_bgp = stack.enter_context(paths.galactic_pair(datapath, cluster, kube, cni_bin, work,
+                                                     "on", 1))
+    ours = stack.enter_context(paths.galactic_pair(datapath, cluster, kube, cni_bin, work,
+                                                   "off", 2))
+    tso = as_bgp[0].netns  # the knobs turn on this Pod's, then back
+
+    def knob(key: str, label: str, before: Callable[[], object], after: Callable[[], object],
+             pair: tuple[paths.Attached, paths.Attached] = as_bgp) -> TcpPath:
+        return TcpPath(key, label, pair[0].netns, pair[1].netns, pair[1].address, *underlays,
+                       before=before, after=after)
+
+    paths_made += [
+        TcpPath("galactic-bgp", "galactic's eBPF path, offloads as galactic-bgp leaves them "
+                "(`galacticOffloads: on`)", as_bgp[0].netns, as_bgp[1].netns,
+                as_bgp[1].address, *underlays),
+        TcpPath("vpc-attach", "galactic's eBPF path, vpc-attach's setting (`galacticOffloads`"
+                " default `off`)", ours[0].netns, ours[1].netns, ours[1].address, *underlays),
+        knob("no-gso", "knob: TSO/USO and generic segmentation off",
+             lambda: paths.ethtool_set(tso, "tso", "off", "tx-udp-segmentation", "off", "gso",
+                                       "off"),
+             lambda: paths.ethtool_set(tso, "tso", "on", "tx-udp-segmentation", "on", "gso",
+                                       "on")),
+        knob("segs1", "knob: TSO on, `gso_max_segs 1` on the Pod's eth0",
+             lambda: run_ip("-n", tso, "link", "set", "eth0", "gso_max_segs", "1"),
+             lambda: run_ip("-n", tso, "link", "set", "eth0", "gso_max_segs", "65535")),
+        knob("mtu", "knob: TSO on, Pod MTU 1280 instead of 1460",
+             lambda: run_ip("-n", tso, "link", "set", "eth0", "mtu", "1280"),
+             lambda: run_ip("-n", tso, "link", "set", "eth0", "mtu", str(paths.POD_MTU))),
+        knob("gro", "vpc-attach's setting, GRO on node 2's underlay (receive side)",
+             lambda: paths.gro(first, second, True), lambda: paths.gro(first, second, False),
+             ours),
+    ]
+    kernel = stack.enter_context(paths.kernel_nodes(kube, cluster, work / "kernel-nodes"))
+    pair = stack.enter_context(paths.kernel_pair(kernel, cluster, kube, cni_bin, work))
+    paths_made.append(TcpPath(
+        "kernel", "kernel End.DT46 (no galactic; a hand-made `encap seg6` sender)",
+        pair[0].netns, pair[1].netns, pair[1].address, [n.netns for n in kernel],
+        [n.underlay_link for n in kernel], []))
+    return paths_made
 
 
-def _iperf(client: str, server: str, address: str, seconds: int) -> float:
-    """Gbit/s from `client` to an iperf3 server in `server` listening on `address`."""
-    with subprocess.Popen(in_netns(server, "iperf3", "-s", "-1", "-B", address, "-p",
-                                   str(IPERF_PORT)), stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL) as listening:
-        try:
-            wait_until("iperf3 listening", lambda: f":{IPERF_PORT}" in subprocess.run(
-                in_netns(server, "ss", "-ltn"), capture_output=True, text=True,
-                check=False).stdout, 30)
-            out = subprocess.run(in_netns(client, "iperf3", "-J", "-c", address, "-p",
-                                          str(IPERF_PORT), "-t", str(seconds)),
-                                 capture_output=True, text=True, timeout=seconds + 60,
-                                 check=True).stdout
-        finally:
-            listening.kill()
-    return float(json.loads(out)["end"]["sum_received"]["bits_per_second"]) / 1e9
-
-
-@contextlib.contextmanager
-def _veth_pair() -> Iterator[tuple[str, str, str]]:
-    """Two netns joined by one veth pair: (client netns, server netns, server address)."""
-    suffix = secrets.token_hex(3)
-    left, right = f"vpa-vl-{suffix}", f"vpa-vr-{suffix}"
-    for name in (left, right):
-        run_ip("netns", "add", name)
-    try:
-        run_ip("-n", left, "link", "add", "v0", "type", "veth", "peer", "name", "v1", "netns",
-               right)
-        for name, link, address in ((left, "v0", "10.192.0.1/24"),
-                                    (right, "v1", "10.192.0.2/24")):
-            run_ip("-n", name, "addr", "add", address, "dev", link)
-            run_ip("-n", name, "link", "set", link, "up")
-        yield left, right, "10.192.0.2"
-    finally:
-        for name in (left, right):
-            run_ip("netns", "del", name, check=False)
-
-
-def measure_tcp(datapath: Datapath, cluster: Cluster, cni_bin: Path, kube: Kube, work: Path,
-                seconds: int, rounds: int) -> dict[str, list[float]]:
-    """iperf3 through galactic's datapath (node 1 → node 2) and over one veth pair."""
-    vpc = random_vpc()
-    rates: dict[str, list[float]] = {"galactic": [], "veth": []}
-    node1, node2 = datapath.nodes
-    with bound(kube, vpc), _pod(node1, cluster, cni_bin, vpc, 1, work) as (client, _), \
-            _pod(node2, cluster, cni_bin, vpc, 2, work) as (server, address), \
-            _veth_pair() as (left, right, veth_address):
-        datapath.wait("node 1 to reach the Pod on node 2", lambda: subprocess.run(
-            in_netns(client, "ping", "-c", "1", "-W", "1", address), capture_output=True,
-            check=False).returncode == 0, 120)
-        for index in range(rounds):
-            order = (("galactic", client, server, address), ("veth", left, right, veth_address))
-            for name, src, dst, at in order if index % 2 == 0 else order[::-1]:
-                rates[name].append(_iperf(src, dst, at, seconds))
-    return rates
-
-
-def report(subjects: list[Subject], rates: dict[str, list[float]], runs: int) -> str:
-    """The markdown report."""
+def add_report(subjects: list[Subject], runs: int) -> list[str]:
+    """The ADD table."""
     go = next(s for s in subjects if s.label == GO)
-    lines = [f"# galactic's datapath: cost ({datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} "
-             "UTC)", "", f"Machine: {machine()}. {runs} measured rounds after {WARMUP} warm-up "
-             "rounds, interleaved; median and p95 (nearest rank).", "",
+    lines = [f"ADD: {runs} measured rounds after {WARMUP} warm-up rounds, interleaved; median "
+             "and p95 (nearest rank).", "",
              "| ADD through the node agent | n | median ms | p95 ms | x Go | in agent: median "
              "ms | p95 ms | DEL median ms |", "|---|--:|--:|--:|--:|--:|--:|--:|"]
     for subject in subjects:
@@ -241,14 +213,18 @@ def report(subjects: list[Subject], rates: dict[str, list[float]], runs: int) ->
     in_agent = median(registered.agent_ms) / median(kernel.agent_ms)
     end_to_end = median(registered.wall_ms) / median(kernel.wall_ms)
     lines += ["", f"Registration's cost: {in_agent:.2f}x the agent's ADD without it (medians "
-              f"in the agent), {end_to_end:.2f}x end to end.", "",
-              "| TCP, 1 stream | rounds | median Gbit/s | ratio |", "|---|--:|--:|--:|"]
-    base = median(rates["veth"])
-    for name, label in (("galactic", "Pod → Pod across nodes, galactic's eBPF path"),
-                        ("veth", "two netns, one veth pair, same VM")):
-        lines.append(f"| {label} | {len(rates[name])} | {median(rates[name]):.3f} | "
-                     f"{median(rates[name]) / base:.2f} |")
-    return "\n".join(lines) + "\n"
+              f"in the agent), {end_to_end:.2f}x end to end."]
+    return lines
+
+
+def tcp_report(measured: list[TcpPath], seconds: int) -> list[str]:
+    """The TCP table."""
+    return [f"TCP: iperf3, one {seconds}-s stream per row and round, every row once per round"
+            " in a rotated order; the client's offloads as `ethtool -k` read them; the "
+            "underlays' `tx_dropped` counted on both nodes around each transfer.", "",
+            *paths.table(measured)]
+
+
 
 
 def run_inside(options: argparse.Namespace) -> str:
@@ -257,28 +233,42 @@ def run_inside(options: argparse.Namespace) -> str:
     cluster = Cluster.up(work / "cluster")
     try:
         with cluster.admin() as kube, contextlib.ExitStack() as stack:
+            # Under emulation on a busy host one API request takes what a few cold starts
+            # take: the client's own timeout is sized on a native machine.
+            kube.timeout = pace().plus(10, kube.timeout, "the client's timeout").seconds
             from e2e.harness.tools.gotools import reference_plugins_dir
             build = ensure_galactic_built()
             apply_galactic_crds(kube, build.crd_dir)
             cni_bin = cnibin.populate(work / "cni-bin", reference_plugins_dir())
             datapath = stack.enter_context(galactic_datapath(kube, cluster, build, work / "dp",
                                                              underlay_by_env=True))
-            subjects = _subjects(stack, datapath.nodes[0], cluster, cni_bin, work)
-            for subject in subjects[:2]:
-                stack.enter_context(bound(kube, subject.conf["vpc"]))
-            measure_adds(subjects, options.runs)
-            rates = measure_tcp(datapath, cluster, cni_bin, kube, work, options.seconds,
-                                options.rounds)
-            return report(subjects, rates, options.runs)
+            now = datetime.datetime.now(datetime.UTC)
+            lines = [f"# galactic's datapath: cost ({now:%Y-%m-%d %H:%M} UTC)", "",
+                     f"Machine: {machine()}.", ""]
+            if options.runs:
+                subjects = _subjects(stack, datapath.nodes[0], cluster, cni_bin, work)
+                for subject in subjects[:2]:
+                    stack.enter_context(bound(kube, subject.conf["vpc"]))
+                measure_adds(subjects, options.runs)
+                lines += [*add_report(subjects, options.runs), ""]
+            measured = tcp_paths(stack, datapath, cluster, cni_bin, kube, work)
+            paths.measure_all(measured, options.seconds, options.rounds)
+            lines += tcp_report(measured, options.seconds)
+            return "\n".join(lines) + "\n"
     finally:
         cluster.down()
 
 
+def _load() -> str:
+    """The host's load averages: the emulated CPU shares the host with whatever else runs."""
+    return "/".join(f"{value:.2f}" for value in os.getloadavg())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=50)
-    parser.add_argument("--seconds", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--runs", type=int, default=50, help="ADD rounds (0: TCP only)")
+    parser.add_argument("--seconds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--inside", action="store_true", help="already on a full kernel")
     options = parser.parse_args()
@@ -290,6 +280,7 @@ def main() -> None:
         return
     from e2e.harness.vm.boot import run
     share = Path(tempfile.mkdtemp(prefix="vpa-bench-vm-"))
+    load_before = _load()
     argv = [sys.executable, "-m", "e2e.bench.galactic", "--inside", "--runs", str(options.runs),
             "--seconds", str(options.seconds), "--rounds", str(options.rounds),
             "--results", str(share)]
@@ -299,7 +290,9 @@ def main() -> None:
     if result.returncode != 0 or not produced.exists():
         raise SystemExit(f"the bench in the VM ended with {result.returncode}")
     text = produced.read_text() + (f"\nHost: nproc {os.cpu_count()}, {_cpu_model()}, Linux "
-                                   f"{platform.release()}; the VM has 1 vCPU.\n")
+                                   f"{platform.release()}; the VM has 1 vCPU; load average "
+                                   f"(1/5/15 min) {load_before} before the boot, {_load()} "
+                                   "after.\n")
     (options.results / "galactic.md").write_text(text)
     print(text)
 
