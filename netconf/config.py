@@ -53,7 +53,10 @@ def lookup_ci(data: Mapping[str, Any] | None, key: str) -> Any:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
+    # Keys are read by their spelled names only (`logBackups`, never the attribute `log_backups`):
+    # SPEC §14's refusal of host settings knows the spelled names, so a second spelling would
+    # pass a host setting by it.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     @model_validator(mode="before")
     @classmethod

@@ -199,6 +199,11 @@ def test_veth_without_ipam_is_code_7_naming_ipam() -> None:
     (conf(vrf="x"), "'vrf'"),
     (conf(publish={"bgp": False, "endpointSlice": False, "bfd": True}), "'publish.bfd'"),
     (conf(attachment="tap", tap={"owner": 0, "queues": 4}), "'tap.queues'"),
+    # The model's attribute names are not a second spelling: a host setting would pass by it.
+    (conf(log_backups=1), "'log_backups'"),
+    (conf(lock_dir="/tmp"), "'lock_dir'"),
+    (conf(vpc_from_pod=True), "'vpc_from_pod'"),
+    (conf(publish={"endpoint_slice": False}), "'publish.endpoint_slice'"),
 ])
 def test_unknown_key_is_code_7_naming_it(data: dict[str, Any], named: str) -> None:
     err = rejected(data)
