@@ -185,3 +185,22 @@ def add_reach(proxied: ProxiedCluster, log: Path, container: str, via_agent: boo
     seen = [s for s in proxied.proxy.seen()[mark:] if the_verbs(s)]
     return result, Reach(session_lines(log, container) - lines, len({s.connection for s in seen}),
                          proxied.proxy.accepted() - accepted, len(seen)), seen
+
+
+def agent_watches_router_instances(proxied: ProxiedCluster, plugin: Plugin,
+                                   conf: dict[str, Any]) -> None:
+    """Through the agent: STATUS, as containerd polls it, until the agent's watch of the node's
+    routers is in sync and has started the watch of the router's VRF instances, whose first
+    listing is then seen (STATUS itself never lists instances). The first ADD after a new
+    kubeconfig finds the routers' watch still listing and asks the API, so it starts no
+    instance watch: without this the next ADD's window would count that watch's listing."""
+    mark = len(proxied.proxy.seen())
+
+    def instances_listed() -> bool:
+        plugin.ok("STATUS", conf)
+        wait_until("the proxy to record STATUS's requests",
+                   lambda: proxied.proxy.in_flight() == 0, 10, interval=0.05)
+        return any(s.resource == "bgpvrfinstances" and s.name is None and "routerRef" in s.path
+                   for s in proxied.proxy.seen()[mark:])
+    wait_until("the agent's watch of the router's VRF instances to list them", instances_listed,
+               30, interval=0.2)
