@@ -1,11 +1,12 @@
 """How a verb reaches the API server, counted (`e2e/test_api_sessions.py`): on the server side by
-the fault proxy in front of the API server (the TCP connections it accepted during the verb, and
-the connections that carried the verb's requests: a `KubeClient` has one connection, so that is
-the clients the verb used), by the plugin's debug line for each session a verb opens, and, for
-an ADD run in this process, the deadlines it starts (every `Deadline` made during it, by the
-moment it starts from: the forward part of a deadline and its rollback share it). The scenes:
-a Pod's five verbs (`verbs_reach`), and a VM network of its own with a claim and a
-virt-launcher Pod in a `scope: cluster` pool (`vm_network_of`)."""
+the fault proxy in front of the API server (the connections that carried the verb's requests: a
+`KubeClient` has one connection, so that is the clients the verb used; and which of them it
+accepted during the verb, not the agent's watches' or Events writer's), by the plugin's debug
+line for each session a verb opens, and, for an ADD run in this process, the deadlines it
+starts (every `Deadline` made during it, by the moment it starts from: the forward part of a
+deadline and its rollback share it). The scenes: a Pod's five verbs (`verbs_reach`), and a VM
+network of its own with a claim and a virt-launcher Pod in a `scope: cluster` pool
+(`vm_network_of`)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,9 @@ class Reach:
 
     sessions: int  # cluster sessions the plugin says it opened for the container
     clients: int  # distinct connections that carried the verb's requests
-    new_connections: int  # TCP connections accepted during the verb
+    # Connections accepted during the verb that carried its requests (the agent's own, a
+    # watch's or the Events writer's after the answer, are not the verb's).
+    new_connections: int
     requests: int  # the verb's requests (watches and the agent's Events aside)
 
 
@@ -77,7 +80,8 @@ def verbs_reach(kube: Kube, proxied: ProxiedCluster, plugin: Plugin, node: Node,
             seen = [s for s in proxied.proxy.seen()[mark:] if the_verbs(s)]
             reach[verb] = Reach(session_lines(log, container) - lines,
                                 len({s.connection for s in seen}),
-                                proxied.proxy.accepted() - accepted, len(seen))
+                                len({s.connection for s in seen if s.connection > accepted}),
+                                len(seen))
             return answer
 
         result = run("ADD", conf)
@@ -184,7 +188,8 @@ def add_reach(proxied: ProxiedCluster, log: Path, container: str, via_agent: boo
                    interval=0.05)
     seen = [s for s in proxied.proxy.seen()[mark:] if the_verbs(s)]
     return result, Reach(session_lines(log, container) - lines, len({s.connection for s in seen}),
-                         proxied.proxy.accepted() - accepted, len(seen)), seen
+                         len({s.connection for s in seen if s.connection > accepted}),
+                         len(seen)), seen
 
 
 def agent_watches_router_instances(proxied: ProxiedCluster, plugin: Plugin,
