@@ -122,6 +122,26 @@ def test_named_ports_resolve_on_the_pod_that_owns_them_and_fail_closed() -> None
                   if a.peers and a.ports) == [("10.9.0.2/32", 8080), ("10.9.0.3/32", 9090)]
 
 
+def test_an_egress_named_port_resolves_on_the_pods_an_ip_block_holds_and_only_their_addresses_in_it(
+) -> None:
+    # The case hypothesis found: a Pod at 10.9.0.1 naming 7001 "http" is reached through an
+    # ipBlock; its IPv6 address outside the block is not, and a Pod at an excepted address is not.
+    policy = parse_policy(mnp("p", {
+        "podSelector": {"matchLabels": {"app": "db"}}, "policyTypes": ["Egress"],
+        "egress": [{"to": [{"ipBlock": {"cidr": "10.9.0.0/29", "except": ["10.9.0.2/31"]}}],
+                    "ports": [{"port": "http"}]}]}))
+    pods = {("ns1", "db"): PodFacts("ns1", "db", {"app": "db"}),
+            ("ns1", "web"): PodFacts("ns1", "web", {"app": "web"}, {("http", "TCP"): 7001}),
+            ("ns1", "cut"): PodFacts("ns1", "cut", {"app": "cut"}, {("http", "TCP"): 7002})}
+    endpoints = [Endpoint("ns1", "web", NAD_A, "v1", (ipaddress.ip_address("10.9.0.1"),
+                                                      ipaddress.ip_address("fd00::1"))),
+                 Endpoint("ns1", "cut", NAD_A, "v1", (ipaddress.ip_address("10.9.0.2"),))]
+    compiled = compile_target(World([policy], pods, {"ns1": {}}, endpoints),
+                              Target("ns1", "db", NAD_A, "v1"))
+    assert [(tuple(map(str, a.peers or ())), a.ports) for a in compiled.egress.allows] == [
+        (("10.9.0.1/32",), (_tcp(7001),))]
+
+
 def _tcp(port: int) -> Any:
     from cni_plugin.policy.compile import PortRange
     return PortRange("TCP", port, port)

@@ -174,17 +174,23 @@ def _allows(world: World, target: Target, policy: Policy, rule: Rule, direction:
         if resolved:
             allows.append(Allow(_peer_networks(peer_pods, blocks), resolved, origin))
     elif named:
-        # Egress: the port is the destination's; an ipBlock or any-peer destination has no
-        # container ports to name, so only pod peers can match.
-        targets = peer_pods if rule.peers is not None else \
-            _endpoints_on(world, target, _networks_of(policy), None)
-        by_ports: dict[tuple[PortRange, ...], list[Endpoint]] = {}
-        for endpoint in targets:
+        # Egress: the port is the destination's, named on each Pod the rule reaches: the Pods
+        # its selectors select, and those whose addresses an ipBlock holds (only the addresses
+        # inside it); an address no Pod of the VPC holds has no container ports to name.
+        if rule.peers is None:
+            reached = [(endpoint, endpoint.addresses) for endpoint
+                       in _endpoints_on(world, target, _networks_of(policy), None)]
+        else:
+            reached = [(endpoint, endpoint.addresses) for endpoint in peer_pods]
+            reached += _endpoints_in(world, target, policy, blocks or [])
+        by_ports: dict[tuple[PortRange, ...], set[Network]] = {}
+        for endpoint, addresses in reached:
             resolved = _resolve(world.pods.get((endpoint.namespace, endpoint.pod)), named)
             if resolved:
-                by_ports.setdefault(resolved, []).append(endpoint)
-        for ports, endpoints in sorted(by_ports.items()):
-            allows.append(Allow(_peer_networks(endpoints, []), ports, origin))
+                by_ports.setdefault(resolved, set()).update(
+                    ipaddress.ip_network(address) for address in addresses)
+        for ports, networks in sorted(by_ports.items()):
+            allows.append(Allow(_sorted_networks(networks), ports, origin))
     if not allows:  # ports listed, none of them usable: the rule matches nothing
         return []
     return allows
@@ -237,6 +243,19 @@ def _endpoints_on(world: World, target: Target, networks: Sequence[NetworkRef],
             (pods is None or (endpoint.namespace, endpoint.pod) in pods)]
 
 
+def _endpoints_in(world: World, target: Target, policy: Policy, blocks: Sequence[Network]
+                  ) -> list[tuple[Endpoint, tuple[Address, ...]]]:
+    """The attachments on the policy's networks in the target's VPC with addresses inside the
+    blocks (their excepts already cut out), each with just those addresses."""
+    found = []
+    for endpoint in _endpoints_on(world, target, _networks_of(policy), None):
+        inside = tuple(address for address in endpoint.addresses
+                       if any(address in block for block in blocks))
+        if inside:
+            found.append((endpoint, inside))
+    return found
+
+
 def _peer_networks(endpoints: Sequence[Endpoint], blocks: Sequence[Network] | None
                    ) -> tuple[Network, ...] | None:
     if blocks is None:
@@ -244,5 +263,9 @@ def _peer_networks(endpoints: Sequence[Endpoint], blocks: Sequence[Network] | No
     found: set[Network] = set(blocks)
     for endpoint in endpoints:
         found.update(ipaddress.ip_network(address) for address in endpoint.addresses)
-    return tuple(sorted(found, key=lambda net: (net.version, int(net.network_address),
-                                                net.prefixlen)))
+    return _sorted_networks(found)
+
+
+def _sorted_networks(networks: Iterable[Network]) -> tuple[Network, ...]:
+    return tuple(sorted(networks, key=lambda net: (net.version, int(net.network_address),
+                                                   net.prefixlen)))
