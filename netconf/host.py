@@ -36,6 +36,7 @@ DEFAULT_LOG_MAX_BYTES = 10 * 1024 * 1024
 DEFAULT_LOG_BACKUPS = 3
 MAX_LOG_BACKUPS = 100
 TENANCY_MODES = ("enforce", "audit", "off")  # SPEC §14; unset: enforce with a kubeconfig
+NETWORK_POLICY_MODES = ("enforce", "off")  # SPEC §17: NetworkPolicy on conflist attachments
 STANZA_HOST_SETTINGS_KEY = "stanzaHostSettings"
 STANZA_HOST_SETTINGS_ENV = "VPC_ATTACH_STANZA_HOST_SETTINGS"
 IPAM_DATA_ROOT_KEY = "ipamDataRoot"
@@ -532,6 +533,30 @@ def resolve_galactic_settings(environ: Mapping[str, str],
     return resolve_group(GalacticSettings, environ, host_file)
 
 
+def network_policy_mode(value: Any, source: NodeSetting[bool]) -> bool:
+    """`networkPolicy`: enforce (True) or off (False)."""
+    if value not in NETWORK_POLICY_MODES:
+        raise CniError(INVALID_CONFIG, f"invalid {source.key} {value!r}",
+                       f"expected one of {', '.join(NETWORK_POLICY_MODES)} (environment "
+                       f"{source.env})")
+    return bool(value == "enforce")
+
+
+@node_settings_group
+@dataclass(frozen=True)
+class PolicySettings:
+    """Policy inside a VPC (SPEC §17): MultiNetworkPolicy on attachments made from
+    NetworkAttachmentDefinitions, NetworkPolicy on the node's conflist (primary network)
+    attachments, each where the node's operator says so."""
+
+    network_policy: bool = node_setting("networkPolicy", "VPC_ATTACH_NETWORK_POLICY",
+                                        network_policy_mode, False)
+    # SPEC §17 has it on; off in this release until issue 39 is done (taps, paths between
+    # nodes): a node turns it on, and ADD, the agent and doctor leave policy alone otherwise.
+    multi_network_policy: bool = node_setting(
+        "multiNetworkPolicy", "VPC_ATTACH_MULTI_NETWORK_POLICY", network_policy_mode, False)
+
+
 @dataclass(frozen=True)
 class NodeSettings:
     """The node's settings for one verb, from its request's environment and the host file,
@@ -564,6 +589,11 @@ class NodeSettings:
     def galactic(self) -> GalacticSettings:
         """galactic's pins and the underlay."""
         return resolve_group(GalacticSettings, self.environ, self.host_file)
+
+    @cached_property
+    def policy(self) -> PolicySettings:
+        """networkPolicy, multiNetworkPolicy."""
+        return resolve_group(PolicySettings, self.environ, self.host_file)
 
     @cached_property
     def ipam_data_root(self) -> str:

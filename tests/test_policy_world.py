@@ -10,13 +10,8 @@ import pytest
 
 from cni_plugin.kube.networks import NetworkName
 from cni_plugin.policy.compile import PRIMARY, Endpoint
-from cni_plugin.policy.world import (
-    UNKNOWN_NETWORK,
-    build_world,
-    network_of,
-    pod_facts,
-    slice_endpoint,
-)
+from cni_plugin.policy.networks import UNKNOWN_NETWORK, network_of
+from cni_plugin.policy.world import build_world, pod_facts, slice_endpoint
 from cni_plugin.publish.resources import ATTACHMENT_LABEL, IFNAME_ANNOTATION, MANAGED_BY_LABEL
 
 

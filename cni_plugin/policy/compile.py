@@ -17,14 +17,11 @@ import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from cni_plugin.kube.networks import NetworkName
 from cni_plugin.policy.model import MULTI, Network, Peer, Policy, PortSpec, Rule
+from cni_plugin.policy.networks import PRIMARY, NetworkRef
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
-# The network an attachment was made from: a NetworkAttachmentDefinition, or None for the
-# node's conflist (the Pod's primary network).
-NetworkRef = NetworkName | None
-PRIMARY: NetworkRef = None
+__all__ = ["PRIMARY", "NetworkRef"]  # the compiler's names for them too
 
 
 @dataclass(frozen=True)

@@ -13,49 +13,17 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from cni_plugin.kube.networks import (
-    NETWORKS_ANNOTATION,
-    NetworkName,
-    SelectionError,
-    parse_network_selections,
-)
-from cni_plugin.policy.compile import (
-    PRIMARY,
-    Address,
-    Endpoint,
-    NetworkRef,
-    PodFacts,
-    World,
-)
+from cni_plugin.policy.compile import Address, Endpoint, NetworkRef, PodFacts, World
 from cni_plugin.policy.model import PROTOCOLS, Policy
+from cni_plugin.policy.networks import network_of, pod_key
 from cni_plugin.publish.resources import (
     ATTACHMENT_LABEL,
     IFNAME_ANNOTATION,
     MANAGED_BY,
     MANAGED_BY_LABEL,
 )
-
-# An annotation that cannot be read: the attachment's network is unknown, no policy is for it.
-UNKNOWN_NETWORK = NetworkName("", "")
-
-
-@dataclass(frozen=True)
-class PodKey:
-    """A Pod by namespace, name and uid."""
-
-    namespace: str
-    name: str
-    uid: str
-
-
-def pod_key(pod: Mapping[str, Any]) -> PodKey:
-    """The Pod's namespace, name and uid."""
-    meta = pod.get("metadata") or {}
-    return PodKey(str(meta.get("namespace") or ""), str(meta.get("name") or ""),
-                  str(meta.get("uid") or ""))
 
 
 def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
@@ -78,23 +46,6 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
     labels = meta.get("labels") or {}
     return PodFacts(str(meta.get("namespace") or ""), str(meta.get("name") or ""),
                     {str(k): str(v) for k, v in labels.items()}, ports)
-
-
-def network_of(pod: Mapping[str, Any] | None, ifname: str) -> NetworkRef:
-    """The NetworkAttachmentDefinition the attachment on `ifname` was made from, PRIMARY for
-    the conflist's, UNKNOWN_NETWORK when the annotation cannot be read."""
-    if pod is None:
-        return UNKNOWN_NETWORK
-    meta = pod.get("metadata") or {}
-    value = str((meta.get("annotations") or {}).get(NETWORKS_ANNOTATION) or "")
-    try:
-        selections = parse_network_selections(value, str(meta.get("namespace") or ""))
-    except SelectionError:
-        return UNKNOWN_NETWORK
-    giving = {s.network for s in selections if s.interface_name() == ifname}
-    if len(giving) > 1:
-        return UNKNOWN_NETWORK
-    return next(iter(giving)) if giving else PRIMARY
 
 
 def slice_endpoint(endpoint_slice: Mapping[str, Any],

@@ -19,10 +19,12 @@ from cni_plugin.core.rollback import Rollback
 from cni_plugin.ipam import delegate
 from cni_plugin.kube.session import VerbCluster
 from cni_plugin.kubevirt import KubeVirt, api_read_pod_claim
+from cni_plugin.policy import NO_POLICY, PolicyStep, api_read_policies
+from cni_plugin.publish.boundary import api_boundary
 from cni_plugin.publish.publisher import Publication, Publisher
 from cni_plugin.tenancy import admit, choice
 from cni_plugin.verbs.collaborators import Collaborators
-from cni_plugin.verbs.facts import attachment_of, link_options_of
+from cni_plugin.verbs.facts import attachment_of, link_options_of, policy_facts_of
 from netconf.errors import INVALID_CONFIG, CniError
 from netconf.result import Result
 
@@ -45,6 +47,8 @@ def _add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborators) ->
     with inv.container_lock(), \
             Rollback(inv.final_deadline, on_finish=collaborators.rollback_finished) as rollback:
         publisher = Publisher.api_find_router(inv, cluster)
+        # Before any change: the Pod's network and its namespace's policies (SPEC §17).
+        policies = _api_read_policies(inv, cluster, collaborators)
         # allowPersistentIPs: the IPAMClaim the Pod names for this interface, if any.
         kubevirt = api_read_pod_claim(inv, cluster, collaborators.migration_targets)
         if inv.conf.vpc_from_pod:  # what DEL and CHECK read instead of the annotation
@@ -73,6 +77,9 @@ def _add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborators) ->
                 created = kernel.create(rollback, vpc_table, mtu)
                 allocated = ipam.result()  # waits for the delegate
                 addressing = Addressing.from_result(allocated)
+                # The policies selecting it are in place before it has an address.
+                policies.kernel_install(policy_facts_of(inv, created, addressing), rollback,
+                                        inv.deadline)
                 result = chain(prev, created.configure(addressing))
                 answer_sid(inv, attachment, publication, created, addressing, rollback)
                 # A live migration's target is held back, announced once KubeVirt marks it ready.
@@ -81,6 +88,20 @@ def _add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborators) ->
             # Last: a claim holding other addresses rolls all of it back.
             kubevirt.api_record_allocation(allocated)
     return result
+
+
+def _api_read_policies(inv: Invocation, cluster: VerbCluster,
+                       collaborators: Collaborators) -> PolicyStep:
+    """The policy step: the Pod and its namespace's policies read (nothing without a
+    kubeconfig, or for `existing`, whose interface an earlier plugin made)."""
+    if not inv.host.kubeconfig or inv.conf.attachment == "existing":
+        return NO_POLICY
+    with api_boundary("read the Pod's policies"):
+        return api_read_policies(
+            collaborators.policy, cluster.session(), inv.host.node_name or "",
+            lock_dir=inv.host.lock_dir, namespace=inv.pod.namespace, name=inv.pod.name,
+            ifname=inv.env.ifname, network_policy=inv.node.policy.network_policy,
+            multi_network_policy=inv.node.policy.multi_network_policy, deadline=inv.deadline)
 
 
 def answer_sid(inv: Invocation, attachment: AttachmentRef, publication: Publication,

@@ -10,6 +10,7 @@ from cni_plugin.attachment.detach import RetiredLinks
 from cni_plugin.core.request import Invocation
 from cni_plugin.core.rollback import RollbackObserver
 from cni_plugin.kube.session import ClusterSource, ColdCluster, VerbCluster
+from cni_plugin.policy.services import PolicyServices
 from cni_plugin.tenancy import DenialObserver
 
 if TYPE_CHECKING:
@@ -30,6 +31,9 @@ class Collaborators:
     # The agent's Pod watch: told of each live-migration target ADD recorded (it cuts it over
     # when KubeVirt marks the Pod ready; without it, STATUS does).
     migration_targets: MigrationTargets | None = None
+    # Where the policy step reads and who remembers what it wrote (the agent's caches and
+    # keeper; by default the verb's API client and a fresh enforcer).
+    policy: PolicyServices = field(default_factory=PolicyServices)
 
     def verb_cluster(self, inv: Invocation) -> VerbCluster:
         """The verb's one cluster session (nothing is opened until a step needs the API),

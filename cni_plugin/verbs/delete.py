@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from cni_plugin import policy
 from cni_plugin.attachment.detach import detach
 from cni_plugin.attachment.node import lock_attachment, release_unused_vpc
 from cni_plugin.attachment.sid import unregister_datapath
@@ -78,6 +79,9 @@ def _undo_add(inv: Invocation, cluster: VerbCluster, collaborators: Collaborator
                                     deadline=deadline)
                 detach(attachment, deadline=deadline,
                        delete_later=collaborators.delete_retired_later)
+                # Its rules went with its link (a tap's filters) or go with its netns.
+                policy.forget(collaborators.policy, lock_dir, attachment.container_id,
+                                   attachment.ifname)
             # The VPC's table/VRF if this was its last link.
             release_unused_vpc(attachment.vpc, inv.conf.isolation, lock_dir=lock_dir,
                                node=node, deadline=deadline)

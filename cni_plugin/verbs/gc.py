@@ -21,6 +21,7 @@ from cni_plugin.kernel import links
 from cni_plugin.kernel.rtnl import Rtnl
 from cni_plugin.kube.session import VerbCluster
 from cni_plugin.kubevirt import kubevirt_steps
+from cni_plugin.policy import records as policy_records
 from cni_plugin.publish.collect import (
     collect_stale_advertisements,
     collect_stale_slices,
@@ -72,6 +73,7 @@ def gc(inv: Invocation, collaborators: Collaborators) -> None:
         raise failures[0]
     if inv.conf.vpc_from_pod:
         choice.remove_records_except(inv.host.lock_dir, inv.conf.name, valid)
+    policy_records.remove_except(inv.host.lock_dir, inv.conf.name, valid)
 
 
 def _chosen_attachments(inv: Invocation) -> list[Invocation]:

@@ -1,0 +1,155 @@
+"""Compiled policy written into the kernel where each kind of attachment is enforced: an
+nftables table in a veth Pod's netns, stateful tc filters on a tap (docs/architecture.md,
+"Policy inside a VPC"). An `Enforcer` remembers what it wrote, so the next change of peers only
+refills sets; one that starts afresh (an ADD in-process, a restarted agent) replaces whole
+tables, which leaves the connections conntrack knows alone."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+from dataclasses import dataclass
+
+from cni_plugin.core.deadline import Deadline
+from cni_plugin.kernel import flower, netns, tc
+from cni_plugin.kernel.nftables import Nft, NftError
+from cni_plugin.kernel.rtnl import NetlinkError, Rtnl
+from cni_plugin.policy import nft
+from cni_plugin.policy import tc as tc_policy
+from cni_plugin.policy.compile import Compiled
+from cni_plugin.policy.records import LocalAttachment
+from netconf.errors import KERNEL_FAILURE, CniError
+
+log = logging.getLogger(__name__)
+# What a kernel without stateful tc answers when a flower filter or ct action is asked for.
+_MISSING_MODULE = (errno.ENOENT, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOTSUP)
+NO_STATEFUL_TC = ("this kernel has no stateful tc (cls_flower, act_ct, act_gact): a tap's "
+                  "traffic is not filtered")
+# A tap's stateful filters are not proven on a kernel that has them (issue 39: the full-kernel
+# VM's test): until they are, a policy selecting a tap is reported, and nothing is written.
+TAPS_FILTERED = False
+TAPS_NOT_YET = ("policy on a VM's tap is not enforced by this release yet: its traffic is not "
+                "filtered")
+
+
+@dataclass(frozen=True)
+class Enforced:
+    """What one attachment enforces now: its allow rules, and why a path of it is not
+    enforced (None: every path is)."""
+
+    rules: int
+    unenforced: str | None = None
+
+
+class Enforcer:
+    """Writes attachments' compiled policy; holds the tables it wrote and the nft contexts
+    bound to their Pods' netns."""
+
+    def __init__(self) -> None:
+        self._tables: dict[str, nft.Table | None] = {}
+        self._contexts: dict[str, Nft] = {}
+        self._lock = threading.RLock()  # the agent's sync thread and its verb threads
+
+    def apply(self, attachment: LocalAttachment, compiled: Compiled,
+              deadline: Deadline) -> Enforced:
+        """Make the attachment enforce `compiled` (remove its rules when nothing selects it)."""
+        with self._lock:
+            if attachment.kind == "tap":
+                if not TAPS_FILTERED:
+                    return Enforced(0, TAPS_NOT_YET if compiled.enforced else None)
+                return _apply_tap(attachment, compiled, deadline)
+            return self._apply_veth(attachment, compiled, deadline)
+
+    def keys(self) -> set[str]:
+        """The attachments it remembers something of."""
+        with self._lock:
+            return set(self._tables) | set(self._contexts)
+
+    def forget(self, key: str) -> None:
+        """Drop what is remembered of an attachment that is gone."""
+        with self._lock:
+            self._tables.pop(key, None)
+            context = self._contexts.pop(key, None)
+            if context is not None:
+                context.close()
+
+    def close(self) -> None:
+        """Forget everything (the next change rewrites each table whole)."""
+        with self._lock:
+            for key in list(self._tables) + list(self._contexts):
+                self.forget(key)
+
+    def _apply_veth(self, attachment: LocalAttachment, compiled: Compiled,
+                    deadline: Deadline) -> Enforced:
+        key = attachment.key
+        applied = self._tables.get(key, "unknown")
+        if not compiled.enforced:
+            if applied is not None:  # written before, or unknown (a fresh agent): remove
+                self._run(attachment, nft.removal(attachment.ifname), deadline)
+                self._tables[key] = None
+            return Enforced(0)
+        table = nft.render(attachment.ifname, compiled)
+        update = table.update_from(applied) if isinstance(applied, nft.Table) else None
+        if update is None:
+            self._run(attachment, table.script(), deadline)
+        elif update:
+            self._run(attachment, update, deadline)
+        self._tables[key] = table
+        return Enforced(table.rules)
+
+    def _run(self, attachment: LocalAttachment, script: str, deadline: Deadline) -> None:
+        context = self._contexts.get(attachment.key)
+        if context is None:
+            context = Nft(attachment.netns, deadline)
+            self._contexts[attachment.key] = context
+        try:
+            context.run(script)
+        except NftError:
+            self._tables.pop(attachment.key, None)  # unknown now: the next change rewrites it
+            raise
+
+
+def _apply_tap(attachment: LocalAttachment, compiled: Compiled, deadline: Deadline) -> Enforced:
+    """The tap's filters made exactly the rendered ones: new ones first, then the old ones
+    deleted (for a moment both allow: never a moment with neither)."""
+    wanted = tc_policy.render(compiled, attachment.zone)
+    with netns.open_netlink(None, deadline=deadline) as rtnl:
+        try:
+            link = rtnl.get_link(name=attachment.host_link)
+        except NetlinkError as exc:
+            if exc.code == errno.ENODEV:
+                return Enforced(0)  # gone: DEL runs
+            raise
+        if wanted:
+            tc.ensure_clsact(rtnl, link.index)
+        present = {(hook, priority, protocol, handle)
+                   for hook in tc_policy.HOOKS.values()
+                   for priority, protocol, handle in flower.dump_handles(rtnl, link.index, hook)
+                   if priority in tc_policy.PRIORITIES}
+        keep = {(f.hook, f.priority, f.protocol, f.handle) for f in wanted}
+        try:
+            flower.add_filters(rtnl, link.index,
+                               [f for f in wanted
+                                if (f.hook, f.priority, f.protocol, f.handle) not in present])
+        except NetlinkError as exc:
+            if exc.code in _MISSING_MODULE:
+                log.warning("policy on %s: %s (%s)", attachment.host_link, NO_STATEFUL_TC, exc)
+                return Enforced(0, NO_STATEFUL_TC)
+            raise CniError(KERNEL_FAILURE, f"failed to write the policy's tc filters on "
+                           f"{attachment.host_link}", str(exc)) from None
+        flower.delete_filters(rtnl, link.index, sorted(present - keep))
+        early = _filters_before_policy(rtnl, link.index) if wanted else []
+    if early:
+        return Enforced(tc_policy.rule_count(wanted), (
+            f"{', '.join(early)} on {attachment.host_link} runs before the policy's filters: "
+            "packets it redirects to other nodes are not filtered"))
+    return Enforced(tc_policy.rule_count(wanted))
+
+
+def _filters_before_policy(rtnl: Rtnl, ifindex: int) -> list[str]:
+    """bpf filters on the tap's ingress that run before the policy's (galactic's usid_egress
+    attached at priority 1 by an earlier release or by galactic-bgp)."""
+    return [f"bpf filter {f.name!r} (priority {f.priority})"
+            for f in tc.bpf_filters(rtnl, ifindex, tc.TC_H_INGRESS_HOOK)
+            if f.priority < tc_policy.ND_PRIORITY]
