@@ -35,14 +35,16 @@ from cni_plugin.agent.warm import WarmCluster
 from cni_plugin.core import oplog
 from cni_plugin.core.request import Request
 from cni_plugin.kube.events import truncated
+from cni_plugin.policy.services import PolicyServices
 from cni_plugin.tenancy import Denial
 from cni_plugin.verbs.collaborators import Collaborators
 from netconf.errors import CniError
-from netconf.host import lenient_host_settings, resolve_host_settings
+from netconf.host import NodeSettings, lenient_host_settings, resolve_host_settings
 
 if TYPE_CHECKING:
     from cni_plugin.agent.health import HealthServer
     from cni_plugin.agent.metrics import AgentMetrics
+    from cni_plugin.agent.policies import PolicyKeeper
     from cni_plugin.kubevirt.claim_watch import DeletedClaimReleaser
 
 log = logging.getLogger(__name__)
@@ -62,7 +64,8 @@ class Agent:
 
     def __init__(self, path: str, cluster: WarmCluster, reaper: Reaper,
                  metrics: AgentMetrics | None = None,
-                 events: EventRecorder | None = None) -> None:
+                 events: EventRecorder | None = None,
+                 policy: PolicyServices | None = None) -> None:
         self.path = path
         self.cluster = cluster
         self.reaper = reaper
@@ -71,7 +74,8 @@ class Agent:
         self.verbs = dispatch.plugin_verbs(Collaborators(
             cluster=cluster, delete_retired_later=reaper.submit,
             rollback_finished=metrics.rollback_finished if metrics is not None else None,
-            tenancy_denied=self._denied, migration_targets=cluster))
+            tenancy_denied=self._denied, migration_targets=cluster,
+            policy=policy or PolicyServices()))
         self.stopping = threading.Event()
         self._inflight = 0
         self._cond = threading.Condition()
@@ -297,12 +301,18 @@ def main(argv: list[str]) -> int:
         metrics = AgentMetrics(reaper.pending)
         endpoint = _bind_endpoint(address, metrics)
     cluster = WarmCluster(metrics.api_exchange if metrics is not None else None)
+    keeper = _keep_policies(metrics)
     try:  # refuses to start next to a running agent
-        agent = Agent(path, cluster, reaper, metrics, EventRecorder(cluster))
+        agent = Agent(path, cluster, reaper, metrics, EventRecorder(cluster),
+                      keeper.services() if keeper is not None else None)
     except BaseException:
         if endpoint is not None:
             endpoint.close()
+        if keeper is not None:
+            keeper.stop()
         raise
+    if keeper is not None:
+        keeper.start()
     own_kubeconfig = _prime(cluster)
     releaser = _release_deleted_claims(own_kubeconfig, metrics)
     if endpoint is not None:
@@ -319,6 +329,8 @@ def main(argv: list[str]) -> int:
     try:
         agent.serve()
     finally:
+        if keeper is not None:
+            keeper.stop()
         if releaser is not None:
             releaser.stop()
         if endpoint is not None:
@@ -345,6 +357,33 @@ def _release_deleted_claims(kubeconfig: str | None,
         return None
     observe = metrics.api_exchange if metrics is not None else None
     return DeletedClaimReleaser(creds, root, observe).start()
+
+
+def _keep_policies(metrics: AgentMetrics | None) -> PolicyKeeper | None:
+    """The policy keeper of the node (SPEC §17), with the agent's own kubeconfig, node name
+    and lock directory; none without them (ADDs still enforce what they find, doctor says
+    that later changes are not followed)."""
+    from cni_plugin.agent.policies import PolicyKeeper
+    from cni_plugin.kube.config import load_kubeconfig
+    try:
+        node = NodeSettings.read(os.environ)
+        host, network_policy = node.host({}), node.policy.network_policy
+        enforced = network_policy or node.policy.multi_network_policy
+    except CniError as exc:
+        log.warning("agent: policies not kept, host settings unusable: %s", exc.msg)
+        return None
+    if not enforced or not host.kubeconfig or not host.node_name:
+        return None
+    try:
+        creds = load_kubeconfig(host.kubeconfig)
+    except (OSError, CniError) as exc:
+        log.warning("agent: policies not kept, kubeconfig %r: %s", host.kubeconfig,
+                    getattr(exc, "msg", exc))
+        return None
+    return PolicyKeeper(creds, host.lock_dir, host.node_name,
+                        network_policy=network_policy,
+                        observe=metrics.api_exchange if metrics is not None else None,
+                        synced=metrics.policy_synced if metrics is not None else None)
 
 
 def _bind_endpoint(address: tuple[str, int], metrics: AgentMetrics) -> HealthServer:

@@ -9,7 +9,8 @@ Exit status 0 only when no check failed; warnings do not count.
 
 One module per concern, each a list of checks on what they share (`node`: `Finding`, `Node`,
 the statuses and bounds): `settings`, `networks`, `kernel` (with the host protection table),
-`galactic`, `agent`, `cluster` (API, RBAC, router, tenancy), `blocks`, `leftovers`; KubeVirt's
+`galactic`, `agent`, `cluster` (API, RBAC, router, tenancy), `blocks`, `leftovers`, `policy`
+(policy inside a VPC: what the kernel lets the node enforce, the agent's last pass); KubeVirt's
 checks are its room's (`cni_plugin/kubevirt/doctor.py`).
 """
 
@@ -33,6 +34,7 @@ from cni_plugin.doctor.kernel import kernel as check_kernel
 from cni_plugin.doctor.leftovers import leftovers as check_leftovers
 from cni_plugin.doctor.networks import networks as check_networks
 from cni_plugin.doctor.node import FAIL, Finding, Node
+from cni_plugin.doctor.policy import policy as check_policy
 from cni_plugin.doctor.settings import host_settings as check_host_settings
 from cni_plugin.kubevirt.doctor import ipam_claims as check_ipam_claims
 from cni_plugin.kubevirt.doctor import migration_targets as check_migration_targets
@@ -44,7 +46,7 @@ CHECKS: tuple[Callable[[Node], list[Finding]], ...] = (
     check_host_settings, check_networks, check_kernel, check_galactic_datapath,
     check_host_protection, check_agent,
     check_api, check_rbac, check_router, check_tenancy, check_leftovers, check_ipam_blocks,
-    check_ipam_claims, check_migration_targets)
+    check_ipam_claims, check_migration_targets, check_policy)
 
 
 def diagnose(node: Node) -> list[Finding]:

@@ -42,3 +42,17 @@ def pod_event_body(namespace: str, pod: str, uid: str | None, node: str, reason:
             "action": ACTION, "note": truncated(note), "regarding": regarding,
             "reportingController": REPORTING_CONTROLLER,
             "reportingInstance": node[:NAME_LIMIT]}
+
+
+def object_event_body(regarding: dict[str, str], node: str, reason: str, kind: str, note: str,
+                      action: str) -> dict[str, Any]:
+    """A new Event about any namespaced object (`regarding`: apiVersion, kind, namespace, name,
+    uid), e.g. a policy the node cannot enforce."""
+    namespace = regarding["namespace"]
+    return {"apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"name": f"{regarding['name']}.{time.time_ns():x}",
+                         "namespace": namespace},
+            "eventTime": micro_time(time.time()), "type": kind, "reason": reason,
+            "action": action, "note": truncated(note), "regarding": regarding,
+            "reportingController": REPORTING_CONTROLLER,
+            "reportingInstance": node[:NAME_LIMIT]}

@@ -35,7 +35,7 @@ class WatchCache:
 
     def __init__(self, creds: KubeCredentials, resource: Resource, field_selector: str,
                  observe: ApiObserver | None = None, absent_ok: bool = False, *,
-                 namespace: str | None = None,
+                 namespace: str | None = None, labels: str | None = None,
                  on_listed: Callable[[list[dict[str, Any]]], None] | None = None,
                  on_changed: Callable[[dict[str, Any]], None] | None = None,
                  on_deleted: Callable[[dict[str, Any]], None] | None = None) -> None:
@@ -45,6 +45,7 @@ class WatchCache:
         self._namespace = namespace
         self._path = resource.path(namespace)
         self._selector = field_selector
+        self._labels = labels  # a label selector, also narrowing the list and watch
         self._absent_ok = absent_ok
         self._on_listed, self._on_deleted = on_listed, on_deleted
         self._on_changed = on_changed
@@ -119,6 +120,8 @@ class WatchCache:
     def _list_and_watch(self) -> None:
         client = KubeClient(self._creds, self._observe)
         query = {"fieldSelector": self._selector} if self._selector else {}
+        if self._labels:
+            query["labelSelector"] = self._labels
         try:
             listing = client.request("GET", Target(self._resource, self._namespace), Deadline(30),
                                      query=query)
@@ -140,6 +143,8 @@ class WatchCache:
                  "allowWatchBookmarks": "true"}
         if self._selector:
             query["fieldSelector"] = self._selector
+        if self._labels:
+            query["labelSelector"] = self._labels
         for event in client.watch(self._resource, query, WATCH_SECONDS + 30,
                                   namespace=self._namespace):
             if self._stop.is_set():
