@@ -31,7 +31,8 @@ IPAM_BLOCK_PATH = "/apis/vpc-attach.datum.net/v1alpha1/ipamblocks"
 HEALTHY_NODE_CHECKS = {
     "agent.health", "agent.socket", "api.rbac", "api.server", "bgp.router", "cni.conflist",
     "datapath.dropped", "datapath.galactic", "datapath.protection", "ipam.claims", "kernel.tun",
-    "leftovers.ipam", "leftovers.links", "migration.targets", "settings.agentSocket",
+    "leftovers.ipam", "leftovers.links", "migration.targets", "policy.agent", "policy.kernel",
+    "policy.unenforced", "settings.agentSocket",
     "settings.ipamDataRoot", "settings.kubeconfig", "settings.lockDir", "settings.logBackups",
     "settings.logFile", "settings.logLevel", "settings.logMaxBytes", "settings.namespace",
     "settings.nodeName", "settings.tenancy", "settings.timeoutSeconds", "tenancy.crd",
