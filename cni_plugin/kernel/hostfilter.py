@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import json
+import re
 import shutil
 import struct
 import subprocess
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 from cni_plugin.core import naming
 from cni_plugin.core.deadline import Deadline
-from cni_plugin.kernel import isolation, sysctl
+from cni_plugin.kernel import isolation, netns, sysctl
 from cni_plugin.kernel.rtnl import (
     NETLINK_NETFILTER,
     NLA_F_NESTED,
@@ -43,6 +44,7 @@ LINK_PATTERN = "G*"  # every vpc-attach link name: host links G…H, VRFs G…V
 MARK_CHAIN = "vpc_mark"
 ACCESS_CHAIN = "host_access"
 COUNTERS = ("source_dropped", "host_dropped", "escape_dropped")
+MARK_RULE_LISTED = "meta mark set iifgroup"  # how nft lists the rule it cannot parse
 NFT_TIMEOUT = 10.0
 
 # nfnetlink (linux/netfilter/nf_tables.h)
@@ -164,13 +166,38 @@ def state(deadline: Deadline | None = None) -> State:
         return State(True, bool(rules))
 
 
-def install(settings: DatapathSettings, deadline: Deadline | None = None) -> None:
-    """Write (or rewrite) the table and its mark rule, and the node sysctls the marks need;
-    idempotent."""
+def install(settings: DatapathSettings, deadline: Deadline | None = None) -> bool:
+    """Write the table and its mark rule unless the node's table is already exactly what they
+    would be, and the node sysctls the marks need; whether it wrote. Rewriting takes two
+    transactions (nft, then the mark rule), between which Pods' packets are dropped: a roll of
+    the DaemonSet between releases with the same rules must not rewrite them."""
     for key, value in NODE_SYSCTLS.items():
         sysctl.set_sysctl(key, value)
-    _nft(["-f", "-"], ruleset(settings), deadline)
+    text = ruleset(settings)
+    if _written(text, deadline):
+        return False
+    _nft(["-f", "-"], text, deadline)
     _add_mark_rule(deadline)
+    return True
+
+
+def _written(text: str, deadline: Deadline | None) -> bool:
+    """Whether the node's table is complete and lists as `text` does once nft wrote it (in a
+    scratch netns: nft's listing is the one canonical form), counters' values aside."""
+    if not state(deadline).complete:
+        return False
+    with netns.scratch():
+        _nft(["-f", "-"], text, deadline)
+        fresh = listing(deadline)
+    return _comparable(listing(deadline)) == _comparable(fresh)
+
+
+def _comparable(listed: str) -> str:
+    """A listing without counter values and without the mark rule (added over nfnetlink, not
+    by nft: absent from the scratch copy; `state` checks it)."""
+    lines = [re.sub(r"packets \d+ bytes \d+", "packets bytes", line)
+             for line in listed.splitlines() if line.strip() != MARK_RULE_LISTED]
+    return "\n".join(lines)
 
 
 def ensure(settings_of: Callable[[], DatapathSettings], deadline: Deadline | None = None

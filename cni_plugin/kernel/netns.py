@@ -64,6 +64,23 @@ def entered(path: str) -> Iterator[None]:
             os.close(home)
 
 
+@contextmanager
+def scratch() -> Iterator[None]:
+    """Run the block with this thread in a new, empty netns (what it and the processes it
+    starts meanwhile make there vanishes with it); back home after."""
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if _libc.unshare(CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise CniError(KERNEL_FAILURE, "failed to create a scratch netns", os.strerror(err))
+        try:
+            yield
+        finally:
+            _setns(home, "host")
+    finally:
+        os.close(home)
+
+
 def open_netlink(path: str | None = None, timeout: float = DEFAULT_TIMEOUT,
                  deadline: Deadline | None = None) -> Rtnl:
     """An rtnetlink socket living in the netns at path (host netns when None).
