@@ -115,6 +115,7 @@ def test_dry_run_rejects_a_broken_daemonset(kube: Kube) -> None:
 def test_packaging_contains_what_the_deployment_needs() -> None:
     kinds = {(m["kind"], m["metadata"]["name"]) for _, m in MANIFESTS}
     for needed in [("ServiceAccount", "vpc-attach"), ("ClusterRole", "vpc-attach"),
+                   ("ServiceAccount", "vpc-attach-installer"), ("Role", "vpc-attach-installer"),
                    ("ClusterRoleBinding", "vpc-attach"), ("DaemonSet", "vpc-attach"),
                    ("CustomResourceDefinition", "bgprouters.network.datumapis.com"),
                    ("CustomResourceDefinition", "bgpvrfinstances.network.datumapis.com"),
@@ -125,19 +126,32 @@ def test_packaging_contains_what_the_deployment_needs() -> None:
     assert {"veth", "tap"} <= attachments
 
 
-def test_daemonset_runs_as_the_service_account_the_binding_binds() -> None:
+def test_daemonset_runs_as_the_installer_that_may_only_ask_for_the_plugins_token() -> None:
     daemonset = _one("DaemonSet", "vpc-attach")
-    account = _one("ServiceAccount", "vpc-attach")
+    plugin = _one("ServiceAccount", "vpc-attach")
     binding = _one("ClusterRoleBinding", "vpc-attach")
     role = _one("ClusterRole", binding["roleRef"]["name"])
     pod = daemonset["spec"]["template"]["spec"]
     namespace = daemonset["metadata"]["namespace"]
-    assert namespace == account["metadata"]["namespace"] == "kube-system"
-    assert pod["serviceAccountName"] == account["metadata"]["name"]
-    assert {"kind": "ServiceAccount", "name": pod["serviceAccountName"],
-            "namespace": namespace} in binding["subjects"]
+    assert namespace == plugin["metadata"]["namespace"] == "kube-system"
+    assert {"kind": "ServiceAccount", "name": "vpc-attach", "namespace": namespace} in \
+        binding["subjects"]
     assert binding["roleRef"]["kind"] == "ClusterRole" and role is not None
+    # The Pod runs as the installer, whose only right is a token of the plugin's account (for
+    # the host, bound to the Node); the plugin's account cannot mint tokens itself.
+    installer = _one("ServiceAccount", pod["serviceAccountName"])
+    assert installer["metadata"]["name"] != "vpc-attach"
+    granted = _one("RoleBinding", "vpc-attach-installer")
+    assert granted["subjects"] == [{"kind": "ServiceAccount", "namespace": namespace,
+                                    "name": installer["metadata"]["name"]}]
+    rules = _one("Role", granted["roleRef"]["name"])["rules"]
+    assert rules == [{"apiGroups": [""], "resources": ["serviceaccounts/token"],
+                      "resourceNames": ["vpc-attach"], "verbs": ["create"]}]
+    assert not any("serviceaccounts/token" in rule.get("resources", [])
+                   for rule in role["rules"])
     assert pod.get("automountServiceAccountToken", True), "the installer needs the token"
+    install = _installer_args(_container(pod, "initContainers", "install"))
+    assert install.plugin_service_account == plugin["metadata"]["name"]
 
 
 def _installer_args(container: dict[str, Any]) -> Any:

@@ -20,7 +20,9 @@ from typing import TextIO
 from cni_plugin.attachment.node import set_up_node
 from cni_plugin.install.binaries import binary_targets, default_source, launcher_targets
 from cni_plugin.install.credentials import (
+    PLUGIN_SERVICE_ACCOUNT,
     SERVICEACCOUNT_DIR,
+    HostToken,
     api_server,
     credential_targets,
     describe_expiry,
@@ -187,6 +189,10 @@ def _parser(command: str) -> argparse.ArgumentParser:
                       "namespace)")
     kube.add_argument("--server", help="API server URL (default https://"
                       "$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)")
+    kube.add_argument("--plugin-service-account", default=PLUGIN_SERVICE_ACCOUNT,
+                      help="the plugin's ServiceAccount, in the installer's namespace: an "
+                      "installer running as another one writes a token of it bound to the "
+                      f"Node (default {PLUGIN_SERVICE_ACCOUNT})")
     kube.add_argument("--watch", action="store_true",
                       help="after installing, keep the token copy and kubeconfig current "
                       "(until SIGTERM)")
@@ -274,9 +280,10 @@ def _credentials(args: argparse.Namespace, environ: Mapping[str, str],
     ca = Path(args.sa_ca) if args.sa_ca else sa_dir / "ca.crt"
     namespace = Path(args.sa_namespace) if args.sa_namespace else sa_dir / "namespace"
     server = api_server(args.server, environ)
+    host_token = HostToken(server, node_name, args.plugin_service_account)
 
     def read() -> list[FileTarget]:
-        account = read_service_account(token, ca, namespace)
+        account = host_token.for_host(read_service_account(token, ca, namespace))
         return credential_targets(account, server, args.kubeconfig, args.token_file, node_name)
 
     return read  # install() reads it before anything is written: unusable credentials fail

@@ -1,7 +1,12 @@
 """The plugin's Kubernetes credentials, from the installer's ServiceAccount.
 
-The kubeconfig names a token *file* that the installer keeps refreshed (`--watch`): projected
-tokens expire, and the plugin's client re-reads `tokenFile` on every request.
+The kubeconfig names a token *file* that the installer keeps refreshed (`--watch`), and the
+plugin's client re-reads `tokenFile` on every request. The token is the plugin's
+ServiceAccount's, bound to the Node (TokenRequest) when the installer runs as another
+ServiceAccount allowed to ask for it (the DaemonSet's `vpc-attach-installer`): it stays valid
+while the DaemonSet's Pod is replaced, so the executable's in-process verbs keep working
+during a roll. An installer running as the plugin's own ServiceAccount copies its projected
+token instead (earlier releases' way), which the API server refuses once the Pod is gone.
 """
 
 from __future__ import annotations
@@ -9,17 +14,27 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from cni_plugin.core.deadline import Deadline
 from cni_plugin.install.errors import InstallError
 from cni_plugin.install.targets import FileTarget
+from cni_plugin.kube.client import ApiError, KubeClient
+from cni_plugin.kube.config import KubeCredentials
+from netconf.errors import CniError
 
 SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 CONTEXT_NAME = "vpc-attach"
+PLUGIN_SERVICE_ACCOUNT = "vpc-attach"  # the identity the ClusterRole binds
+HOST_TOKEN_SECONDS = 3600  # asked for; the API server may shorten it
+RENEW_AFTER = 0.8  # of a host token's life, as the kubelet rotates projected tokens
+TOKEN_REQUEST_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -99,15 +114,90 @@ def credential_targets(account: ServiceAccount, server: str, kubeconfig: str, to
 
 def token_expiry(token: bytes) -> float | None:
     """The `exp` claim of a JWT (not verified: only to warn before it lapses), if any."""
+    expiry = _claims(token).get("exp")
+    return float(expiry) if isinstance(expiry, int | float) else None
+
+
+def service_account_of(token: bytes) -> tuple[str, str] | None:
+    """(namespace, name) of the ServiceAccount a token's `sub` names (not verified: the
+    installer's own mounted token), if it names one."""
+    subject = _claims(token).get("sub")
+    parts = subject.split(":") if isinstance(subject, str) else []
+    if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"] and all(parts[2:]):
+        return parts[2], parts[3]
+    return None
+
+
+def _claims(token: bytes) -> dict[str, Any]:
     parts = token.strip().split(b".")
     if len(parts) != 3:
-        return None
+        return {}
     try:
         payload = json.loads(base64.urlsafe_b64decode(parts[1] + b"=" * (-len(parts[1]) % 4)))
-        expiry = payload.get("exp") if isinstance(payload, dict) else None
     except ValueError:
-        return None
-    return float(expiry) if isinstance(expiry, int | float) else None
+        return {}
+    return payload if isinstance(payload, dict) else {}
+
+
+TokenRequester = Callable[[str, "ServiceAccount", str, str, str, int], bytes]
+
+
+def request_node_token(server: str, account: ServiceAccount, namespace: str, name: str,
+                       node_name: str, seconds: int) -> bytes:
+    """A token of ServiceAccount namespace/name bound to Node node_name (TokenRequest),
+    asked as `account`."""
+    credentials = KubeCredentials(server, account.ca_pem.decode(), False,
+                                  account.token.decode().strip(), None, None, None)
+    path = (f"/api/v1/namespaces/{urllib.parse.quote(namespace)}/serviceaccounts/"
+            f"{urllib.parse.quote(name)}/token")
+    body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {"expirationSeconds": seconds,
+                     "boundObjectRef": {"apiVersion": "v1", "kind": "Node", "name": node_name}}}
+    client: KubeClient | None = None
+    try:
+        client = KubeClient(credentials)
+        answer = client.request("POST", path, Deadline(TOKEN_REQUEST_S), body=body)
+    except (ApiError, CniError, OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        reason = exc.msg if isinstance(exc, CniError) else str(exc)
+        raise InstallError(f"cannot get a token of ServiceAccount {namespace}/{name} bound to "
+                           f"Node {node_name}: {reason}", "the installer's ServiceAccount needs "
+                           "`create` on serviceaccounts/token for it "
+                           "(packaging/rbac/installer.yaml)") from None
+    finally:
+        if client is not None:
+            client.close()
+    token = ((answer or {}).get("status") or {}).get("token")
+    if not isinstance(token, str) or not token:
+        raise InstallError(f"the TokenRequest for {namespace}/{name} answered no token")
+    return token.encode() + b"\n"
+
+
+@dataclass
+class HostToken:
+    """The token the host's kubeconfig names: the plugin's ServiceAccount's, bound to the
+    Node, asked for again once RENEW_AFTER of its life passed; or the installer's own
+    projected token when the installer runs as the plugin's ServiceAccount."""
+
+    server: str
+    node_name: str | None
+    plugin_account: str = PLUGIN_SERVICE_ACCOUNT
+    seconds: int = HOST_TOKEN_SECONDS
+    request: TokenRequester = request_node_token
+    _held: bytes | None = field(default=None, repr=False)
+    _renew_after: float = 0.0
+
+    def for_host(self, account: ServiceAccount) -> ServiceAccount:
+        """`account` with the token the host gets."""
+        own = service_account_of(account.token)
+        if own is None or own[1] == self.plugin_account or not self.node_name:
+            return account  # the Pod's own token: bound to the Pod (see the module's doc)
+        now = time.time()
+        if self._held is None or now >= self._renew_after:
+            token = self.request(self.server, account, own[0], self.plugin_account,
+                                 self.node_name, self.seconds)
+            expiry = token_expiry(token) or now + self.seconds
+            self._held, self._renew_after = token, now + RENEW_AFTER * (expiry - now)
+        return replace(account, token=self._held)
 
 
 def describe_expiry(expiry: float | None) -> str:
