@@ -28,6 +28,7 @@ PUBLISH_FAILURE = 104  # the API server refused for a non-transient reason (401 
 INTERFACE_CONFLICT = 105  # the interface exists and belongs to nobody we know
 TENANCY_DENIED = 106  # no VPCBinding admits the Pod's namespace to the VPC attachment
 DATAPATH_MISMATCH = 107  # galactic's pinned datapath has a layout vpc-attach does not write
+NEWER_FORMAT = 108  # a file on the node was written by a newer vpc-attach (formatVersion)
 INTERNAL_ERROR = 199  # a bug: an unexpected exception (never a traceback on stdout)
 
 

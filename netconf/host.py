@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from netconf.base62 import ATTACHMENT_LIMIT, VPC_LIMIT, decode_base62
 from netconf.errors import INVALID_CONFIG, CniError
+from netconf.formats import check_format
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -93,7 +94,8 @@ class HostSettings:
 
 
 def read_host_file(environ: Mapping[str, str]) -> dict[str, Any]:
-    """The installer's host file; missing is empty, unreadable or not JSON is code 7."""
+    """The installer's host file; missing is empty, unreadable or not JSON is code 7, written
+    by a newer release (formatVersion) code 108."""
     path = environ.get(HOST_CONFIG_ENV) or DEFAULT_HOST_CONFIG
     try:
         with open(path, encoding="utf-8") as handle:
@@ -105,6 +107,7 @@ def read_host_file(environ: Mapping[str, str]) -> dict[str, Any]:
                        str(exc)) from None
     if not isinstance(data, dict):
         raise CniError(INVALID_CONFIG, f"host settings file {path!r} is not a JSON object")
+    check_format(data, path, "the host settings file")
     return data
 
 

@@ -180,7 +180,7 @@ def test_install_writes_host_settings_the_plugin_reads(host: Host,
     assert status == EXIT_OK
     host_file = host.path("/etc/vpc-attach/host.json")
     assert json.loads(host_file.read_text()) == {
-        "nodeName": "worker-1", "kubeconfig": "/etc/vpc-attach/kubeconfig",
+        "formatVersion": 1, "nodeName": "worker-1", "kubeconfig": "/etc/vpc-attach/kubeconfig",
         "logFile": "/var/log/vpc-attach/vpc-attach.log", "logLevel": "debug",
         "agentSocket": "/run/vpc-attach/agent.sock", "namespace": "bgp"}
     settings = resolve_host_settings({}, {HOST_CONFIG_ENV: str(host_file)})

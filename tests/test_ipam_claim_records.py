@@ -183,7 +183,7 @@ def test_free_claim_frees_only_that_claims_records(tmp_path: Path) -> None:
     assert set(state.claims().values()) == {"vms/vm2.net1@uid-2"}
     assert state.index_sound() and sorted(state.index.values()) == ["10.9.0.3", "fd00:9::2:0:0"]
     assert allocator.claim_owners(str(tmp_path)) == {"uid-2": OTHER_CLAIM}
-    assert sorted(p.name for p in (tmp_path / ".claims").iterdir()) == ["uid-2"]
+    assert sorted(p.name for p in (tmp_path / ".claims").iterdir()) == [".formatVersion", "uid-2"]
 
 
 def test_free_claim_finds_the_claims_pools_under_every_data_dir_of_the_node(

@@ -498,7 +498,8 @@ def test_record_names_container_and_ifname_and_is_named_by_address(tmp_path: Pat
     conf = ipam_conf(tmp_path, ipv4_subnet="10.9.0.0/24")
     allocator.allocate_all(conf, att("c1", "net1"))
     record = pool_dir(conf) / "10.9.0.2"
-    assert json.loads(record.read_text()) == {"containerID": "c1", "ifname": "net1"}
+    assert json.loads(record.read_text()) == {"formatVersion": 1, "containerID": "c1",
+                                              "ifname": "net1"}
     assert (pool_dir(conf) / INDEX_DIR / "c1@net1").read_text() == "10.9.0.2"
     leftovers = [p for p in pool_dir(conf).rglob("*") if p.name.startswith(TMP_PREFIX)]
     assert leftovers == []

@@ -9,8 +9,9 @@ Exit status 0 only when no check failed; warnings do not count.
 
 One module per concern, each a list of checks on what they share (`node`: `Finding`, `Node`,
 the statuses and bounds): `settings`, `networks`, `kernel` (with the host protection table),
-`galactic`, `agent`, `cluster` (API, RBAC, router, tenancy), `blocks`, `leftovers`, `policy`
-(policy inside a VPC: what the kernel lets the node enforce, the agent's last pass); KubeVirt's
+`galactic`, `agent`, `cluster` (API, RBAC, router, tenancy), `blocks`, `leftovers`, `formats`
+(files a newer release wrote, SPEC §18), `policy` (policy inside a VPC: what the kernel lets
+the node enforce, the agent's last pass); KubeVirt's
 checks are its room's (`cni_plugin/kubevirt/doctor.py`).
 """
 
@@ -28,6 +29,7 @@ from cni_plugin.doctor.cluster import api as check_api
 from cni_plugin.doctor.cluster import rbac as check_rbac
 from cni_plugin.doctor.cluster import router as check_router
 from cni_plugin.doctor.cluster import tenancy as check_tenancy
+from cni_plugin.doctor.formats import state_formats as check_state_formats
 from cni_plugin.doctor.galactic import galactic_datapath as check_galactic_datapath
 from cni_plugin.doctor.kernel import host_protection as check_host_protection
 from cni_plugin.doctor.kernel import kernel as check_kernel
@@ -45,8 +47,8 @@ DEFAULT_CNI_BIN_DIR = "/opt/cni/bin"
 CHECKS: tuple[Callable[[Node], list[Finding]], ...] = (
     check_host_settings, check_networks, check_kernel, check_galactic_datapath,
     check_host_protection, check_agent,
-    check_api, check_rbac, check_router, check_tenancy, check_leftovers, check_ipam_blocks,
-    check_ipam_claims, check_migration_targets, check_policy)
+    check_api, check_rbac, check_router, check_tenancy, check_leftovers, check_state_formats,
+    check_ipam_blocks, check_ipam_claims, check_migration_targets, check_policy)
 
 
 def diagnose(node: Node) -> list[Finding]:

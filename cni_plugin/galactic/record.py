@@ -15,6 +15,7 @@ from cni_plugin.galactic import layout
 from cni_plugin.galactic.layout import (
     MapLayout,
 )
+from netconf.formats import check_format, versioned
 
 RECORDS_DIR = "galactic"  # under the host's lockDir: one record per registered attachment
 
@@ -46,22 +47,25 @@ def write_record(lock_dir: str, container_id: str, ifname: str, *, network: str,
                  uses: Iterable[tuple[MapLayout, bytes]], pod_netns: str = "") -> None:
     """Record an attachment's rows (and the shared rows it relies on) before they are written
     (atomically); a veth's Pod netns too (an optional key: older records have none)."""
-    body = {"network": network, "hostLink": host_link,
-            "rows": [[m.name, k.hex(), v.hex()] for m, k, v in rows],
-            "uses": [[m.name, k.hex()] for m, k in uses],
-            **({"podNetns": pod_netns} if pod_netns else {})}
+    body = versioned({"network": network, "hostLink": host_link,
+                      "rows": [[m.name, k.hex(), v.hex()] for m, k, v in rows],
+                      "uses": [[m.name, k.hex()] for m, k in uses],
+                      **({"podNetns": pod_netns} if pod_netns else {})})
     records.write_record(record_path(lock_dir, container_id, ifname), json.dumps(body),
                          "the galactic registration")
 
 
 _BY_NAME = {m.name: m for m in layout.MAPS}
+RECORD = "the record of an attachment's rows in galactic's datapath"
 
 
 def read_record(path: str) -> list[tuple[MapLayout, bytes, bytes]] | None:
-    """The rows a record lists, or None when it is absent or unreadable."""
+    """The rows a record lists, or None when it is absent or unreadable (code 108 when a newer
+    release wrote it)."""
     try:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
+        check_format(data, path, RECORD)
         return [(_BY_NAME[name], bytes.fromhex(key), bytes.fromhex(value))
                 for name, key, value in data["rows"]]
     except (OSError, ValueError, KeyError, TypeError):
@@ -81,10 +85,12 @@ def pod_end(path: str) -> tuple[str, str] | None:
 
 
 def listed(path: str) -> list[tuple[MapLayout, bytes]]:
-    """(map, key) of the rows a record lists as its own or relies on."""
+    """(map, key) of the rows a record lists as its own or relies on (code 108 when a newer
+    release wrote it: its rows are never taken for unused)."""
     try:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
+        check_format(data, path, RECORD)
         return [(_BY_NAME[row[0]], bytes.fromhex(row[1]))
                 for row in [*data["rows"], *data.get("uses", [])]]
     except (OSError, ValueError, KeyError, TypeError, IndexError):
@@ -109,9 +115,12 @@ def records_of(lock_dir: str, network: str) -> Iterator[tuple[str, str]]:
         container_id, at, ifname = stem.partition("@")
         if ext != "json" or not at:
             continue
+        path = os.path.join(directory, name)
         try:
-            with open(os.path.join(directory, name), encoding="utf-8") as handle:
-                if json.load(handle).get("network") == network:
-                    yield container_id, ifname
-        except (OSError, ValueError, AttributeError):
+            with open(path, encoding="utf-8") as handle:
+                data = json.load(handle)
+        except (OSError, ValueError):
             continue
+        check_format(data, path, RECORD)
+        if isinstance(data, dict) and data.get("network") == network:
+            yield container_id, ifname

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from cni_plugin.install.errors import InstallError
 from cni_plugin.install.targets import FileTarget
+from netconf.formats import FORMAT_KEY, FORMAT_VERSION
 from netconf.host import LOG_LEVELS, MAX_LOG_BACKUPS, TENANCY_MODES
 
 CONFLIST_SUFFIXES = (".conflist", ".conf", ".json")  # what runtimes load from the conf dir
@@ -44,7 +45,8 @@ class HostSettingsFile:
                   "logFile": self.log_file, "logLevel": self.log_level,
                   "agentSocket": self.agent_socket, "namespace": self.namespace,
                   "tenancy": self.tenancy}
-        data: dict[str, str | int] = {key: value for key, value in values.items() if value}
+        data: dict[str, str | int] = {FORMAT_KEY: FORMAT_VERSION}
+        data.update((key, value) for key, value in values.items() if value)
         for key, number in (("logMaxBytes", self.log_max_bytes),
                             ("logBackups", self.log_backups)):
             if number is not None:

@@ -14,8 +14,10 @@ from typing import Any
 
 from cni_plugin.install.errors import InstallError
 from cni_plugin.install.files import write_atomic
+from netconf.formats import FORMAT_KEY, FORMAT_VERSION
 
-FORMAT_VERSION = 1
+# `version` is what the previous release checks (exactly 1): kept, beside formatVersion.
+LEGACY_VERSION = 1
 WRITER = "vpc-attach install"
 
 
@@ -86,7 +88,14 @@ class Manifest:
 
     @classmethod
     def _from_json(cls, data: Any) -> Manifest:
-        if data.get("version") != FORMAT_VERSION:
+        version = data.get(FORMAT_KEY, data.get("version"))
+        if isinstance(version, int) and not isinstance(version, bool) and \
+                version > FORMAT_VERSION:
+            raise InstallError(f"install manifest written by a newer vpc-attach install "
+                               f"(formatVersion {version}; this one reads up to "
+                               f"{FORMAT_VERSION})", "run that release's installer again "
+                               "(roll the DaemonSet forward)")
+        if version != FORMAT_VERSION or data.get("version") != LEGACY_VERSION:
             raise ValueError(f"unsupported version {data.get('version')!r}")
         files = {str(path): Entry(str(entry["fingerprint"]),
                                   [str(f) for f in entry.get("accept", [])])
@@ -97,7 +106,8 @@ class Manifest:
     def serialized(self) -> bytes:
         """The manifest as written to disk (deterministic)."""
         data = {
-            "version": FORMAT_VERSION,
+            FORMAT_KEY: FORMAT_VERSION,
+            "version": LEGACY_VERSION,
             "writer": WRITER,
             "files": {p: ({"fingerprint": e.fingerprint, "accept": e.accept} if e.accept
                           else {"fingerprint": e.fingerprint})

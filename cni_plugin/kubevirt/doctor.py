@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from cni_plugin.core.deadline import Deadline
-from cni_plugin.doctor.node import API_SECONDS, OK, SKIP, WARN, Finding, Node, host_file_of
+from cni_plugin.doctor.node import API_SECONDS, FAIL, OK, SKIP, WARN, Finding, Node, host_file_of
 from cni_plugin.ipam.plugin import claimed
 from cni_plugin.ipam.plugin.block_claims import HELD, LENT_LABEL, node_of
 from cni_plugin.ipam.plugin.kubeblocks import IPAM_BLOCKS
@@ -128,7 +128,10 @@ def _lent_out(node: Node, held: set[str]) -> list[Finding]:
 def migration_targets(node: Node) -> list[Finding]:
     """The pending targets under the node's lockDir; WARN for one whose Pod KubeVirt marked
     ready (its cut-over is overdue: no agent, or the API refused it)."""
-    pending = pending_targets(node.settings.lock_dir)
+    try:
+        pending = pending_targets(node.settings.lock_dir)
+    except CniError as exc:  # a newer release's records (code 108): state.formats names them
+        return [Finding("migration.targets", FAIL, exc.msg, exc.details)]
     if not pending:
         return [Finding("migration.targets", OK,
                         "no live-migration target waits for KubeVirt's ready timestamp here")]

@@ -14,12 +14,12 @@ import json
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.locks import container_lock_path, file_lock
-from cni_plugin.core.records import write_record
+from cni_plugin.core.records import directory_format, mark_directory, write_record
 from cni_plugin.kube.client import CREATED_BY_ANNOTATION, ApiError, KubeClient
 from cni_plugin.publish.bgp.advertisement import write_or_delete
 from cni_plugin.publish.bgp.spec import MAX_ATTEMPTS, drop_containers, prefixes_of
@@ -35,11 +35,13 @@ from cni_plugin.publish.resources import (
     SUBNET_V6_KEY,
     VERSION,
 )
-from netconf.errors import TRY_AGAIN_LATER, CniError
+from netconf.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
+from netconf.formats import check_format
 
 log = logging.getLogger(__name__)
 READY_ANNOTATION = "kubevirt.io/migration-target-ready-timestamp"
 RECORDS_DIR = "migrations"  # under the host's lockDir: one file per pending target
+WHAT = "the pending migration target"
 
 
 def target_ready(pod: dict[str, Any] | None) -> bool:
@@ -85,11 +87,14 @@ class PendingTarget:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> PendingTarget:
-        """A record read back."""
+    def from_json(cls, text: str, path: str = "") -> PendingTarget:
+        """A record read back; fields it does not know (a later release's) are left out, a
+        newer format refused (code 108)."""
         body = json.loads(text)
-        body["source"] = MigrationSource(**body["source"])
-        return cls(**body)
+        check_format(body, path, WHAT)
+        source = {k: v for k, v in body["source"].items() if k in _FIELDS_OF_SOURCE}
+        known = {k: v for k, v in body.items() if k in _FIELDS}
+        return cls(**{**known, "source": MigrationSource(**source)})
 
     @property
     def cid(self) -> str:
@@ -103,15 +108,28 @@ class PendingTarget:
         return set(prefixes_of(self.annotations))
 
 
+_FIELDS = {f.name for f in fields(PendingTarget)}
+_FIELDS_OF_SOURCE = {f.name for f in fields(MigrationSource)}
+
+
 def record_path(lock_dir: str, container_id: str, ifname: str) -> str:
     """Where the pending target (container, ifname) is recorded."""
     return os.path.join(lock_dir, RECORDS_DIR, f"{container_id}@{ifname}.json")
 
 
 def write_pending(lock_dir: str, pending: PendingTarget) -> str:
-    """Record the pending target (atomically); its path."""
+    """Record the pending target (atomically); its path. The record carries no formatVersion:
+    the previous release reads it into its dataclass and refuses any key it does not know;
+    the directory's marker says its format."""
     path = record_path(lock_dir, pending.container_id, pending.ifname)
-    write_record(path, pending.to_json(), "the pending migration target")
+    directory = os.path.dirname(path)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise CniError(IO_FAILURE, f"cannot record {WHAT} in {directory!r}",
+                       exc.strerror or str(exc)) from None
+    mark_directory(directory, WHAT)
+    write_record(path, pending.to_json(), WHAT)
     return path
 
 
@@ -122,19 +140,22 @@ def remove_pending(lock_dir: str, container_id: str, ifname: str) -> None:
 
 
 def pending_targets(lock_dir: str) -> list[PendingTarget]:
-    """Every pending target recorded on this node (unreadable records skipped, logged)."""
+    """Every pending target recorded on this node (unreadable records skipped, logged; code
+    108 when a newer release wrote them)."""
     directory = os.path.join(lock_dir, RECORDS_DIR)
     try:
         names = sorted(os.listdir(directory))
     except FileNotFoundError:
         return []
+    directory_format(directory, WHAT)
     found = []
     for name in names:
         if not name.endswith(".json"):
             continue
+        path = os.path.join(directory, name)
         try:
-            with open(os.path.join(directory, name), encoding="utf-8") as handle:
-                found.append(PendingTarget.from_json(handle.read()))
+            with open(path, encoding="utf-8") as handle:
+                found.append(PendingTarget.from_json(handle.read(), path))
         except (OSError, ValueError, TypeError, KeyError) as exc:
             log.warning("ignoring unreadable migration record %s: %s", name, exc)
     return found

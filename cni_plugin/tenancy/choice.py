@@ -14,6 +14,7 @@ from cni_plugin.core.records import write_record as write_record_file
 from cni_plugin.core.request import Invocation
 from netconf.base62 import ATTACHMENT_LIMIT, VPC_LIMIT, decode_base62
 from netconf.errors import INVALID_CONFIG, CniError
+from netconf.formats import check_format, versioned
 from netconf.result import Result
 
 ANNOTATION = "vpc-attach.datum.net/attachment"
@@ -56,8 +57,8 @@ def record_path(inv: Invocation) -> str:
 
 def write_record(inv: Invocation) -> None:
     """Record the chosen attachment before anything is made with it (atomically)."""
-    body = {"network": inv.conf.name, "vpc": inv.conf.vpc,
-            "vpcattachment": inv.conf.vpcattachment}
+    body = versioned({"network": inv.conf.name, "vpc": inv.conf.vpc,
+                      "vpcattachment": inv.conf.vpcattachment})
     write_record_file(record_path(inv), json.dumps(body), "the attachment")
 
 
@@ -68,12 +69,14 @@ def remove_record(inv: Invocation) -> None:
 
 
 def read_record(path: str) -> dict[str, str] | None:
-    """A record's fields, or None when it is absent or unreadable."""
+    """A record's fields, or None when it is absent or unreadable (code 108 when a newer
+    release wrote it: never taken for absent)."""
     try:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
     except (OSError, ValueError):
         return None
+    check_format(data, path, "the record of an attachment's vpcFromPod choice")
     if not isinstance(data, dict) or not all(
             isinstance(data.get(k), str) for k in ("network", "vpc", "vpcattachment")):
         return None
@@ -102,7 +105,8 @@ def remove_records_except(lock_dir: str, network: str, valid: set[tuple[str, str
 
 
 def records_of(lock_dir: str, network: str) -> list[tuple[str, str, str, str]]:
-    """(containerID, ifname, vpc, vpcattachment) of every record of network on this node."""
+    """(containerID, ifname, vpc, vpcattachment) of every record of network on this node
+    (code 108 if a newer release wrote one: GC then touches none of them)."""
     directory = os.path.join(lock_dir, RECORDS_DIR)
     try:
         names = sorted(os.listdir(directory))

@@ -167,10 +167,12 @@ def bgp_router(node: Node, kube: Kube) -> str:
 
 def ipam_records(node: Node) -> list[Path]:
     """Allocation records on the node, of vpc-attach-ipam (`/var/lib/cni/vpc-attach-ipam`) and
-    host-local (`/var/lib/cni/networks`): every file but the pools' locks and cursors."""
+    host-local (`/var/lib/cni/networks`): every file but the pools' locks, cursors and format
+    markers."""
     root = node.host_path("/var/lib/cni")
     return [path for path in root.rglob("*") if path.is_file()
-            and path.name != "lock" and not path.name.startswith("last_reserved")]
+            and path.name not in ("lock", ".formatVersion")
+            and not path.name.startswith("last_reserved")]
 
 
 BGP_API = "/apis/network.datumapis.com/v1alpha1"

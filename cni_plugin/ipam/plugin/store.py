@@ -15,7 +15,10 @@ Layout (all writes happen under the pool's `lock`):
   becomes `held` after it, so a crash in between is settled by the next claim or GC
   (block_claims.py);
   state `borrowed`: one address of another node's block lent to this node for an IPAMClaim,
-  named like its lend object (lending.py).
+  named like its lend object (lending.py);
+- `.formatVersion`: the format of the plain-text files (index entries, cursor), which carry
+  none themselves: the previous release reads them as they are (SPEC §18). Records and block
+  files carry their own `formatVersion`.
 """
 
 from __future__ import annotations
@@ -30,13 +33,16 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from cni_plugin.core.locks import file_lock
+from cni_plugin.core.records import mark_directory
 from netconf.errors import IO_FAILURE, CniError
+from netconf.formats import check_format, versioned
 
 LOCK_FILE = "lock"
 CURSOR_FILE = "last_reserved"
 INDEX_DIR = "attachments"
 BLOCKS_DIR = "blocks"
 TMP_PREFIX = ".tmp-"
+POOL_STATE = "vpc-attach-ipam's pool state"
 _MAX_INDEX_NAME = 200  # longer keys are hashed to stay below NAME_MAX
 
 
@@ -96,7 +102,7 @@ class Record:
                     "ifname": self.attachment.ifname}
         if self.claim is not None:
             body["claim"] = self.claim.to_wire()
-        return json.dumps(body).encode()
+        return json.dumps(versioned(body)).encode()
 
 
 @dataclass(frozen=True)
@@ -111,8 +117,8 @@ class BlockRecord:
 
     def to_json(self) -> bytes:
         """The body of a block file."""
-        return json.dumps({"name": self.name, "cidr": self.cidr, "uid": self.uid,
-                           "state": self.state}).encode()
+        return json.dumps(versioned({"name": self.name, "cidr": self.cidr, "uid": self.uid,
+                                     "state": self.state})).encode()
 
 
 class AddressTaken(CniError):
@@ -137,13 +143,15 @@ class PoolState:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[PoolState]:
-        """Hold the pool's lock (code 11 on timeout, code 5 if the directory is unusable)."""
+        """Hold the pool's lock (code 11 on timeout, code 5 if the directory is unusable, 108
+        when a newer release wrote it)."""
         with contextlib.ExitStack() as stack:
             try:
                 os.makedirs(self._path(INDEX_DIR), mode=0o755, exist_ok=True)
                 stack.enter_context(file_lock(self._path(LOCK_FILE), self.lock_timeout))
             except OSError as exc:
                 raise io_error("lock pool state in", self.directory, exc) from None
+            mark_directory(self.directory, POOL_STATE)
             yield self
 
     # Reading.
@@ -159,7 +167,7 @@ class PoolState:
             return None
         except OSError as exc:
             raise io_error("read record", self._path(name), exc) from None
-        return _parse_record(name, body)
+        return _parse_record(name, body, self._path(name))
 
     def lookup(self, attachment: Attachment) -> str | None:
         """Name of the record `attachment`'s index entry names, checked against the record."""
@@ -196,7 +204,7 @@ class PoolState:
             if entry.name.startswith(TMP_PREFIX) or not entry.is_file(follow_symlinks=False):
                 continue
             body = self._read_text(entry.path) or ""
-            found.append(_parse_block(entry.name, body))
+            found.append(_parse_block(entry.name, body, entry.path))
         return sorted(found, key=lambda b: b.name)
 
     def write_block(self, block: BlockRecord) -> None:
@@ -434,13 +442,14 @@ def _is_record_name(name: str) -> bool:
     return "/" not in name
 
 
-def _parse_record(name: str, body: bytes) -> Record:
+def _parse_record(name: str, body: bytes, path: str) -> Record:
     try:
         data = json.loads(body)
     except ValueError:
         return Record(name, None)
     if not isinstance(data, dict):
         return Record(name, None)
+    check_format(data, path, "vpc-attach-ipam's allocation record")
     container_id, ifname = data.get("containerID"), data.get("ifname")
     attachment = Attachment(container_id, ifname) if isinstance(container_id, str) \
         and isinstance(ifname, str) else None
@@ -457,11 +466,12 @@ def _parse_claim(value: object) -> ClaimOwner | None:
     return ClaimOwner(namespace, name, uid)
 
 
-def _parse_block(name: str, body: str) -> BlockRecord:
+def _parse_block(name: str, body: str, path: str) -> BlockRecord:
     try:
         data = json.loads(body)
     except ValueError:
         data = None
+    check_format(data, path, "vpc-attach-ipam's block record")
     if not isinstance(data, dict) or not isinstance(data.get("cidr"), str):
         return BlockRecord(name, "", None, "claiming")
     uid = data.get("uid")
