@@ -1,5 +1,7 @@
 """The project's OCI image (packaging/image) for tests: built by its own build.sh, or found in
-its cache (keyed by a hash of the inputs), and re-assembled from a given bundle to compare."""
+its cache (keyed by a hash of the inputs), and re-assembled from a given bundle to compare; a
+`Release` is that image with the `packaging/` it is deployed by (the previous release's:
+`e2e.harness.previous`)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 REPO = Path(__file__).resolve().parents[2]
+PACKAGING = REPO / "packaging"
 BUILD_SCRIPT = REPO / "packaging/image/build.sh"
 ASSEMBLE_SCRIPT = REPO / "packaging/image/assemble.py"
 BUILD_TIMEOUT_SECONDS = 1800  # a cold standalone build included
@@ -25,6 +28,21 @@ class ProjectImage(NamedTuple):
 
     archive: Path
     ref: str  # docker.io/library/vpc-attach:<version>: a Pod's `image: vpc-attach:<version>`
+
+
+class Release(NamedTuple):
+    """A release as a node runs it: its image and its kustomize base (CRDs, RBAC, DaemonSet)."""
+
+    image: ProjectImage
+    packaging: Path
+    commit: str  # what it was built from ("" when unknown)
+
+
+def current_release() -> Release:
+    """This tree: its image (built first if needed) and its packaging/."""
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL, check=False)
+    return Release(build_image(), PACKAGING, head.stdout.strip() if head.returncode == 0 else "")
 
 
 def build_image() -> ProjectImage:

@@ -27,12 +27,14 @@ SHIPPED_IMAGE = "ghcr.io/example/vpc-attach"
 DAEMONSET = ("kube-system", "vpc-attach")
 POD_LABEL = "app.kubernetes.io/name=vpc-attach"
 READY_S = 180.0
+ROLL_S = 300.0  # the old Pod's graceful stop (its verbs drain) and the new Pod's start
 KUSTOMIZE_S = 60.0
 
 
-def write_overlay(directory: Path, image_ref: str, server: str) -> Path:
-    """A kustomization in `directory` over `packaging/`: the image and the API server; the
-    directory."""
+def write_overlay(directory: Path, image_ref: str, server: str,
+                  packaging: Path = PACKAGING) -> Path:
+    """A kustomization in `directory` over `packaging` (this tree's, or another release's):
+    the image and the API server; the directory."""
     name, _, tag = image_ref.rpartition(":")
     host, _, port = server.removeprefix("https://").rpartition(":")
     service_env = [{"name": "KUBERNETES_SERVICE_HOST", "value": host},
@@ -48,7 +50,7 @@ def write_overlay(directory: Path, image_ref: str, server: str) -> Path:
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "resources": [os.path.relpath(PACKAGING, directory)],
+        "resources": [os.path.relpath(packaging, directory)],
         "images": [{"name": SHIPPED_IMAGE, "newName": name, "newTag": tag}],
         "patches": [{"target": {"kind": "DaemonSet", "name": DAEMONSET[1]},
                      "patch": yaml.safe_dump(patch, sort_keys=False)}],
@@ -98,6 +100,30 @@ def pod_ready(pod: dict[str, Any] | None) -> bool:
         return False
     conditions = pod.get("status", {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def agent_image(pod: dict[str, Any]) -> str:
+    """The image the Pod's agent container runs (as its spec names it)."""
+    return str(next(c["image"] for c in pod["spec"]["containers"] if c["name"] == "agent"))
+
+
+def wait_rolled(admin: Kube, node_name: str, image_ref: str, alive: Any = None,
+                timeout: float = ROLL_S) -> dict[str, Any]:
+    """Until the DaemonSet's only Pod on the node runs `image_ref` and is Ready (the Pod it
+    replaced gone); that Pod."""
+    namespace = DAEMONSET[0]
+
+    def rolled() -> bool:
+        pods = [p for p in admin.list(f"/api/v1/namespaces/{namespace}/pods", labels=POD_LABEL)
+                if p.get("spec", {}).get("nodeName") == node_name]
+        return len(pods) == 1 and agent_image(pods[0]) == image_ref and \
+            not pods[0]["metadata"].get("deletionTimestamp") and pod_ready(pods[0])
+
+    wait_until(f"the vpc-attach DaemonSet Pod on {node_name} running {image_ref}, Ready",
+               rolled, timeout, interval=0.2, alive=alive)
+    pod = agent_pod(admin, node_name)
+    assert pod is not None
+    return pod
 
 
 def wait_agent_ready(admin: Kube, node_name: str, alive: Any = None,

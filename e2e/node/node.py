@@ -24,7 +24,7 @@ from e2e.harness.cluster import Cluster, build, processes
 from e2e.harness.cluster.cluster import down as cluster_down
 from e2e.harness.cluster.pki import Pki
 from e2e.harness.cri.pause import pause_image
-from e2e.harness.image import build_image
+from e2e.harness.image import Release, current_release
 from e2e.harness.kube import Kube
 from e2e.harness.tools import gotools
 from e2e.harness.wait import wait_until
@@ -73,6 +73,7 @@ class Node:
     runtime: Runtime
     kubelet: Kubelet
     components: dict[str, processes.Component] = dataclasses.field(default_factory=dict)
+    plugin_server: str = ""  # the API server URL the installer writes into the node's kubeconfig
 
     @property
     def cni_conf_dir(self) -> Path:
@@ -107,15 +108,19 @@ class Node:
 
     @classmethod
     def up(cls, state_dir: Path | str, conflist: Path | None = None,
-           plugin_server: Callable[[Cluster], str] | None = None) -> Node:
+           plugin_server: Callable[[Cluster], str] | None = None,
+           release: Release | None = None) -> Node:
         """Start the node in `state_dir` (absent or empty) with `conflist` (default: the
         veth-pod example) as its CNI configuration. `plugin_server`, given the running
         control plane, names the API server URL the DaemonSet's installer writes into the
-        node's kubeconfig (default: the API server itself; a test puts a fault proxy there)."""
+        node's kubeconfig (default: the API server itself; a test puts a fault proxy there).
+        `release` is what the node deploys (default: this tree's image and packaging/; the
+        upgrade test starts from the previous release's)."""
         started = time.monotonic()
         binaries = build.ensure_all_built()
         pause = pause_image()
-        image_archive, image_ref = build_image()
+        release = release or current_release()
+        image_archive, image_ref = release.image
         plugins_dir = gotools.reference_plugins_dir()
         directory = _claim_state_dir(Path(state_dir))
         cluster = Cluster.up(directory / CLUSTER_DIR, extra_controllers=NODE_CONTROLLERS)
@@ -139,9 +144,9 @@ class Node:
             wait_healthy(node.components[KUBELET])
             with cluster.admin() as admin:
                 node._wait_registered(admin)
-                server = plugin_server(cluster) if plugin_server else cluster.server
+                node.plugin_server = plugin_server(cluster) if plugin_server else cluster.server
                 objects = deploy.render(binaries["kubectl"], deploy.write_overlay(
-                    directory / "overlay", image_ref, server))
+                    directory / "overlay", image_ref, node.plugin_server, release.packaging))
                 deploy.apply(admin, objects)
                 node.create_router(admin)
                 node.create_binding(admin)
@@ -222,6 +227,21 @@ class Node:
                    interval=0.5, alive=self.check_alive)
 
     # -- what a test does to a running node ---------------------------------------------------
+
+    def roll_to(self, admin: Kube, release: Release) -> dict[str, Any]:
+        """Deploy another release as an operator does: its image on the node, its
+        `packaging/` applied with that image (the DaemonSet then rolls: the old Pod stops, the
+        new one installs and starts its agent); returns the new DaemonSet Pod once Ready."""
+        self.runtime.control.import_image(release.image.archive, _cri_ref(release.image.ref),
+                                          IMPORT_S)
+        overlay = self.state_dir / f"overlay-{release.image.ref.rpartition(':')[2]}"
+        objects = deploy.render(build.ensure_all_built()["kubectl"], deploy.write_overlay(
+            overlay, release.image.ref, self.plugin_server, release.packaging))
+        deploy.apply(admin, objects)
+        pod = deploy.wait_rolled(admin, self.node_name, release.image.ref, alive=self.check_alive)
+        self.image_ref = release.image.ref
+        self._write_state("up")
+        return pod
 
     def restart_kubelet(self) -> None:
         """Stop kubelet (SIGTERM; Pods keep running) and start it again."""
