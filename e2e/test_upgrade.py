@@ -153,6 +153,7 @@ def test_the_new_release_checks_deletes_and_collects_the_old_attachments_to_noth
         old_removed: dict[str, Any]) -> None:
     assert set(old_removed["checks"].values()) == {0}, old_removed["checks"]
     assert old_removed["gc"] == {"node network": 0, "vm network": 0}
+    assert orphan_collected(old_removed), old_removed["gc found"]  # GC had work, and did it
     left = old_removed["left"]
     assert (left["mentioning"], left["beyond baseline"]) == ([], [])
     assert left["nft rules as in the baseline"]
@@ -201,9 +202,17 @@ def test_the_previous_release_checks_deletes_and_collects_the_new_attachments_to
         new_removed: dict[str, Any]) -> None:
     assert set(new_removed["checks"].values()) == {0}, new_removed["checks"]
     assert new_removed["gc"] == {"node network": 0, "vm network": 0}
+    assert orphan_collected(new_removed), new_removed["gc found"]
     left = new_removed["left"]
     assert (left["mentioning"], left["beyond baseline"]) == ([], [])
     assert left["nft rules as in the baseline"]
+
+
+def orphan_collected(removed: dict[str, Any]) -> bool:
+    """Whether GC (by the other release) said it deleted the link of the attachment whose
+    sandbox the runtime forgot: the one thing DEL leaves GC to find."""
+    return any(removed["orphan"] in found and found.startswith("GC: deleting")
+               for found in removed["gc found"])
 
 
 # -- the agent killed in the middle of an ADD during the roll --------------------------------------

@@ -44,7 +44,7 @@ from e2e.harness.wait import wait_until
 from e2e.node import deploy
 from e2e.node.node import EXAMPLES, Node, kernel_has_vrf
 from e2e.node.node import down as node_down
-from e2e.node.observe import delete_pod, get_pod, sandbox_failures, verb_lines
+from e2e.node.observe import delete_pod, get_pod, plugin_log, sandbox_failures, verb_lines
 from e2e.node.roll import (
     AddStream,
     Attached,
@@ -459,13 +459,16 @@ def remove_world(up: Upgrade, world: World, stream: list[str]) -> dict[str, Any]
     names = [pod.name for pod in world.pods.values()] + stream
     wait_until("the Pods gone (their DELs done)",
                lambda: all(get_pod(admin, name) is None for name in names), SETTLE_S)
+    gc_began = time.time() - LOG_CLOCK_SLACK_S
     gc_node = call(node, "GC", valid_attachments(stanza, []))
     gc_vm = call(node, "GC", valid_attachments(vm_network(), []))
+    gc_found = [line["msg"] for line in plugin_log(node)  # what GC removed, in its words
+                if str(line.get("msg", "")).startswith("GC:") and _wall(line["ts"]) >= gc_began]
     admin.delete(f"/api/v1/namespaces/default/pods/{world.orphan.name}")
     node.namespace.run(["ip", "netns", "delete", world.orphan.netns.rsplit("/", 1)[1]])
     freed_uid = kubevirt_deletes_claim(admin, "default", world.claim)
     return {"checks": checks, "gc": {"node network": gc_node.status, "vm network": gc_vm.status},
-            "claim_uid": freed_uid}
+            "gc found": gc_found, "orphan": world.orphan.sandbox_id, "claim_uid": freed_uid}
 
 
 def left_of(up: Upgrade, needles: list[str]) -> dict[str, Any]:
