@@ -1,9 +1,11 @@
-"""Writes or reads one on-node format with the vpc-attach tree first on sys.path (this one, or
-the previous release's): `python format_probe.py write|read FORMAT DIRECTORY` prints what it
-wrote or read as one JSON line. tests/test_formats_across_releases.py runs it with one tree
-writing and the other reading. Only functions both releases have are called; the objects they
-take are built from plain values (duck-typed where a release passes a large one), so nothing
-here depends on either tree's internals beyond the format's own writer and reader."""
+"""Writes or reads on-node formats with the vpc-attach tree first on sys.path (this one, or
+the previous release's): `python format_probe.py write|read DIRECTORY FORMAT...` prints what it
+wrote or read of each format (in DIRECTORY/FORMAT) as one JSON line, a format that raised as
+its error. tests/test_formats_across_releases.py runs it with one tree writing and the other
+reading (one process per tree and step: a process per format cost CI 25 s more). Only
+functions both releases have are called; the objects they take are built from plain values
+(duck-typed where a release passes a large one), so nothing here depends on either tree's
+internals beyond the format's own writer and reader."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import importlib
 import json
 import os
 import sys
+import traceback
 from types import SimpleNamespace
 from typing import Any
 
@@ -165,8 +168,21 @@ def _pending(migration: Any) -> dict[str, Any]:
             "source_advertisement": "3e-7-node-s", "source_slices": ["pod-s-3e-7-ipv6"]}
 
 
+def each(action: str, where: str, kinds: list[str]) -> dict[str, Any]:
+    """What `action` gave for each format, in its own directory; a traceback where it raised
+    (the test of that format shows it, the others still run)."""
+    done: dict[str, Any] = {}
+    for kind in kinds:
+        directory = os.path.join(where, kind)
+        os.makedirs(directory, exist_ok=True)
+        try:
+            done[kind] = write(kind, directory) if action == "write" else read(kind, directory)
+        except Exception:  # reported as that format's result
+            done[kind] = {"error": traceback.format_exc()}
+    return done
+
+
 if __name__ == "__main__":
-    action, format_kind, where = sys.argv[1:4]
-    done = write(format_kind, where) if action == "write" else read(format_kind, where)
+    action, where, *format_kinds = sys.argv[1:]
     print(json.dumps({"tree": os.path.dirname(_module("cni_plugin").__path__[0]),
-                      "result": done}))
+                      "result": each(action, where, format_kinds)}))

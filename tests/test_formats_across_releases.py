@@ -45,38 +45,56 @@ def previous_tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield tree
 
 
-def probe(tree: Path, action: str, kind: str, directory: Path) -> Any:
-    """One step of the probe with `tree` first on sys.path; what it wrote or read."""
+def probe(tree: Path, action: str, directory: Path) -> dict[str, Any]:
+    """One step of the probe for every format with `tree` first on sys.path (one process);
+    what it wrote or read of each format, under `directory`/<format>."""
     environ = {**os.environ, "PYTHONPATH": str(tree)}
-    done = subprocess.run([sys.executable, str(PROBE), action, kind, str(directory)],
+    done = subprocess.run([sys.executable, str(PROBE), action, str(directory), *FORMATS],
                           cwd=tree, env=environ, capture_output=True, text=True,
                           timeout=PROBE_S, check=False)
-    assert done.returncode == 0, f"{action} {kind} with {tree}: {done.stderr[-3000:]}"
+    assert done.returncode == 0, f"{action} with {tree}: {done.stderr[-3000:]}"
     answer = json.loads(done.stdout.splitlines()[-1])
     assert Path(answer["tree"]) == tree, answer  # ran that release's code, not this one's
-    return answer["result"]
+    result: dict[str, Any] = answer["result"]
+    return result
+
+
+Crossing = dict[str, tuple[Any, Any]]  # format -> (what the writer wrote, what the reader read)
+
+
+def crossing(writer: Path, reader: Path, directory: Path) -> Crossing:
+    """Every format written by one tree, then read by the other."""
+    written = probe(writer, "write", directory)
+    read = probe(reader, "read", directory)
+    return {kind: (written[kind], read[kind]) for kind in FORMATS}
+
+
+@pytest.fixture(scope="module")
+def forward(previous_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Crossing:
+    return crossing(REPO, previous_tree, tmp_path_factory.mktemp("forward"))
+
+
+@pytest.fixture(scope="module")
+def backward(previous_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Crossing:
+    return crossing(previous_tree, REPO, tmp_path_factory.mktemp("backward"))
 
 
 @pytest.mark.parametrize("kind", FORMATS)
-def test_the_previous_release_reads_what_this_one_writes(kind: str, previous_tree: Path,
-                                                          tmp_path: Path) -> None:
-    written = probe(REPO, "write", kind, tmp_path)
-    assert probe(previous_tree, "read", kind, tmp_path) == expected(kind, written)
+def test_the_previous_release_reads_what_this_one_writes(kind: str, forward: Crossing) -> None:
+    written, read = forward[kind]
+    assert read == expected(kind, written)
 
 
 @pytest.mark.parametrize("kind", FORMATS)
-def test_this_release_reads_what_the_previous_one_wrote(kind: str, previous_tree: Path,
-                                                         tmp_path: Path) -> None:
-    written = probe(previous_tree, "write", kind, tmp_path)
-    assert probe(REPO, "read", kind, tmp_path) == expected(kind, written)
+def test_this_release_reads_what_the_previous_one_wrote(kind: str, backward: Crossing) -> None:
+    written, read = backward[kind]
+    assert read == expected(kind, written)
 
 
 def test_what_this_release_writes_says_its_format(tmp_path: Path) -> None:
     """Positive control of the pair above: this tree's files do carry the version (in the
     file, or the directory's marker where the previous release reads files exactly)."""
-    for kind in FORMATS:
-        (tmp_path / kind).mkdir()
-        probe(REPO, "write", kind, tmp_path / kind)
+    probe(REPO, "write", tmp_path)
     versioned = [path for path in tmp_path.rglob("*") if path.is_file()
                  and '"formatVersion": 1' in path.read_text(errors="replace")]
     names = {str(path.relative_to(tmp_path)).split("/", 1)[0] + ":" + path.name
