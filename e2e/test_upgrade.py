@@ -215,14 +215,25 @@ def orphan_collected(removed: dict[str, Any]) -> bool:
                for found in removed["gc found"])
 
 
+def credentials_refused(line: dict[str, Any]) -> bool:
+    """A verb's summary line saying the API server refused the plugin's credentials."""
+    return line["code"] == 11 and "rejected the plugin's credentials" in line["error"]
+
+
 # -- the agent killed in the middle of an ADD during the roll --------------------------------------
 
 
 def test_an_agent_killed_in_the_middle_of_an_add_during_the_roll_leaks_nothing(
         upgrade: Upgrade, new_removed: dict[str, Any]) -> None:
+    """One exception, named: the kubelet's DEL of the killed sandbox may fall in the previous
+    release's credentials window (see the ADDs of the first roll) and be refused with code 11;
+    what that sandbox left then waits for the kubelet's next DEL or GC, and must be gone once
+    the Pod is deleted and GC has run."""
     found = agent_killed_mid_add(upgrade)
     assert found["retried_sandbox"] != found["killed_sandbox"]
-    assert found["left by the killed sandbox"] == []
+    failed = found["failed DELs of the killed sandbox"]
+    assert [line for line in failed if not credentials_refused(line)] == [], failed
+    assert failed or found["left by the killed sandbox"] == [], found["left by the killed sandbox"]
     left = found["left after"]
     assert (left["mentioning"], left["beyond baseline"]) == ([], [])
     assert left["nft rules as in the baseline"]

@@ -571,9 +571,12 @@ def agent_killed_mid_add(up: Upgrade) -> dict[str, Any]:
               if not shared_instance(key)}
     delete_pod(admin, name)
     call(node, "GC", valid_attachments(plugin_stanza(node_conflist()), []))
+    calls = [line for line in verb_lines(node) if line.get("pod") == f"default/{name}"]
     found = {"killed_pids": killed, "killed_sandbox": killed_sandbox,
-             "retried_sandbox": pod.sandbox_id,
-             "calls": [line for line in verb_lines(node) if line.get("pod") == f"default/{name}"],
+             "retried_sandbox": pod.sandbox_id, "calls": calls,
+             "failed DELs of the killed sandbox": [
+                 line for line in calls if line["verb"] == "DEL" and line["outcome"] != "ok"
+                 and line["containerID"] == killed_sandbox],
              "left by the killed sandbox": sorted(leaked),
              "left after": left_of(up, [pod.sandbox_id, killed_sandbox, *pod.addresses])}
     up.figures["killed mid-ADD"] = found
