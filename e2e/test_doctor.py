@@ -35,8 +35,8 @@ HEALTHY_NODE_CHECKS = {
     "policy.unenforced", "settings.agentSocket",
     "settings.ipamDataRoot", "settings.kubeconfig", "settings.lockDir", "settings.logBackups",
     "settings.logFile", "settings.logLevel", "settings.logMaxBytes", "settings.namespace",
-    "settings.nodeName", "settings.tenancy", "settings.timeoutSeconds", "tenancy.crd",
-    "tenancy.mode"}
+    "settings.nodeName", "settings.tenancy", "settings.timeoutSeconds", "state.formats",
+    "tenancy.crd", "tenancy.mode"}
 
 
 @pytest.fixture
