@@ -55,8 +55,8 @@ def pool_hints(scene: Scene) -> dict[str, list[str]]:
     """claim uid -> the pool directories' hashes the node notes it holds records in
     (`<ipamDataRoot>/.claims/<claim uid>/<hash>`, cni_plugin/ipam/plugin/README.md)."""
     root = Path(scene.plugin.environ["VPC_ATTACH_IPAM_DATA_ROOT"]) / ".claims"
-    return {claim.name: sorted(p.name for p in claim.iterdir())
-            for claim in sorted(root.iterdir())} if root.exists() else {}
+    return {claim.name: sorted(p.name for p in claim.iterdir())  # not `.formatVersion`
+            for claim in sorted(root.iterdir()) if claim.is_dir()} if root.exists() else {}
 
 
 def test_gc_frees_a_deleted_claims_addresses_on_a_node_without_an_agent(scene: Scene) -> None:

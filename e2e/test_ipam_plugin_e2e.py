@@ -90,12 +90,16 @@ def network(data_dir: Path, version: str = "1.1.0", **ipam: Any) -> dict[str, An
             "ipam": {"type": TYPE, "dataDir": str(data_dir), **ipam}}
 
 
+# A pool's lock, cursor and format marker (`.formatVersion`, SPEC §18): no attachment's state.
+NOT_RECORDS = ("lock", "last_reserved", ".formatVersion")
+
+
 def records(data_dir: Path) -> list[str]:
     """Every allocation record under data_dir (file names are the addresses)."""
     found = []
     for path in data_dir.rglob("*"):
         if path.is_file() and path.parent.name != "attachments" and \
-                path.name not in ("lock", "last_reserved"):
+                path.name not in NOT_RECORDS:
             found.append(path.name)
     return sorted(found)
 
@@ -307,5 +311,5 @@ def test_32_parallel_adds_get_distinct_addresses_and_del_leaves_nothing(
         assert stdout == b""
     assert records(tmp_path / "state") == []
     leftovers = [p for p in (tmp_path / "state").rglob("*")
-                 if p.is_file() and p.name not in ("lock", "last_reserved")]
+                 if p.is_file() and p.name not in NOT_RECORDS]
     assert leftovers == []
