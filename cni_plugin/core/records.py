@@ -50,6 +50,13 @@ def directory_format(directory: str, what: str) -> int:
     return version
 
 
+def _unmarked(directory: str, what: str, exc: OSError) -> CniError:
+    """Code 5 naming the directory, then what it holds, with the system's reason (as the
+    IPAM store words its write failures, so a full disk reads the same at every write)."""
+    return CniError(IO_FAILURE, f"cannot mark the format of {directory!r} ({what}): "
+                                f"{exc.strerror or exc}")
+
+
 def mark_directory(directory: str, what: str) -> None:
     """Give `directory` this release's marker unless it has one (code 108 when its marker is
     newer); the directory exists. Written whole: a temporary file linked into place."""
@@ -59,8 +66,7 @@ def mark_directory(directory: str, what: str) -> None:
     try:
         fd, temporary = tempfile.mkstemp(prefix=".tmp-format-", dir=directory)
     except OSError as exc:
-        raise CniError(IO_FAILURE, f"cannot mark the format of {what} in {directory!r}",
-                       exc.strerror or str(exc)) from None
+        raise _unmarked(directory, what, exc) from None
     try:
         try:
             os.write(fd, (json.dumps(versioned({"covers": what})) + "\n").encode())
@@ -71,8 +77,7 @@ def mark_directory(directory: str, what: str) -> None:
     except FileExistsError:
         pass  # another writer's, of this release or checked above
     except OSError as exc:
-        raise CniError(IO_FAILURE, f"cannot mark the format of {what} in {directory!r}",
-                       exc.strerror or str(exc)) from None
+        raise _unmarked(directory, what, exc) from None
     finally:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
