@@ -182,17 +182,13 @@ class Publisher:
     @classmethod
     def api_find_router(cls, inv: Invocation, cluster: VerbCluster) -> Publisher:
         """On the verb's session (held by the verb until its rollback, if any, is done): the
-        publishing settings checked, this node's router read from the API server, and a route
-        target wider than galactic's CRD takes checked against the cluster's (`crd_fit`)."""
+        publishing settings checked and this node's router read from the API server."""
         with connected(inv, cluster) as ctx:
             router = None
             if ctx is not None and inv.conf.publish.bgp:
-                from cni_plugin.publish.bgp.crd_fit import api_check_route_target_fits
                 from cni_plugin.publish.bgp.router import find_router
                 with api_boundary(f"find the BGPRouter of node {ctx.node!r}"):
                     router = find_router(ctx, inv.deadline)
-                with api_boundary("check the VPC's route target against the cluster's CRD"):
-                    api_check_route_target_fits(ctx, router, inv.deadline)
             return cls(ctx, router)
 
     @contextmanager

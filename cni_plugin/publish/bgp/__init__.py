@@ -1,6 +1,5 @@
 """BGP custom resources (SPEC §6), one module per lifecycle: `router` (this node's BGPRouter),
 `instance` (the VPC's BGPVRFInstance: VRF ID and collisions, what uses it, undo, GC),
 `advertisement` (this container's annotations merged into the attachment's BGPAdvertisement,
-and their withdrawal), `check` (CHECK's differences), `crd_fit` (whether the cluster's
-BGPVRFInstance CRD holds the VPC's route target, asked before anything is made); `spec` holds
-what they share. Writes re-read on 409; created objects are recorded for rollback."""
+and their withdrawal), `check` (CHECK's differences); `spec` holds what they share. Writes
+re-read on 409; created objects are recorded for rollback."""
