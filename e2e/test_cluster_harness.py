@@ -255,13 +255,20 @@ ALLOWED = [
     *[("k8s.cni.cncf.io", "ipamclaims", verb) for verb in ("get", "list", "watch")],
     ("k8s.cni.cncf.io", "ipamclaims/status", "update"),  # SPEC §16
     ("authorization.k8s.io", "selfsubjectaccessreviews", "create"),
+    # Policy inside a VPC (SPEC §17): the agent follows policies, the networks they are for and
+    # the peers vpc-attach's own EndpointSlices name.
+    ("discovery.k8s.io", "endpointslices", "watch"),
+    *[(group, resource, verb)
+      for group, resource in (("k8s.cni.cncf.io", "multi-networkpolicies"),
+                              ("k8s.cni.cncf.io", "network-attachment-definitions"),
+                              ("networking.k8s.io", "networkpolicies"))
+      for verb in ("get", "list", "watch")],
 ]
 DENIED = [
     (GROUP, "bgprouters", "create"),
     (GROUP, "bgprouters", "update"),
     (GROUP, "bgpadvertisements", "watch"),
     (GROUP, "bgpadvertisements", "deletecollection"),
-    ("discovery.k8s.io", "endpointslices", "watch"),
     ("", "pods", "create"),
     ("", "pods", "delete"),
     ("", "secrets", "get"),
@@ -271,6 +278,12 @@ DENIED = [
       for verb in ("create", "update", "patch", "delete")],  # kubevirt's, not ours
     ("k8s.cni.cncf.io", "ipamclaims/status", "patch"),
     ("", "serviceaccounts", "create"),
+    ("", "serviceaccounts/token", "create"),  # the installer's account asks for the host's token
+    *[(group, resource, verb)  # policies and networks are the tenants', read only
+      for group, resource in (("k8s.cni.cncf.io", "multi-networkpolicies"),
+                              ("k8s.cni.cncf.io", "network-attachment-definitions"),
+                              ("networking.k8s.io", "networkpolicies"))
+      for verb in ("create", "update", "patch", "delete")],
 ]
 
 
