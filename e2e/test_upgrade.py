@@ -162,13 +162,23 @@ def test_the_new_release_checks_deletes_and_collects_the_old_attachments_to_noth
 # -- the rollback --------------------------------------------------------------------------------
 
 
-def test_connections_across_the_rollback_never_break_nor_pause_over_a_second(
+# The previous release rewrites `inet vpc_attach` at every start in two transactions and drops
+# Pods' packets between them (its `source_dropped` counter shows 2-4): a new connection's SYN
+# lost there is sent again after TCP's initial 1 s timeout. This release rewrites only when the
+# rules differ (the roll to it holds the 1 s bound on every flow); the rollback to 041aa67 is
+# allowed that one retransmission on new connections, and nothing else.
+SYN_RETRANSMISSION_S = 1.0
+ROLLBACK_GAP_LIMIT_S = {kind: GAP_LIMIT_S for kind in FLOW_KINDS} | \
+    {"tcp probe": GAP_LIMIT_S + SYN_RETRANSMISSION_S}
+
+
+def test_connections_across_the_rollback_never_break_and_pause_only_where_the_old_release_drops(
         rollback: Phase) -> None:
     traffic = rollback.traffic
     assert all(flow.rounds > 0 for flow in traffic.flows), traffic.flows
     assert traffic.broken() == []
-    assert {kind: traffic.longest_gap_s(kind) <= GAP_LIMIT_S for kind in FLOW_KINDS} == \
-        dict.fromkeys(FLOW_KINDS, True), traffic.flows
+    assert {kind: traffic.longest_gap_s(kind) <= ROLLBACK_GAP_LIMIT_S[kind]
+            for kind in FLOW_KINDS} == dict.fromkeys(FLOW_KINDS, True), traffic.flows
 
 
 def test_attachments_of_the_new_release_survive_the_rollback_byte_for_byte(
