@@ -15,6 +15,7 @@ import pytest
 
 from cni_plugin.ipam.plugin.config import DEFAULT_LOCK_TIMEOUT_SECONDS
 from e2e.harness import pace
+from e2e.harness.faults import matrix
 from e2e.harness.plugin import Plugin
 from e2e.harness.vm.boot import _wait_or_kill
 from e2e.harness.vm.pytest_plugin import STALL_STARTS, _Progress, worst_of
@@ -120,3 +121,28 @@ def test_the_guests_status_is_the_worst_of_its_pytest_runs() -> None:
                               check=False, timeout=30).returncode
 
     assert (status(0, 0), status(1, 0), status(0, 1), status(0, 3), status(0)) == (0, 1, 1, 3, 0)
+
+
+def test_an_answer_is_late_only_if_past_the_margin_at_the_pace_measured_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fault matrix's lateness: past the deadline and two cold starts at the session's
+    pace AND at the pace measured at the moment of judging (a machine busier than at the
+    session's start starts and exits the plugin slower, not the verb running past its
+    deadline); a busier machine's pace never shortens the first one."""
+    monkeypatch.delenv(pace.PACE_ENV, raising=False)
+    pace.pace.cache_clear()
+    try:
+        first = pace.pace()
+        monkeypatch.setattr(pace, "_cold_start", lambda: first.cold_start_s * 4)
+        assert pace.pace_now().cold_start_s == pytest.approx(first.cold_start_s * 4)
+        monkeypatch.setattr(pace, "_cold_start", lambda: first.cold_start_s / 4)
+        assert pace.pace_now() == first
+    finally:
+        pace.pace.cache_clear()
+    monkeypatch.setattr(matrix, "pace", lambda: pace.Pace(1.0))  # late after 6 + 2 x 1 s
+    monkeypatch.setattr(matrix, "pace_now", lambda: pace.Pace(1.0))
+    assert matrix.is_late(9.0)  # the machine as it was: 1 s past the margin is late
+    assert not matrix.is_late(7.9)
+    monkeypatch.setattr(matrix, "pace_now", lambda: pace.Pace(2.0))  # twice as slow now
+    assert not matrix.is_late(9.0)
+    assert matrix.is_late(10.1)

@@ -65,6 +65,10 @@ STALL_STARTS = 150
 # Until the guest has said its pace (boot, pytest's start and collection, the measurement): a
 # cap that only a broken guest reaches, not a bound sized on any machine's speed.
 UNTIL_PACE_S = 1800.0
+# One full-kernel VM at a time on the machine (in the VM cache): another pass's VM run is waited
+# for, up to a cap only a stuck run reaches (the CI's whole run is bounded at 90 min).
+VM_LOCK = "vm.lock"
+VM_LOCK_WAIT_S = 3600.0
 # What marked tests need from the kernel, tried in a network namespace that vanishes after.
 PROBE = (
     "ip link add vpa-fk-probe type vrf table 4091 && ip link set vpa-fk-probe up && "
@@ -88,6 +92,7 @@ class _VMRun:
     thread: threading.Thread | None = None
     qemu: subprocess.Popen[bytes] | None = None
     pace_note: str = ""  # what the guest measured, for the summary line
+    lock_waited_s: float = 0.0  # for another pass's VM (`_one_vm_at_a_time`)
 
     def failed(self) -> bool:
         """Whether the VM itself or any test in it failed (or skipped: a failure here)."""
@@ -217,6 +222,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     agent = f" ({len(vm_run.via_agent)} through a warm agent)" if vm_run.via_agent else ""
     line = (f"full-kernel VM: {len(vm_run.items)} tests{agent}, booted in "
             f"{vm_run.boot_seconds:.1f} s, {vm_run.total_seconds:.1f} s in all{vm_run.pace_note}")
+    if vm_run.lock_waited_s >= 1:
+        line += f"; waited {vm_run.lock_waited_s:.0f} s for another pass's VM"
     terminalreporter.write_sep("-", line)
     if vm_run.share is not None and vm_run.failed():
         terminalreporter.write_line(f"VM console (kept): {vm_run.share / 'console.log'}")
@@ -244,8 +251,34 @@ def _run_in_vm_noting_errors(config: pytest.Config, vm_run: _VMRun) -> None:
 
 
 def _run_in_vm(config: pytest.Config, vm_run: _VMRun) -> None:
-    from .boot import run
     vm_run.done = True
+    with _one_vm_at_a_time() as waited:
+        vm_run.lock_waited_s = waited
+        _boot_and_run(config, vm_run)
+
+
+@contextlib.contextmanager
+def _one_vm_at_a_time() -> Iterator[float]:
+    """Hold the machine's full-kernel VM lock (scripts/test.sh runs two passes side by side, each
+    with its VM tests; two emulated vCPUs beside the native tests would slow both VMs and the
+    passes); yields the seconds waited for it."""
+    from cni_plugin.core.locks import acquire
+
+    from .image import cache_root
+    path = cache_root() / VM_LOCK
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        start = time.monotonic()
+        if not acquire(fd, VM_LOCK_WAIT_S):
+            raise RuntimeError(f"another full-kernel VM held {path} for {VM_LOCK_WAIT_S:.0f} s")
+        yield time.monotonic() - start
+    finally:
+        os.close(fd)
+
+
+def _boot_and_run(config: pytest.Config, vm_run: _VMRun) -> None:
+    from .boot import run
     vm_run.share = Path(tempfile.mkdtemp(prefix="vpc-attach-fullkernel-"))
     report_file = vm_run.share / "reports.jsonl"
     timeout = float(os.environ.get("VPC_ATTACH_VM_TIMEOUT", math.inf))
