@@ -25,10 +25,15 @@ ln -s /dev/shm /run/shm
 for dir in /var/lib/cni /var/log/vpc-attach /etc/vpc-attach /etc/cni/net.d; do
   [ -d "$dir" ] && mount -t tmpfs -o mode=0755 lane-state "$dir"
 done
-# sysfs shows the namespace that mounted it: this lane's links under /sys/class/net.
+# sysfs shows the namespace that mounted it: this lane's links under /sys/class/net. Its own
+# bpffs (pinned maps are per mount); the host's cgroup mounts, whatever their version.
+mkdir /run/lane-host-sys
+mount --rbind /sys /run/lane-host-sys
 mount -t sysfs lane-sys /sys
 mount -t bpf lane-bpf /sys/fs/bpf
-mount -t cgroup2 lane-cgroup /sys/fs/cgroup
+mount --rbind /run/lane-host-sys/fs/cgroup /sys/fs/cgroup
+umount -l /run/lane-host-sys
+rmdir /run/lane-host-sys
 
 rc=0
 for pass in "$@"; do
