@@ -45,6 +45,6 @@ for pass in "$@"; do
   start=$SECONDS
   env "${env[@]}" python -m pytest -p no:cacheprovider --durations=10 \
     --basetemp "$out/$name" "${args[@]}" || rc=1
-  printf '%-22s %4d s\n' "pytest $name (lane 2)" $((SECONDS - start)) >>"$out/phases"
+  printf '%-27s %4d s\n' "pytest $name (lane 2)" $((SECONDS - start)) >>"$out/phases"
 done
 exit $rc

@@ -9,13 +9,13 @@ phase() {  # phase NAME CMD...: runs CMD, records its wall time (also when it fa
   shift
   start=$SECONDS
   "$@" || rc=$?
-  phases+=("$(printf '%-22s %4d s' "$name" $((SECONDS - start)))")
+  phases+=("$(printf '%-27s %4d s' "$name" $((SECONDS - start)))")
   return $rc
 }
 report() {
   echo "== time per phase (nproc $(nproc)) =="
   printf '%s\n' "${phases[@]}"
-  printf '%-22s %4d s\n' total "$SECONDS"
+  printf '%-27s %4d s\n' total "$SECONDS"
 }
 trap report EXIT
 phase setup bash scripts/setup.sh
@@ -42,7 +42,8 @@ fi
 # going through the node agent (SPEC §11); without the once_through_agent full-kernel tests,
 # which lane 1's VM ran through an agent already (e2e/harness/vm/pytest_plugin.py). One
 # full-kernel VM runs at a time (the VM plugin's lock); lane 2's output comes after lane 1's.
-LANE_2=(e2e/test_fault_matrix.py)
+LANE_2=(e2e/test_fault_matrix.py e2e/test_policy_upstream_cases_with_pods_attached_as_multus_would.py
+        e2e/test_ipam_plugin_e2e.py)
 lane_dir=$(mktemp -d /tmp/vpa-lane.XXXXXX)
 echo "lane 2 (its output follows lane 1's): $lane_dir/log"
 unshare --net --mount --propagation private \
@@ -55,7 +56,7 @@ phase "pytest in-process" python -m pytest -p no:cacheprovider --durations=10 "$
   || rc=$?
 lane_start=$SECONDS
 wait "$lane_2" || rc=$?
-phases+=("$(printf '%-22s %4d s' "lane 2 after lane 1" $((SECONDS - lane_start)))")
+phases+=("$(printf '%-27s %4d s' "lane 2 after lane 1" $((SECONDS - lane_start)))")
 echo "== lane 2 =="
 cat "$lane_dir/log"
 mapfile -t -O "${#phases[@]}" phases <"$lane_dir/phases" || true
