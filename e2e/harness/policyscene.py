@@ -212,8 +212,12 @@ class Scene:
         """Create a MultiNetworkPolicy (or NetworkPolicy) as written; its path."""
         namespace = manifest["metadata"].get("namespace", "default")
         path = self.kube.object_path(manifest)
-        self._create(path.rsplit("/", 1)[0], {**manifest, "metadata": {
+        created = self._create(path.rsplit("/", 1)[0], {**manifest, "metadata": {
             **manifest["metadata"], "namespace": namespace}}, path)
+        dropped = dropped_fields(manifest.get("spec") or {}, created.get("spec") or {}, "spec")
+        # A field the CRD's schema lacks is pruned by the API server: no node ever sees it.
+        assert not dropped, f"the API server dropped {dropped} of {path} (its CRD's schema " \
+            "lacks them): the policy as stored is not the one written"
         return path
 
     def pod(self, manifest: dict[str, Any], *, conflist: dict[str, Any] | None = None,
@@ -249,6 +253,15 @@ class Scene:
         if not listen_first:
             self._listen(run, pod)
         return run
+
+    def listen(self, key: tuple[str, str], kind: str, port: int) -> None:
+        """A listener of the scene's own in a Pod on a port its containers leave free: a check
+        to that port then sees the policy, not a refused connection (upstream's `nc` to a port
+        nothing listens on fails whatever the policy says)."""
+        run = self.pods[key]
+        if (kind, port) not in run.ears:
+            run.ears[(kind, port)] = self._stack.enter_context(
+                listener(run.netns, kind, port, self.work))
 
     def _listen(self, run: PodRun, pod: dict[str, Any]) -> None:
         for kind, port in nc_listeners(pod):
@@ -342,6 +355,18 @@ class Scene:
 
     def _wait_gone(self, path: str) -> None:
         wait_until(f"{path} deleted", lambda: self.kube.get(path) is None, NAMESPACE_GONE_S)
+
+
+def dropped_fields(written: Any, stored: Any, where: str) -> list[str]:
+    """The paths of what was written and is not stored (defaults the server adds aside)."""
+    if isinstance(written, dict) and isinstance(stored, dict):
+        return [found for key, value in written.items()
+                for found in ([f"{where}.{key}"] if key not in stored else
+                              dropped_fields(value, stored[key], f"{where}.{key}"))]
+    if isinstance(written, list) and isinstance(stored, list) and len(written) == len(stored):
+        return [found for index, (a, b) in enumerate(zip(written, stored, strict=True))
+                for found in dropped_fields(a, b, f"{where}[{index}]")]
+    return []
 
 
 def ensure_nad_crd(kube: Kube) -> None:
