@@ -51,7 +51,7 @@ class ApiError(Exception):
     """A non-transient error answer of the API server, with what the request was about."""
 
     def __init__(self, status: int, reason: str, message: str, method: str, path: str,
-                 target: Target | None = None) -> None:
+                 target: Target | None = None, fields: tuple[str, ...] = ()) -> None:
         super().__init__(f"{method} {path}: {status} {reason}: {message}")
         self.status = status
         self.reason = reason
@@ -59,6 +59,9 @@ class ApiError(Exception):
         self.method = method
         self.path = path
         self.target = target  # None: a path that names no resource (e.g. /version)
+        # The fields its causes name (a 422's details.causes[].field): what was refused, as
+        # against an admission policy's denial, which names none.
+        self.fields = fields
 
     def doing(self) -> str:
         """What the request was about, e.g. 'update BGPAdvertisement galactic-system/3e-3e'."""
@@ -351,10 +354,21 @@ def _api_error(status: int, data: bytes, method: str, path: str,
                target: Target | None) -> ApiError:
     try:
         body = json.loads(data)
-        return ApiError(status, str(body.get("reason", "")), str(body.get("message", "")),
-                        method, path, target)
     except ValueError:
+        body = None
+    if not isinstance(body, dict):
         return ApiError(status, "", data[:200].decode(errors="replace"), method, path, target)
+    return ApiError(status, str(body.get("reason", "")), str(body.get("message", "")),
+                    method, path, target, _cause_fields(body))
+
+
+def _cause_fields(status: dict[str, Any]) -> tuple[str, ...]:
+    """The fields a Status's details.causes name (what a 422 refused), in order."""
+    details = status.get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    if not isinstance(causes, list):
+        return ()
+    return tuple(str(c["field"]) for c in causes if isinstance(c, dict) and c.get("field"))
 
 
 def update_with_retry(client: KubeClient, resource: Resource, name: str, *,

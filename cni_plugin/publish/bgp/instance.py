@@ -13,7 +13,8 @@ from cni_plugin.core import naming
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.locks import file_lock
 from cni_plugin.core.rollback import Rollback
-from cni_plugin.kube.client import update_with_retry
+from cni_plugin.kube.client import ApiError, update_with_retry
+from cni_plugin.publish.bgp import crd_fit
 from cni_plugin.publish.bgp.router import list_selected
 from cni_plugin.publish.bgp.spec import (
     MAX_ATTEMPTS,
@@ -79,9 +80,20 @@ def _precedence(obj: dict[str, Any]) -> tuple[str, str]:
 
 def ensure_vrf_instance(ctx: PublishContext, router: Router, rollback: Rollback,
                         deadline: Deadline) -> int:
-    """The VRF ID of this VPC on this node, creating or completing its BGPVRFInstance."""
-    name = ctx.instance_name
+    """The VRF ID of this VPC on this node, creating or completing its BGPVRFInstance; code 7
+    when the cluster's CRD refuses the VPC's route target (`crd_fit`)."""
     target = naming.route_target(router.local_asn, ctx.inv.conf.vpc)
+    try:
+        return _settle_instance(ctx, router, target, rollback, deadline)
+    except ApiError as exc:  # the create or update carrying our route target was refused
+        if crd_fit.refuses_route_target(exc):
+            raise crd_fit.does_not_fit(ctx.inv.conf.vpc, target, exc) from None
+        raise
+
+
+def _settle_instance(ctx: PublishContext, router: Router, target: str, rollback: Rollback,
+                     deadline: Deadline) -> int:
+    name = ctx.instance_name
     recorded: list[bool] = []
 
     def fill(obj: dict[str, Any]) -> bool:
