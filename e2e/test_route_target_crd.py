@@ -29,7 +29,7 @@ from e2e.harness.tenancy import bound
 from e2e.harness.wait import wait_until
 from netconf.base62 import encode_base62
 
-pytestmark = [pytest.mark.root, pytest.mark.cluster]
+pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.both_paths]
 CRD = "bgpvrfinstances.network.datumapis.com"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 CRD_FILE = "network.datumapis.com_bgpvrfinstances.yaml"
