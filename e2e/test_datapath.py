@@ -10,104 +10,40 @@ none they run in the full-kernel VM (`fullkernel`).
 
 from __future__ import annotations
 
-import ipaddress
-import json
 import os
-import secrets
-import socket
-import struct
 import subprocess
 from collections.abc import Iterator
-from contextlib import ExitStack
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from cni_plugin.core import naming
 from e2e.harness.agentproc import OwnAgents
+from e2e.harness.datapath_node import (
+    EXT_V4,
+    EXT_V6,
+    NODE_V4,
+    NODE_V6,
+    Node,
+    host_link,
+    ipv4_udp_frame,
+    node_with_uplink,
+    use_vrf,
+    vpc_attach_cli,
+)
 from e2e.harness.kernel import mark_rules, run_ip, vpc_table
 from e2e.harness.packets import (
     ask,
     in_netns,
     listener,
-    nft_counters,
     nft_table,
     ping,
     send,
     wait_counter_above,
     write_tap_frames,
 )
-from e2e.harness.plugin import VIA_AGENT, Plugin, base_conf, host_local, with_prev
 
 pytestmark = [pytest.mark.root, pytest.mark.both_paths]
-
-NODE_V4, NODE_V6 = "192.0.2.2", "2001:db8:2::2"
-EXT_V4, EXT_V6 = "192.0.2.1", "2001:db8:2::1"
-SUBNETS = {"a1": ("10.80.0.0/24", "fd80::/64"), "b2": ("10.80.0.0/24", "fd80::/64"),
-           "c3": ("10.90.0.0/24", "fd90::/64")}  # b2 reuses a1's subnets
-
-
-@dataclass
-class Pod:
-    """An attached netns."""
-
-    netns: str
-    result: dict[str, Any]
-
-    def ip(self, version: int) -> str:
-        """Its address of one family."""
-        return next(str(ip["address"]).split("/")[0] for ip in self.result["ips"]
-                    if ipaddress.ip_interface(ip["address"]).version == version)
-
-    def gateway(self, version: int) -> str:
-        """Its gateway of one family."""
-        return next(str(ip["gateway"]) for ip in self.result["ips"]
-                    if ipaddress.ip_interface(ip["address"]).version == version)
-
-
-@dataclass
-class Node:
-    """A node network namespace with the plugin running inside it."""
-
-    name: str
-    ext: str
-    plugin: Plugin
-    work: Path
-    stack: ExitStack
-    pods: list[tuple[dict[str, Any], str, str]] = field(default_factory=list)
-    isolation: str = "table"
-
-    def run_ip(self, *args: str, check: bool = True) -> str:
-        """`ip` inside the node."""
-        return run_ip("-n", self.name, *args, check=check)
-
-    def conf(self, vpc: str, att: str, **overrides: Any) -> dict[str, Any]:
-        """A veth stanza of the VPC with host-local over its subnets."""
-        ipam = host_local(self.work / f"ipam-{vpc}", *SUBNETS[vpc])
-        return base_conf(vpc, att, **{"ipam": ipam, "isolation": self.isolation, **overrides})
-
-    def attach(self, vpc: str, att: str, **overrides: Any) -> Pod:
-        """A fresh pod netns attached to vpc/att."""
-        name = f"vpa-dp-{secrets.token_hex(4)}"
-        run_ip("netns", "add", name)
-        self.stack.callback(run_ip, "netns", "del", name, check=False)
-        netns = f"/var/run/netns/{name}"
-        conf = self.conf(vpc, att, **overrides)
-        result = self.plugin.ok("ADD", conf, container_id=name, netns=netns)
-        self.pods.append((with_prev(conf, result), name, netns))
-        return Pod(netns, result)
-
-    def detach(self, pod: Pod) -> None:
-        """DEL of the pod's attachment."""
-        conf, name, netns = next(p for p in self.pods if p[2] == pod.netns)
-        self.plugin.ok("DEL", conf, container_id=name, netns=netns)
-        self.pods.remove((conf, name, netns))
-
-    def counters(self) -> dict[str, int]:
-        """The node's drop counters, read by `nft`."""
-        return nft_counters(self.name)
 
 
 @pytest.fixture
@@ -116,42 +52,8 @@ def node(cni_bin: Path, own_agents: OwnAgents, tmp_path: Path,
     """A node netns with an uplink to `ext`; the plugin (or agent) inside; torn down after."""
     param = getattr(request, "param", "")  # hostAccess, or the node's whole host file
     host_access, host_file = (param, None) if isinstance(param, str) else ("", param)
-    suffix = secrets.token_hex(3)
-    name, ext = f"vpa-node-{suffix}", f"vpa-ext-{suffix}"
-    with ExitStack() as stack:
-        for netns in (name, ext):
-            run_ip("netns", "add", netns)
-            stack.callback(run_ip, "netns", "del", netns, check=False)
-            run_ip("-n", netns, "link", "set", "lo", "up")
-        run_ip("-n", name, "link", "add", "up0", "type", "veth", "peer", "name", "up1",
-               "netns", ext)
-        for netns, link, v4, v6 in ((name, "up0", NODE_V4, NODE_V6),
-                                    (ext, "up1", EXT_V4, EXT_V6)):
-            run_ip("-n", netns, "addr", "add", f"{v4}/24", "dev", link)
-            run_ip("-n", netns, "addr", "add", f"{v6}/64", "dev", link, "nodad")
-            run_ip("-n", netns, "link", "set", link, "up")
-        lock_dir = tmp_path / "node-locks"
-        lock_dir.mkdir()
-        environ = {"VPC_ATTACH_HOST_ACCESS": host_access} if host_access else {}
-        host_path = lock_dir / "absent-host.json"
-        if host_file is not None:
-            host_path = tmp_path / "host.json"
-            host_path.write_text(json.dumps(host_file))
-            environ["VPC_ATTACH_HOST_CONFIG"] = str(host_path)
-        runner = Plugin(cni_bin=cni_bin, lock_dir=lock_dir, environ=environ,
-                        prefix=in_netns(name))
-        if VIA_AGENT:
-            agent_dir = tmp_path / "agent"
-            agent_dir.mkdir()
-            agent = own_agents.enter(stack, agent_dir, prefix=in_netns(name), env={
-                **environ, "VPC_ATTACH_LOCK_DIR": str(lock_dir),
-                "VPC_ATTACH_HOST_CONFIG": str(host_path)})
-            runner.agent_socket = str(agent.socket)
-            assert "chain prerouting" in nft_table(name), "the agent protects the node at start"
-        node = Node(name, ext, runner, tmp_path, stack)
+    with node_with_uplink(cni_bin, own_agents, tmp_path, host_access, host_file) as node:
         yield node
-        for conf, container, netns in list(node.pods):
-            runner.call("DEL", conf, container_id=container, netns=netns)
 
 
 @pytest.fixture(params=["table", pytest.param("vrf", marks=[pytest.mark.fullkernel,
@@ -159,20 +61,8 @@ def node(cni_bin: Path, own_agents: OwnAgents, tmp_path: Path,
 def mode(request: pytest.FixtureRequest, node: Node) -> str:
     """The isolation mode (vrf only where the kernel has VRF devices)."""
     if request.param == "vrf":
-        _use_vrf(node)
+        use_vrf(node)
     return str(request.param)
-
-
-def _use_vrf(node: Node) -> None:
-    probe = node.run_ip("link", "add", "vpaprobe", "type", "vrf", "table", "4000", check=False)
-    if "vpaprobe" not in node.run_ip("link", "show", check=False):
-        pytest.skip(f"this kernel cannot create VRF devices {probe.strip()}")
-    node.run_ip("link", "del", "vpaprobe")
-    node.isolation = "vrf"
-
-
-def _host_link(pod: Pod) -> str:
-    return str(pod.result["interfaces"][0]["name"])
 
 
 def test_pods_of_a_vpc_reach_each_other_and_nothing_else(node: Node, mode: str) -> None:
@@ -265,7 +155,7 @@ def test_allowed_source_prefixes_widen_only_the_named_attachment(node: Node, mod
 
 def test_path_mtu_discovery_reaches_the_pod(node: Node, mode: str) -> None:
     a1, a2 = node.attach("a1", "1"), node.attach("a1", "2")
-    node.run_ip("link", "set", _host_link(a2), "mtu", "1280")
+    node.run_ip("link", "set", host_link(a2), "mtu", "1280")
     for version in (4, 6):
         assert not ping(a1.netns, a2.ip(version), "-M", "do", "-s", "1400", wait=1)
         family = f"-{version}"
@@ -274,30 +164,18 @@ def test_path_mtu_discovery_reaches_the_pod(node: Node, mode: str) -> None:
         assert ping(a1.netns, a2.ip(version), "-M", "do", "-s", "1200"), version
 
 
-def _frame(dst_mac: str, src: str, dst: str, port: int, payload: bytes) -> bytes:
-    udp = struct.pack("!HHHH", 40000, port, 8 + len(payload), 0) + payload
-    header = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 1, 0x4000, 64, 17, 0,
-                         socket.inet_aton(src), socket.inet_aton(dst))
-    words = sum(struct.unpack("!10H", header))
-    while words >> 16:
-        words = (words & 0xFFFF) + (words >> 16)
-    header = header[:10] + struct.pack("!H", ~words & 0xFFFF) + header[12:]
-    return bytes.fromhex(dst_mac.replace(":", "")) + bytes.fromhex("020000000001") + \
-        b"\x08\x00" + header + udp
-
-
 def test_tap_frames_are_checked_like_a_pod(node: Node, mode: str) -> None:
     a2 = node.attach("a1", "2")
     vm = node.attach("a1", "60", attachment="tap", ipam={"type": "static", "addresses": [
         {"address": "10.80.0.60/32", "gateway": "10.80.0.1"}]})
-    tap = _host_link(vm)
+    tap = host_link(vm)
     mac = node.run_ip("-j", "link", "show", tap)
     tap_mac = mac.split('"address":"')[1].split('"')[0]
     node.run_ip("link", "set", tap, "up")
     before = node.counters()
-    frames = [_frame(tap_mac, "10.80.0.60", NODE_V4, 7300, b"vm-to-node"),
-              _frame(tap_mac, "10.80.0.99", a2.ip(4), 7301, b"vm-spoofed"),
-              _frame(tap_mac, "10.80.0.60", a2.ip(4), 7301, b"vm-to-a2")]
+    frames = [ipv4_udp_frame(tap_mac, "10.80.0.60", NODE_V4, 7300, b"vm-to-node"),
+              ipv4_udp_frame(tap_mac, "10.80.0.99", a2.ip(4), 7301, b"vm-spoofed"),
+              ipv4_udp_frame(tap_mac, "10.80.0.60", a2.ip(4), 7301, b"vm-to-a2")]
     with listener(node.name, "udp", 7300, node.work) as host, \
             listener(a2.netns, "udp", 7301, node.work) as pod:
         write_tap_frames(node.name, tap, frames)
@@ -353,7 +231,7 @@ def test_host_access_opens_exactly_the_configured_ports_and_answers_reach_the_po
 @pytest.mark.once_through_agent
 @pytest.mark.parametrize("node", ["udp/7400,tcp/7402"], indirect=True)
 def test_host_access_in_vrf_mode_reaches_a_service_bound_to_the_vpcs_vrf(node: Node) -> None:
-    _use_vrf(node)
+    use_vrf(node)
     a1, b1 = node.attach("a1", "1"), node.attach("b2", "1")  # same addresses, two VRFs
     assert (b1.ip(4), b1.gateway(6)) == (a1.ip(4), a1.gateway(6))
     vrf = naming.vrf_name("a1")
@@ -397,18 +275,12 @@ def test_vpc_state_goes_with_its_last_attachment_and_a_reused_table_starts_clean
     assert "198.51.100.0/24" not in node.run_ip("route", "show", "table", table)
     assert ping(c1.netns, c1.gateway(4)) is False  # still host input: dropped
     # GC removes the state of a VPC whose last link vanished without a DEL.
-    node.run_ip("link", "del", _host_link(c1))
+    node.run_ip("link", "del", host_link(c1))
     conf, container, path = node.pods.pop()
     gc_conf = {**{k: v for k, v in conf.items() if k != "prevResult"},
                "cni.dev/valid-attachments": []}
     node.plugin.ok("GC", gc_conf, container_id=container, netns=path)
     assert vpc_table("c3", netns) is None and mark_rules(table, netns) == []
-
-
-def _vpc_attach(node: Node, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(in_netns(node.name, str(node.plugin.cni_bin / "vpc-attach"), *args),
-                          capture_output=True, text=True, timeout=60, check=False,
-                          env={**os.environ, "VPC_ATTACH_LOCK_DIR": str(node.plugin.lock_dir)})
 
 
 def test_install_adopts_earlier_attachments_and_uninstall_removes_only_our_table(
@@ -422,11 +294,11 @@ def test_install_adopts_earlier_attachments_and_uninstall_removes_only_our_table
         node.run_ip(family, "rule", "del", "fwmark", f"{int(table) << 16:#x}/0xfff0000",
                     "lookup", table)
         for pod in (a1, a2):
-            node.run_ip(family, "rule", "add", "iif", _host_link(pod), "lookup", table, "pref",
+            node.run_ip(family, "rule", "add", "iif", host_link(pod), "lookup", table, "pref",
                         "1000")
     node.run_ip("rule", "del", "pref", "40000", "iif", naming.vrf_name("a1"), "lookup", table)
     for pod in (a1, a2):
-        node.run_ip("link", "set", _host_link(pod), "group", "0")
+        node.run_ip("link", "set", host_link(pod), "group", "0")
     assert not ping(a1.netns, a2.ip(4), wait=1), "unmarked: the source check drops"
     subprocess.run(in_netns(node.name, "nft", "add", "table", "inet", "someone_else"),
                    check=True, timeout=20)
@@ -434,14 +306,14 @@ def test_install_adopts_earlier_attachments_and_uninstall_removes_only_our_table
     root = node.work / "root"
     root.mkdir()
     common = ["--root", str(root), "--host-protection"]
-    done = _vpc_attach(node, "install", *common, "--no-binaries", "--no-kubeconfig")
+    done = vpc_attach_cli(node, "install", *common, "--no-binaries", "--no-kubeconfig")
     assert done.returncode == 0, done.stderr
     for family in ("-4", "-6"):
         assert ping(a1.netns, a2.ip(int(family[1])))
-        assert f"iif {_host_link(a1)}" not in node.run_ip(family, "rule")
+        assert f"iif {host_link(a1)}" not in node.run_ip(family, "rule")
     assert vpc_table("a1", netns) == table and len(mark_rules(table, netns)) == 2
 
-    done = _vpc_attach(node, "uninstall", *common)
+    done = vpc_attach_cli(node, "uninstall", *common)
     assert done.returncode == 0, done.stderr
     tables = subprocess.run(in_netns(node.name, "nft", "list", "tables"), capture_output=True,
                             text=True, check=True, timeout=20).stdout

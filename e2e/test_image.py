@@ -20,8 +20,6 @@ import subprocess
 import sys
 import tomllib
 from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +29,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.harness.agentproc import free_port
 from e2e.harness.image import ProjectImage, assemble, build_image
+from e2e.harness.image_layout import (
+    RUN_TIMEOUT,
+    Layout,
+    chroot,
+    created_epoch,
+    elf_files,
+    read_layout,
+    readelf,
+    sha256,
+    unpack_layer,
+)
 from e2e.harness.kernel import IS_ROOT
 from e2e.harness.wait import wait_until
 
@@ -46,87 +55,6 @@ ETC_FILES = {"etc/passwd", "etc/group", "etc/nsswitch.conf"}
 ON_PATH = {"usr/local/bin/vpc-attach", "usr/local/bin/vpc-attach-ipam", "usr/sbin/nft"}
 SYSTEM_LIBRARY_DIRS = ("lib/", "lib64/", "usr/lib/", "usr/lib64/")
 GOARCH = {"x86_64": "amd64", "aarch64": "arm64"}
-RUN_TIMEOUT = 60
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The image archive unpacked: its documents and the blob files."""
-
-    root: Path
-    index: dict[str, Any]
-    docker: list[dict[str, Any]]
-    manifest: dict[str, Any]
-    config: dict[str, Any]
-
-    def blob(self, digest: str) -> Path:
-        """The file of a blob."""
-        algorithm, _, hexdigest = digest.partition(":")
-        return self.root / "blobs" / algorithm / hexdigest
-
-    def layer(self) -> Path:
-        """The image's one layer."""
-        (layer,) = self.manifest["layers"]
-        return self.blob(layer["digest"])
-
-    @property
-    def path_env(self) -> str:
-        """The PATH the runtime gives the container."""
-        paths: list[str] = [e for e in self.config["config"]["Env"] if e.startswith("PATH=")]
-        assert len(paths) == 1, paths
-        return paths[0]
-
-
-def _tar(*args: str) -> None:
-    subprocess.run(["tar", *args], check=True, capture_output=True, timeout=RUN_TIMEOUT)
-
-
-def _unpack_layer(layout: Layout, dest: Path) -> Path:
-    dest.mkdir(parents=True, exist_ok=True)
-    _tar("--extract", "--gzip", "--same-permissions", "--numeric-owner",
-         "--file", str(layout.layer()), "--directory", str(dest))
-    return dest
-
-
-def _chroot(rootfs: Path, layout: Layout, argv: list[str], stdin: str = "",
-            **env: str) -> subprocess.CompletedProcess[str]:
-    """argv in a chroot of rootfs with only the image's PATH and env: nothing of the host."""
-    chroot = shutil.which("chroot", path="/usr/sbin:/usr/bin:/sbin:/bin")
-    assert chroot is not None
-    return subprocess.run(
-        ["env", "-i", layout.path_env, *(f"{k}={v}" for k, v in env.items()), chroot,
-         str(rootfs), *argv],
-        input=stdin, capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False)
-
-
-def _elf_files(directory: Path) -> list[Path]:
-    found = []
-    for path in sorted(directory.rglob("*")):
-        if path.is_file() and not path.is_symlink():
-            with open(path, "rb") as handle:
-                if handle.read(4) == b"\x7fELF":
-                    found.append(path)
-    return found
-
-
-def _readelf(*args: str) -> str:
-    readelf = shutil.which("readelf")
-    if readelf is None:
-        pytest.skip("readelf (binutils) is not installed")
-    return subprocess.run([readelf, *args], check=True, capture_output=True, text=True,
-                          timeout=RUN_TIMEOUT).stdout
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
-
-
-def _epoch(config: dict[str, Any]) -> int:
-    return int(datetime.fromisoformat(config["created"].replace("Z", "+00:00")).timestamp())
 
 
 @pytest.fixture(scope="module")
@@ -140,20 +68,13 @@ def image() -> ProjectImage:
 @pytest.fixture(scope="module")
 def layout(image: ProjectImage, tmp_path_factory: pytest.TempPathFactory) -> Layout:
     """The archive unpacked by GNU tar; index, manifests and config read as plain JSON."""
-    root = tmp_path_factory.mktemp("archive")
-    _tar("--extract", "--file", str(image.archive), "--directory", str(root))
-    index = json.loads((root / "index.json").read_text())
-    docker = json.loads((root / "manifest.json").read_text())
-    (entry,) = index["manifests"]
-    manifest = json.loads((root / "blobs/sha256" / entry["digest"][7:]).read_text())
-    config = json.loads((root / "blobs/sha256" / manifest["config"]["digest"][7:]).read_text())
-    return Layout(root, index, docker, manifest, config)
+    return read_layout(image.archive, tmp_path_factory.mktemp("archive"))
 
 
 @pytest.fixture(scope="module")
 def rootfs(layout: Layout, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The layer unpacked (owners, modes and mtimes kept); only read by the tests using it."""
-    return _unpack_layer(layout, tmp_path_factory.mktemp("rootfs"))
+    return unpack_layer(layout, tmp_path_factory.mktemp("rootfs"))
 
 
 def test_archive_names_the_image_for_containerd_skopeo_and_docker(
@@ -173,7 +94,7 @@ def test_archive_names_the_image_for_containerd_skopeo_and_docker(
     # Every blob is stored under its digest, with the size its parent states.
     for descriptor in [entry, layout.manifest["config"], *layout.manifest["layers"]]:
         blob = layout.blob(descriptor["digest"])
-        assert _sha256(blob) == descriptor["digest"]
+        assert sha256(blob) == descriptor["digest"]
         assert blob.stat().st_size == descriptor["size"]
     assert docker["Config"] == f"blobs/sha256/{layout.manifest['config']['digest'][7:]}"
     assert docker["Layers"] == [f"blobs/sha256/{layout.layer().name}"]
@@ -224,9 +145,9 @@ def test_layer_holds_the_bundle_its_loader_and_libraries_and_nothing_else(
     # every library the bundle needs is in the bundle or among them.
     interpreters, needed = set(), set()
     # nft and what it loads pull in libraries the bundle does not (libnftables, libmnl, …)
-    for elf in [*_elf_files(bundle), rootfs / "usr/sbin/nft",
+    for elf in [*elf_files(bundle), rootfs / "usr/sbin/nft",
                 *(rootfs / name for name in sorted(libraries))]:
-        headers = _readelf("--program-headers", "--dynamic", "--wide", str(elf))
+        headers = readelf("--program-headers", "--dynamic", "--wide", str(elf))
         interpreters.update(re.findall(r"Requesting program interpreter: ([^\]]+)\]", headers))
         needed.update(re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", headers))
     assert interpreters and {i.lstrip("/") for i in interpreters} <= libraries
@@ -247,7 +168,7 @@ def test_layer_holds_the_bundle_its_loader_and_libraries_and_nothing_else(
 
 def test_every_entry_is_root_owned_with_the_fixed_mtime_in_tree_order(
         layout: Layout, rootfs: Path) -> None:
-    epoch = _epoch(layout.config)
+    epoch = created_epoch(layout.config)
     assert epoch == int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
     tmp = rootfs / "tmp"
     assert tmp.is_dir() and (tmp.stat().st_mode & 0o7777) == 0o1777
@@ -268,20 +189,20 @@ def test_every_entry_is_root_owned_with_the_fixed_mtime_in_tree_order(
 def test_executables_run_from_the_layer_alone(layout: Layout, rootfs: Path) -> None:
     version_conf = '{"cniVersion":"1.1.0"}'
     for name in ("vpc-attach", "vpc-attach-ipam"):
-        proc = _chroot(rootfs, layout, [name], version_conf, CNI_COMMAND="VERSION")
+        proc = chroot(rootfs, layout, [name], version_conf, CNI_COMMAND="VERSION")
         assert proc.returncode == 0, proc.stderr
         answer = json.loads(proc.stdout)
         assert answer["cniVersion"] == "1.1.0" and "1.1.0" in answer["supportedVersions"]
-    proc = _chroot(rootfs, layout, ["vpc-attach", "install", "--help"])
+    proc = chroot(rootfs, layout, ["vpc-attach", "install", "--help"])
     assert proc.returncode == 0, proc.stderr
     assert "--source SOURCE" in proc.stdout
     # A verb in-process imports the project's dependencies (pydantic_core, yaml): a config
     # error answered as CNI error 7 shows they load from the image.
     stanza = {"cniVersion": "1.1.0", "name": "n", "type": "vpc-attach", "vpc": "10",
               "vpcattachment": "10", "no-such-key": 1}
-    proc = _chroot(rootfs, layout, ["vpc-attach"], json.dumps(stanza), CNI_COMMAND="ADD",
-                   CNI_CONTAINERID="image-test", CNI_NETNS="/var/run/netns/none",
-                   CNI_IFNAME="eth0", CNI_PATH="/opt/cni/bin")
+    proc = chroot(rootfs, layout, ["vpc-attach"], json.dumps(stanza), CNI_COMMAND="ADD",
+                  CNI_CONTAINERID="image-test", CNI_NETNS="/var/run/netns/none",
+                  CNI_IFNAME="eth0", CNI_PATH="/opt/cni/bin")
     error = json.loads(proc.stdout)
     assert (proc.returncode, error["code"]) == (1, 7), proc.stderr
     assert "no-such-key" in error["msg"]
@@ -289,10 +210,10 @@ def test_executables_run_from_the_layer_alone(layout: Layout, rootfs: Path) -> N
 
 def test_agent_from_the_layer_serves_a_forwarded_verb(layout: Layout,
                                                       tmp_path: Path) -> None:
-    rootfs = _unpack_layer(layout, tmp_path / "rootfs")  # the agent writes into its /tmp
+    rootfs = unpack_layer(layout, tmp_path / "rootfs")  # the agent writes into its /tmp
     address = f"127.0.0.1:{free_port()}"
-    chroot = shutil.which("chroot", path="/usr/sbin:/usr/bin:/sbin:/bin")
-    assert chroot is not None
+    chroot_bin = shutil.which("chroot", path="/usr/sbin:/usr/bin:/sbin:/bin")
+    assert chroot_bin is not None
     # A netns of its own: the agent writes its nftables table where it runs, with the image's nft.
     node = f"vpa-imgnode-{os.getpid()}"
     subprocess.run(["ip", "netns", "add", node], check=True, timeout=RUN_TIMEOUT)
@@ -302,7 +223,7 @@ def test_agent_from_the_layer_serves_a_forwarded_verb(layout: Layout,
     agent = subprocess.Popen(
         ["ip", "netns", "exec", node, "unshare", "--mount", "--propagation", "private", "sh",
          "-c", 'mount -t proc proc "$0/proc" && exec "$@"', str(rootfs),
-         "env", "-i", layout.path_env, f"VPC_ATTACH_METRICS_ADDRESS={address}", chroot,
+         "env", "-i", layout.path_env, f"VPC_ATTACH_METRICS_ADDRESS={address}", chroot_bin,
          str(rootfs), "vpc-attach", "agent", "--socket", "/tmp/agent.sock"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -319,10 +240,10 @@ def test_agent_from_the_layer_serves_a_forwarded_verb(layout: Layout,
         wait_until("the agent's socket", accepts, timeout=30, alive=running)
         stanza = {"cniVersion": "1.1.0", "name": "n", "type": "vpc-attach", "vpc": "10",
                   "vpcattachment": "10", "no-such-key": 1}
-        proc = _chroot(rootfs, layout, ["vpc-attach"], json.dumps(stanza), CNI_COMMAND="ADD",
-                       CNI_CONTAINERID="image-test", CNI_NETNS="/var/run/netns/none",
-                       CNI_IFNAME="eth0", CNI_PATH="/opt/cni/bin",
-                       VPC_ATTACH_AGENT_SOCKET="/tmp/agent.sock")
+        proc = chroot(rootfs, layout, ["vpc-attach"], json.dumps(stanza), CNI_COMMAND="ADD",
+                      CNI_CONTAINERID="image-test", CNI_NETNS="/var/run/netns/none",
+                      CNI_IFNAME="eth0", CNI_PATH="/opt/cni/bin",
+                      VPC_ATTACH_AGENT_SOCKET="/tmp/agent.sock")
         assert json.loads(proc.stdout)["code"] == 7, proc.stderr
         table = subprocess.run(["ip", "netns", "exec", node, "nft", "list", "table", "inet",
                                 "vpc_attach"], capture_output=True, text=True, check=False,
@@ -353,7 +274,7 @@ def test_two_builds_of_the_same_bundle_give_the_same_digest(
     identity: dict[str, Any] = {
         "version": VERSION, "revision": labels.get("org.opencontainers.image.revision", ""),
         "source_url": labels.get("org.opencontainers.image.source", ""),
-        "epoch": _epoch(layout.config)}
+        "epoch": created_epoch(layout.config)}
     (built,) = layout.index["manifests"]
     first = assemble(rootfs / BUNDLE, tmp_path / "first.tar", **identity)
     copy = tmp_path / "copy"

@@ -13,7 +13,12 @@ The plugin and the kernel:
 - `ipam_files`: vpc-attach-ipam's state files read independently of its store;
 - `tinyfs`: a tiny tmpfs filled to the last inode or page, for state that meets a full disk;
 - `victims`: what a tenant's config points the plugin at, to prove it untouched;
-- `standalone`, `image`: the standalone build and the DaemonSet's image, built and cached.
+- `malformed`: malformed input for the executable, the CNI code each must get, and how its
+  answer is judged (one error object, nothing created);
+- `datapath_node`: a node netns with an uplink to `ext` and the plugin inside, Pods attached to
+  it, for the datapath's boundary tests;
+- `standalone`, `image`: the standalone build and the DaemonSet's image, built and cached;
+  `image_layout`: the image archive read from outside, its layer run in a chroot of itself.
 
 The cluster and the nodes:
 - `kube`: admin access to a control plane through the official `kubernetes` client (`Kube`);
@@ -36,7 +41,8 @@ The cluster and the nodes:
 - `faults/`: a fault proxy in front of the API server, admission refusals;
 - `sessions`: how a verb reaches the API server, counted (sessions, clients, connections,
   deadlines) through the fault proxy and the plugin's log;
-- `cri/`: containerd + runc with a CRI client (`python -m e2e.harness.cri`);
+- `cri/`: containerd + runc with a CRI client (`python -m e2e.harness.cri`); `cri_runtime`: that
+  runtime as a node's, calling the conflists an operator writes, and what a test reads back;
 - `tools/`: the Go reference plugins and cnitool, built and cached (`python -m e2e.harness.tools`);
 - `vm/`: the full-kernel VM the `fullkernel` tests run in where this kernel lacks VRF.
 """
