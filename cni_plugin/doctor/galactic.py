@@ -23,7 +23,7 @@ def galactic_datapath(node: Node) -> list[Finding]:
     """galactic's pins (absent: kernel End.DT46 answers; present: their layouts), then each
     attachment's registration."""
     try:
-        settings = resolve_galactic_settings(node.environ)
+        settings = resolve_galactic_settings(node.environ, node.host_file())
         with pins.opened(settings.pin_dir) as datapath:
             if datapath is None:
                 return [Finding("datapath.galactic", OK,

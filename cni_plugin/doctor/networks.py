@@ -85,7 +85,7 @@ def _stanza(node: Node, path: str, config: dict[str, Any], plugin: dict[str, Any
             find_plugin(str(conf.ipam["type"]), bin_path)
             if conf.ipam["type"] in PLUGIN_TYPES:
                 ipam = confine_data_dir(parse_network(merged),
-                                        NodeSettings.read(node.environ))
+                                        NodeSettings.read(node.environ, node.host_file()))
                 node.ipam_data_dirs.append(ipam.data_dir)
     except CniError as exc:
         where = f" ({exc.details})" if exc.details else ""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 from cni_plugin.kube.client import KubeClient
@@ -48,6 +49,20 @@ class Node:
     networks: list[tuple[str, NetConf]] = field(default_factory=list)
     client: KubeClient | None = None
 
+    def host_file(self) -> dict[str, Any]:
+        """The host file the environment names, read once for the whole run: every check
+        reads it here (code 7 when it could not be read, as each read was)."""
+        if isinstance(self._host_file, CniError):
+            raise self._host_file
+        return self._host_file
+
+    @cached_property
+    def _host_file(self) -> dict[str, Any] | CniError:
+        try:
+            return read_host_file(self.environ)
+        except CniError as exc:
+            return exc
+
     def close(self) -> None:
         """Close the API client, if one was opened."""
         if self.client is not None:
@@ -55,7 +70,8 @@ class Node:
 
 
 def host_file_of(node: Node) -> dict[str, Any]:
+    """The node's host file, empty where it could not be read (`settings.hostFile` says so)."""
     try:
-        return read_host_file(node.environ)
+        return node.host_file()
     except CniError:
-        return {}  # reported by host_settings
+        return {}

@@ -7,7 +7,6 @@ from cni_plugin.doctor.node import FAIL, OK, WARN, Finding, Node
 from netconf.errors import CniError
 from netconf.host import (
     ipam_data_root,
-    read_host_file,
     resolve_with_sources,
     stanza_host_settings_allowed,
 )
@@ -18,7 +17,7 @@ def host_settings(node: Node) -> list[Finding]:
     findings = []
     path = node.environ.get("VPC_ATTACH_HOST_CONFIG") or "/etc/vpc-attach/host.json"
     try:
-        host_file = read_host_file(node.environ)
+        host_file = node.host_file()
     except CniError as exc:
         findings.append(Finding("settings.hostFile", FAIL, f"{exc.msg}: {exc.details}",
                                 "fix the JSON of the host file, or re-run `vpc-attach "
