@@ -5,25 +5,24 @@ installer, then defaults. A network config is tenant input: one that sets a host
 code 7, unless the node allows it (`stanzaHostSettings: allow`), when the stanza comes first.
 Resolving them reads at most one local file and never the network. A verb reads it once:
 `NodeSettings` holds the request's VPC_ATTACH_* environment and the host file, and resolves the
-settings of the node alone (galactic's, the datapath's, `ipamDataRoot`) from them when a step
-first reads them.
+settings of the node alone (galactic's, the datapath's, policy's, `ipamDataRoot`) from them when
+a step first reads them. Those settings are declared in groups (`netconf.node_groups`) with the
+registry of `netconf.node_setting` and the parsers of `netconf.node_parsers`.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any
 
-from netconf.base62 import ATTACHMENT_LIMIT, VPC_LIMIT, decode_base62
 from netconf.errors import INVALID_CONFIG, CniError
 from netconf.formats import check_format
-
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
+from netconf.node_groups import DatapathSettings, GalacticSettings, PolicySettings
+from netconf.node_parsers import whole_number
+from netconf.node_setting import grouped_keys, resolve_group
 
 NODE_ENV_PREFIX = "VPC_ATTACH_"  # every setting of the node in the environment
 HOST_CONFIG_ENV = "VPC_ATTACH_HOST_CONFIG"
@@ -37,15 +36,11 @@ DEFAULT_LOG_MAX_BYTES = 10 * 1024 * 1024
 DEFAULT_LOG_BACKUPS = 3
 MAX_LOG_BACKUPS = 100
 TENANCY_MODES = ("enforce", "audit", "off")  # SPEC §14; unset: enforce with a kubeconfig
-NETWORK_POLICY_MODES = ("enforce", "off")  # SPEC §17: NetworkPolicy on conflist attachments
 STANZA_HOST_SETTINGS_KEY = "stanzaHostSettings"
 STANZA_HOST_SETTINGS_ENV = "VPC_ATTACH_STANZA_HOST_SETTINGS"
 IPAM_DATA_ROOT_KEY = "ipamDataRoot"
 IPAM_DATA_ROOT_ENV = "VPC_ATTACH_IPAM_DATA_ROOT"
 DEFAULT_IPAM_DATA_ROOT = "/var/lib/cni/vpc-attach-ipam"
-DEFAULT_GALACTIC_PIN_DIR = "/sys/fs/bpf/galactic"
-# The smallest underlay that still carries an encapsulated IPv6 packet of the minimum MTU.
-MIN_UNDERLAY_MTU = 1280 + 40
 
 # setting -> (host-file / stanza key, environment variable)
 _SOURCES: dict[str, tuple[str, str | None]] = {
@@ -215,6 +210,11 @@ def stanza_host_settings_allowed(environ: Mapping[str, str], host_file: Mapping[
                    f"environment {STANZA_HOST_SETTINGS_ENV})")
 
 
+def node_only_keys() -> dict[str, str | None]:
+    """Every setting of the node alone: host file key -> environment variable."""
+    return {**_NODE_ONLY, **grouped_keys()}
+
+
 def _not_in_stanza(key: str, environ: Mapping[str, str]) -> CniError:
     node_only = node_only_keys()
     env_name = node_only[key] if key in node_only \
@@ -257,244 +257,13 @@ def _check(settings: HostSettings) -> None:
         raise CniError(INVALID_CONFIG, f"invalid tenancy {settings.tenancy!r}",
                        f"expected one of {', '.join(TENANCY_MODES)}")
     object.__setattr__(settings, "log_max_bytes",
-                       _count(settings.log_max_bytes, "logMaxBytes", 0, 2**40))
+                       whole_number(settings.log_max_bytes, "logMaxBytes", 0, 2**40))
     object.__setattr__(settings, "log_backups",
-                       _count(settings.log_backups, "logBackups", 0, MAX_LOG_BACKUPS))
+                       whole_number(settings.log_backups, "logBackups", 0, MAX_LOG_BACKUPS))
     for name in ("node_name", "kubeconfig", "namespace", "log_file", "agent_socket", "lock_dir"):
         value = getattr(settings, name)
         if value is not None and not isinstance(value, str):
             raise CniError(INVALID_CONFIG, f"host setting {name!r} must be a string")
-
-
-def _count(value: Any, key: str, low: int, high: int) -> int:
-    """An integer setting (a JSON number or, from the environment, its digits) in [low, high]."""
-    number: int | None = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        number = value
-    elif isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
-        number = int(value.strip())
-    if number is None or not low <= number <= high:
-        raise CniError(INVALID_CONFIG, f"invalid {key} {value!r}",
-                       f"expected a whole number in [{low}, {high}]")
-    return number
-
-
-# Settings of the node alone, in groups (SPEC §14, §15): each field is declared once with
-# `node_setting` (its host-file key, environment variable, parser and default), and is then
-# read from the environment, else the host file, refused in a network config, and resolved
-# with its group by `NodeSettings`. A new setting is one field in its group.
-T = TypeVar("T")
-G = TypeVar("G", bound="DataclassInstance")
-
-
-@dataclass(frozen=True)
-class NodeSetting(Generic[T]):
-    """Where one setting of the node comes from and how its value is read."""
-
-    key: str  # the host file's key (refused in a network config)
-    env: str | None  # the environment variable; None: the host file only
-    parse: Callable[[Any, NodeSetting[T]], T]  # the value as set (never None or "") -> typed
-    env_form: Callable[[str], Any] | None = None  # the variable's text -> the host file's form
-
-    def raw(self, environ: Mapping[str, str], host_file: Mapping[str, Any]) -> Any:
-        """The value as set: the environment's, else the host file's; None when unset."""
-        text = environ.get(self.env) if self.env else None
-        if text not in (None, ""):
-            assert text is not None
-            return self.env_form(text) if self.env_form else text
-        value = host_file.get(self.key)
-        return None if value in (None, "") else value
-
-    @property
-    def named(self) -> str:
-        """Where an operator sets it, for a message."""
-        return f"host file key {self.key}" + (f", environment {self.env}" if self.env else "")
-
-
-def node_setting(key: str, env: str | None, parse: Callable[[Any, NodeSetting[T]], T],
-                 default: T, *, env_form: Callable[[str], Any] | None = None) -> T:
-    """A field of a node settings group (its default when unset)."""
-    source = NodeSetting(key, env, parse, env_form)
-    return field(default=default, metadata={"node_setting": source})
-
-
-_GROUPS: list[type[Any]] = []
-
-
-def node_settings_group(group: type[G]) -> type[G]:
-    """Declare a frozen dataclass of `node_setting` fields a group of the node's settings."""
-    _GROUPS.append(group)
-    return group
-
-
-def resolve_group(group: type[G], environ: Mapping[str, str],
-                  host_file: Mapping[str, Any]) -> G:
-    """A group's settings, each from the environment, else the host file, else its default;
-    code 7 naming the first one malformed."""
-    values: dict[str, Any] = {}
-    for each in fields(group):
-        source: NodeSetting[Any] = each.metadata["node_setting"]
-        raw = source.raw(environ, host_file)
-        if raw is not None:
-            values[each.name] = source.parse(raw, source)
-    return group(**values)
-
-
-def node_only_keys() -> dict[str, str | None]:
-    """Every setting of the node alone: host file key -> environment variable."""
-    grouped = {source.key: source.env for group in _GROUPS for each in fields(group)
-               for source in (each.metadata["node_setting"],)}
-    return {**_NODE_ONLY, **grouped}
-
-
-# Parsers of node settings: (value as set, its source) -> the typed value, or code 7.
-
-def absolute_path(value: Any, source: NodeSetting[str]) -> str:
-    """A directory or file given by its absolute path."""
-    if not isinstance(value, str) or not value.startswith("/"):
-        raise CniError(INVALID_CONFIG, f"invalid {source.key} {value!r}",
-                       f"expected an absolute path (environment {source.env})")
-    return value
-
-
-def link_names(value: Any, source: NodeSetting[tuple[str, ...]]) -> tuple[str, ...]:
-    """Interface names: a list, or comma-separated."""
-    names = value
-    if isinstance(names, str):
-        names = [name.strip() for name in names.split(",") if name.strip()]
-    if not isinstance(names, list) or not all(_link_name(n) for n in names):
-        raise CniError(INVALID_CONFIG, f"invalid {source.key} {names!r}",
-                       f"expected interface names (a list, or comma-separated in {source.env})")
-    return tuple(names)
-
-
-def underlay_mtu(value: Any, source: NodeSetting[int | None]) -> int | None:
-    """An MTU that still carries an encapsulated IPv6 packet of the minimum MTU."""
-    return _count(value, source.key, MIN_UNDERLAY_MTU, 65535)
-
-
-def on_or_off(value: Any, source: NodeSetting[bool]) -> bool:
-    """`on` (True) or `off` (False); the host file may hold a JSON boolean too."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("on", "off"):
-        return value.strip().lower() == "on"
-    raise CniError(INVALID_CONFIG, f"invalid {source.key} {value!r}",
-                   f"expected 'on' or 'off' (environment {source.env})")
-
-
-def ipv6_sids(value: Any, source: NodeSetting[tuple[str, ...]]) -> tuple[str, ...]:
-    """IPv6 SIDs: a list, or comma-separated (blanks skipped)."""
-    items = value.split(",") if isinstance(value, str) else value
-    try:
-        if not isinstance(items, list):
-            raise ValueError("not a list")
-        sids = [ipaddress.IPv6Address(str(item).strip()) for item in items if str(item).strip()]
-        if any(sid.is_unspecified for sid in sids):
-            raise ValueError("the unspecified address is no SID")
-    except ValueError as exc:
-        raise CniError(INVALID_CONFIG, f"invalid {source.key} {value!r}",
-                       f"{exc}; expected IPv6 SIDs (a list, or comma-separated in "
-                       f"{source.env})") from None
-    return tuple(str(sid) for sid in sids)
-
-
-def _link_name(name: Any) -> bool:
-    return isinstance(name, str) and 0 < len(name) <= 15 and name not in (".", "..") and \
-        not any(c in name for c in "/: \t\n")
-
-
-# Datapath settings (SPEC §14): the node's operator alone opens host ports or widens the source
-# check, so these come from the environment and the host file only, never from a stanza.
-HOST_ACCESS_PROTOCOLS = ("tcp", "udp", "sctp")
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-
-@dataclass(frozen=True)
-class PortRange:
-    """One `hostAccess` entry: protocol/port or protocol/first-last."""
-
-    protocol: str
-    first: int
-    last: int
-
-    def __str__(self) -> str:
-        ports = str(self.first) if self.first == self.last else f"{self.first}-{self.last}"
-        return f"{self.protocol}/{ports}"
-
-
-@dataclass(frozen=True)
-class AllowedSources:
-    """One `allowedSourcePrefixes` entry: extra source prefixes of a VPC's attachment (or of
-    all its attachments when vpcattachment is None)."""
-
-    vpc: str
-    vpcattachment: str | None
-    prefixes: tuple[IPNetwork, ...]
-
-
-def parse_port_range(text: Any) -> PortRange:
-    """`udp/53` or `tcp/8000-8080` (code 7 otherwise)."""
-    protocol, _, ports = str(text).strip().lower().partition("/")
-    first_text, _, last_text = ports.partition("-")
-    last_text = last_text or first_text
-    if protocol in HOST_ACCESS_PROTOCOLS and first_text.isdigit() and last_text.isdigit():
-        first, last = int(first_text), int(last_text)
-        if 1 <= first <= last <= 65535:
-            return PortRange(protocol, first, last)
-    raise CniError(INVALID_CONFIG, f"invalid hostAccess entry {text!r}",
-                   "expected protocol/port or protocol/first-last, protocol one of "
-                   f"{', '.join(HOST_ACCESS_PROTOCOLS)}, ports 1-65535")
-
-
-def port_ranges(value: Any, source: NodeSetting[tuple[PortRange, ...]]) -> tuple[PortRange, ...]:
-    """`hostAccess`: a list of `parse_port_range` entries (comma-separated in the
-    environment)."""
-    if not isinstance(value, list):
-        raise CniError(INVALID_CONFIG, f"host setting {source.key!r} must be a list",
-                       'e.g. ["udp/53", "tcp/53"]')
-    return tuple(parse_port_range(item) for item in value)
-
-
-def _comma_list(text: str) -> list[str]:
-    return [item for item in text.split(",") if item.strip()]
-
-
-def allowed_sources(value: Any, source: NodeSetting[tuple[AllowedSources, ...]]
-                    ) -> tuple[AllowedSources, ...]:
-    """`allowedSourcePrefixes`: a list of {vpc, vpcattachment (optional), prefixes}."""
-    if not isinstance(value, list):
-        raise CniError(INVALID_CONFIG, f"host setting {source.key!r} must be a list")
-    return tuple(_allowed_sources(item) for item in value)
-
-
-def _allowed_sources(item: Any) -> AllowedSources:
-    hint = 'expected {"vpc": "…", "vpcattachment": "…" (optional), "prefixes": ["…/…"]}'
-    if not isinstance(item, dict) or not isinstance(item.get("prefixes"), list):
-        raise CniError(INVALID_CONFIG, f"invalid allowedSourcePrefixes entry {item!r}", hint)
-    vpc, attachment = item.get("vpc"), item.get("vpcattachment")
-    try:
-        if not isinstance(vpc, str) or decode_base62(vpc) >= VPC_LIMIT:
-            raise ValueError("vpc")
-        if attachment is not None and (not isinstance(attachment, str)
-                                       or decode_base62(attachment) >= ATTACHMENT_LIMIT):
-            raise ValueError("vpcattachment")
-        prefixes = tuple(ipaddress.ip_network(p, strict=False) for p in item["prefixes"])
-    except (ValueError, TypeError) as exc:
-        raise CniError(INVALID_CONFIG, f"invalid allowedSourcePrefixes entry {item!r}",
-                       f"{exc}; {hint}") from None
-    return AllowedSources(vpc, attachment, prefixes)
-
-
-@node_settings_group
-@dataclass(frozen=True)
-class DatapathSettings:
-    """What the node's host protection lets through beyond the defaults."""
-
-    host_access: tuple[PortRange, ...] = node_setting(
-        "hostAccess", "VPC_ATTACH_HOST_ACCESS", port_ranges, (), env_form=_comma_list)
-    allowed_sources: tuple[AllowedSources, ...] = node_setting(
-        "allowedSourcePrefixes", None, allowed_sources, ())
 
 
 def resolve_datapath_settings(environ: Mapping[str, str],
@@ -505,28 +274,6 @@ def resolve_datapath_settings(environ: Mapping[str, str],
     return resolve_group(DatapathSettings, environ, host_file)
 
 
-@node_settings_group
-@dataclass(frozen=True)
-class GalacticSettings:
-    """Where galactic's datapath is pinned, and the underlay its packets cross (SPEC §15)."""
-
-    pin_dir: str = node_setting("galacticPinDir", "VPC_ATTACH_GALACTIC_PIN_DIR", absolute_path,
-                                DEFAULT_GALACTIC_PIN_DIR)
-    # empty: the IPv6 default route's devices
-    underlay_interfaces: tuple[str, ...] = node_setting(
-        "underlayInterfaces", "VPC_ATTACH_UNDERLAY_INTERFACES", link_names, ())
-    # None: the smallest MTU of the underlay interfaces
-    underlay_mtu: int | None = node_setting("underlayMTU", "VPC_ATTACH_UNDERLAY_MTU",
-                                            underlay_mtu, None)
-    # a VRF's default egress goes to the first reachable
-    nat66_shard_sids: tuple[str, ...] = node_setting(
-        "nat66ShardSIDs", "VPC_ATTACH_NAT66_SHARD_SIDS", ipv6_sids, ())
-    # off: a registered veth's Pod side segments before usid_egress (galactic's at the
-    # compatible commit drops a GSO packet it encapsulates); on: galactic encapsulates them
-    offloads: bool = node_setting("galacticOffloads", "VPC_ATTACH_GALACTIC_OFFLOADS", on_or_off,
-                                  False)
-
-
 def resolve_galactic_settings(environ: Mapping[str, str],
                               host_file: Mapping[str, Any] | None = None) -> GalacticSettings:
     """galacticPinDir, underlayInterfaces (a list, or comma-separated), underlayMTU,
@@ -534,30 +281,6 @@ def resolve_galactic_settings(environ: Mapping[str, str],
     anything malformed."""
     host_file = read_host_file(environ) if host_file is None else host_file
     return resolve_group(GalacticSettings, environ, host_file)
-
-
-def network_policy_mode(value: Any, source: NodeSetting[bool]) -> bool:
-    """`networkPolicy`: enforce (True) or off (False)."""
-    if value not in NETWORK_POLICY_MODES:
-        raise CniError(INVALID_CONFIG, f"invalid {source.key} {value!r}",
-                       f"expected one of {', '.join(NETWORK_POLICY_MODES)} (environment "
-                       f"{source.env})")
-    return bool(value == "enforce")
-
-
-@node_settings_group
-@dataclass(frozen=True)
-class PolicySettings:
-    """Policy inside a VPC (SPEC §17): MultiNetworkPolicy on attachments made from
-    NetworkAttachmentDefinitions, NetworkPolicy on the node's conflist (primary network)
-    attachments, each where the node's operator says so."""
-
-    network_policy: bool = node_setting("networkPolicy", "VPC_ATTACH_NETWORK_POLICY",
-                                        network_policy_mode, False)
-    # SPEC §17 has it on; off in this release until issue 39 is done (taps, paths between
-    # nodes): a node turns it on, and ADD, the agent and doctor leave policy alone otherwise.
-    multi_network_policy: bool = node_setting(
-        "multiNetworkPolicy", "VPC_ATTACH_MULTI_NETWORK_POLICY", network_policy_mode, False)
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,9 @@ from hypothesis import strategies as st
 
 from cni_plugin.kernel import hostfilter, isolation, rtnl
 from netconf.errors import INVALID_CONFIG, CniError
-from netconf.host import (
-    DatapathSettings,
-    PortRange,
-    parse_port_range,
-    resolve_datapath_settings,
-)
+from netconf.host import resolve_datapath_settings
+from netconf.node_groups import DatapathSettings
+from netconf.node_parsers import PortRange, parse_port_range
 
 ports = st.integers(min_value=1, max_value=65535)
 

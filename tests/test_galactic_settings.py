@@ -6,12 +6,8 @@ from __future__ import annotations
 import pytest
 
 from netconf.errors import INVALID_CONFIG, CniError
-from netconf.host import (
-    DEFAULT_GALACTIC_PIN_DIR,
-    GalacticSettings,
-    resolve_galactic_settings,
-    stanza_host_values,
-)
+from netconf.host import resolve_galactic_settings, stanza_host_values
+from netconf.node_groups import DEFAULT_GALACTIC_PIN_DIR, GalacticSettings
 
 
 def test_defaults_without_any_setting() -> None:

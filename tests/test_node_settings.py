@@ -18,18 +18,16 @@ from cni_plugin.ipam.plugin.caller import Caller
 from cni_plugin.ipam.plugin.verbs import IpamInvocation
 from cni_plugin.kube.session import ColdCluster, VerbCluster
 from netconf import host
+from netconf import node_setting as registry
 from netconf.errors import INVALID_CONFIG, CniError
 from netconf.host import (
     HOST_CONFIG_ENV,
     STANZA_HOST_SETTINGS_ENV,
-    NodeSetting,
     NodeSettings,
     node_only_keys,
-    node_setting,
-    node_settings_group,
-    resolve_group,
     stanza_host_values,
 )
+from netconf.node_setting import NodeSetting, node_setting, node_settings_group, resolve_group
 
 STANZA: dict[str, Any] = {
     "cniVersion": "1.1.0", "name": "net1", "type": "vpc-attach", "vpc": "10",
@@ -132,7 +130,7 @@ def test_a_new_setting_is_one_field_of_its_group() -> None:
                                {})
         assert "VPC_ATTACH_EXAMPLE_OFFLOADS" in refused.value.msg
     finally:
-        host._GROUPS.remove(Example)
+        registry._GROUPS.remove(Example)
 
 
 def test_settings_read_from_the_host_file_once_survive_its_removal(tmp_path: Path) -> None:

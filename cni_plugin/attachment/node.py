@@ -14,7 +14,8 @@ from cni_plugin.galactic import removal
 from cni_plugin.kernel import hostfilter, isolation, links, netns, tableids
 from cni_plugin.kernel.rtnl import Rtnl
 from netconf.errors import CniError
-from netconf.host import DatapathSettings, NodeSettings
+from netconf.host import NodeSettings
+from netconf.node_groups import DatapathSettings
 
 
 @contextmanager

@@ -11,7 +11,8 @@ from cni_plugin.galactic.pins import Datapath
 from cni_plugin.kernel import ethtool, links, netns, tc
 from cni_plugin.kernel.rtnl import NetlinkError, Rtnl
 from netconf.errors import CniError
-from netconf.host import GalacticSettings, resolve_galactic_settings
+from netconf.host import resolve_galactic_settings
+from netconf.node_groups import GalacticSettings
 
 REREGISTER = ("delete and re-create the Pod: its ADD registers it "
               "(docs/operations.md#galactics-datapath)")

@@ -36,7 +36,7 @@ from cni_plugin.kernel.rtnl import (
     attr_str,
 )
 from netconf.errors import KERNEL_FAILURE, CniError
-from netconf.host import DatapathSettings
+from netconf.node_groups import DatapathSettings
 
 TABLE = "vpc_attach"
 FAMILY = "inet"
