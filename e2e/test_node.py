@@ -15,8 +15,10 @@ import contextlib
 import copy
 import ipaddress
 import json
+import socket
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +31,18 @@ from cni_plugin.tenancy.choice import ANNOTATION as ATTACHMENT_ANNOTATION
 from e2e.harness import kernel, tenancy
 from e2e.harness.faults import Denials, Fault, Rule
 from e2e.harness.ipamclaims import claim_status
+from e2e.harness.kernel import temporary_netns
 from e2e.harness.kube import Kube
 from e2e.harness.kubevirt.standins import (
     kubevirt_creates_claim,
     kubevirt_deletes_claim,
+    kubevirt_marks_target_ready,
+    kubevirt_starts_launcher,
     launcher_pod,
 )
+from e2e.harness.nodes import api_port, in_node, node_namespace, node_objects
+from e2e.harness.plugin import Plugin, with_prev
+from e2e.harness.publishing import create_router
 from e2e.harness.report import report
 from e2e.harness.victims import planted_victims
 from e2e.harness.wait import wait_until
@@ -42,6 +50,7 @@ from e2e.node import Node, deploy
 from e2e.node.mountns import BOUND
 from e2e.node.node import EXAMPLES
 from e2e.node.observe import (
+    BGP_API,
     Snapshot,
     advertisements,
     bgp_router,
@@ -50,6 +59,7 @@ from e2e.node.observe import (
     get_pod,
     host_links,
     netns_exists,
+    plugin_log,
     pod_addresses,
     pod_events,
     pod_manifest,
@@ -74,7 +84,7 @@ from e2e.node.undertest import (
     start_pod,
     wait_nothing_left,
 )
-from netconf.host import DEFAULT_IPAM_DATA_ROOT, DEFAULT_LOCK_DIR
+from netconf.host import DEFAULT_AGENT_SOCKET, DEFAULT_IPAM_DATA_ROOT, DEFAULT_LOCK_DIR
 from tests.ipam_files import IpamFiles
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster]
@@ -86,6 +96,7 @@ GC_DEL_S = 180.0  # kubelet's sandbox GC runs once a minute
 RETRY_S = 180.0  # kubelet retries a failed sandbox with backoff
 DEPLOYMENT_S = 240.0
 VM_NETWORK = "vpc21"  # the veth-pod example's network name: the claims' spec.network
+NOWHERE_LABEL = "vpc-attach.e2e/nowhere"  # no node carries it: the DaemonSet runs on none
 
 
 @pytest.fixture(scope="module")
@@ -513,10 +524,11 @@ def test_a_conflist_naming_host_settings_is_refused_and_touches_nothing(
 
 
 # -- KubeVirt's virt-launcher Pods through kubelet and containerd ------------------------------
-# KubeVirt does not run here: the claim and the virt-launcher-like Pods (their VM's label, the
-# claim reference in a network-selection element asking for eth0, since no Multus runs) are
-# written on its behalf (e2e/harness/kubevirt/standins.py). What kubelet and containerd do with
-# them is theirs: a container exiting, the phase, the sandbox's DEL.
+# KubeVirt does not run here: the claim, the virt-launcher-like Pods (their VM's label, the
+# claim reference in a network-selection element asking for eth0, since no Multus runs) and the
+# ready timestamp are written on its behalf (e2e/harness/kubevirt/standins.py). What kubelet
+# and containerd do with them is theirs: a container exiting, the phase, the sandbox's DEL, the
+# STATUS poll.
 
 
 def test_a_completed_virt_launcher_pod_keeps_the_claims_addresses_and_holds_the_claim_no_more(
@@ -575,6 +587,71 @@ def test_a_completed_virt_launcher_pod_keeps_the_claims_addresses_and_holds_the_
     # The claim gone, the node's agent frees its addresses: nothing of the VM is left.
     assert wait_nothing_left(node, admin, baseline) == {}
     real_node.figures["completed_virt_launcher_seconds"] = round(time.monotonic() - started, 1)
+
+
+def test_containerds_own_status_poll_cuts_a_live_migration_over_with_no_agent_on_the_node(
+        real_node: NodeUnderTest, node: Node, admin: Kube, baseline: Snapshot, cni_bin: Path,
+        tmp_path: Path) -> None:
+    """The VM runs on a simulated node (its Pod Pending there, attached by the test as that
+    node's runtime would); its migration target is a Pod kubelet starts here, with the node's
+    agent gone (the DaemonSet schedules nowhere: every verb runs in-process, no Pod watch; the
+    host kubeconfig's token is bound to the Node, not to the deleted agent Pod, so they keep
+    their credentials).
+    containerd's ADD attaches the target unannounced; KubeVirt's ready timestamp is written on
+    its behalf; then nothing but containerd's periodic STATUS runs the plugin on this node, and
+    the routes move: this node's advertisement gets the VM's prefixes, the source's loses them."""
+    started = time.monotonic()
+    veth = json.loads(next(node.cni_conf_dir.glob("*.conflist")).read_text())
+    conflist = _vm_network(veth)
+    vm = unique("vm")
+    with contextlib.ExitStack() as stack:
+        stack.callback(deploy.wait_agent_ready, admin, node.node_name)
+        stack.callback(_schedule_agent, admin, None)
+        _schedule_agent(admin, {NOWHERE_LABEL: "true"})
+        wait_until("the node's agent gone", lambda: deploy.agent_pod(admin, node.node_name)
+                   is None and not _agent_answers(node), RETRY_S, interval=0.5)
+        stack.callback(node.set_conflist, veth)
+        node.set_conflist(conflist)
+        claim = kubevirt_creates_claim(admin, "default", VM_NETWORK, vm)["metadata"]["name"]
+        stack.callback(kubevirt_deletes_claim, admin, "default", claim)
+        source = stack.enter_context(_simulated_source(node, admin, cni_bin, tmp_path, conflist,
+                                                       claim, vm))
+        prefixes = source.prefixes()
+        target = _launcher(node, admin, claim, vm, exits=False)
+        stack.callback(_delete_and_wait_stopped, node, admin, target)
+        wait_running(admin, target["metadata"]["name"], timeout=RETRY_S)
+        # The control: a STATUS after the target's ADD leaves it waiting for the timestamp.
+        running_ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + 1))
+        wait_until("a STATUS after the target's ADD", lambda: any(
+            line["ts"] >= running_ts for line in verb_lines(node, "STATUS")), SETTLE_S,
+            interval=0.2)
+        assert len(_pending_migrations(node)) == 1, "the target waits for the timestamp"
+        assert _advertised(node, admin, node.node_name) == set()
+        # By time, not by count: the node's log rotates (a STATUS every few seconds).
+        mark_ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+        kubevirt_marks_target_ready(admin, "default", target["metadata"]["name"])
+        marked = time.monotonic()
+        wait_until("containerd's STATUS to cut the migration over", lambda:
+                   _advertised(node, admin, node.node_name) == prefixes
+                   and _advertised(node, admin, source.name) == set(), RETRY_S, interval=0.2,
+                   detail=lambda: _cut_over_seen(node, admin, source, mark_ts))
+        cut_over = time.monotonic() - marked
+        # Only a STATUS could cut it over here: no agent answers, and an ADD cuts over only
+        # its own container (the target's came before the timestamp). Its line is written as
+        # the verb ends, after the advertisements it wrote are seen: wait for it.
+        wait_until("the STATUS that cut over in the node's log", lambda: any(
+            line["ts"] >= mark_ts for line in verb_lines(node, "STATUS")), SETTLE_S,
+            interval=0.2, detail=lambda: _cut_over_seen(node, admin, source, mark_ts))
+        polled = [line for line in verb_lines(node, "STATUS") if line["ts"] >= mark_ts]
+        assert all(line["outcome"] == "ok" for line in polled), \
+            [json.dumps(line)[:300] for line in polled if line["outcome"] != "ok"][:5]
+        assert _pending_migrations(node) == []
+        assert deploy.agent_pod(admin, node.node_name) is None and not _agent_answers(node)
+        real_node.figures["cut_over_by_containerds_status"] = {
+            "seconds_after_the_timestamp": round(cut_over, 2),
+            "statuses_meanwhile": len(polled)}
+    assert wait_nothing_left(node, admin, baseline) == {}
+    real_node.figures["status_cut_over_test_seconds"] = round(time.monotonic() - started, 1)
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -666,3 +743,99 @@ def _pending_migrations(node: Node) -> list[str]:
     lock_dir = _on_host(node, _host_settings(node).get("lockDir", DEFAULT_LOCK_DIR))
     directory = lock_dir / MIGRATION_RECORDS
     return sorted(p.name for p in directory.glob("*.json")) if directory.exists() else []
+
+
+def _advertised(node: Node, admin: Kube, node_name: str) -> set[str]:
+    """What ``node_name``'s advertisement of the VM network announces."""
+    name = naming.advertisement_name("21", "21", node_name)
+    found = admin.get(f"{BGP_API}/namespaces/{node.cluster.bgp_namespace}/bgpadvertisements/"
+                      f"{name}")
+    return set((found or {}).get("spec", {}).get("prefixes") or [])
+
+
+def _cut_over_seen(node: Node, admin: Kube, source: SimulatedSource, since: str) -> str:
+    """What a cut-over that did not come shows: the plugin's log since the timestamp (STATUS
+    lines, warnings; by time: the log rotates), the records still pending, both nodes'
+    advertised prefixes."""
+    logged = sorted((line for line in plugin_log(node) if str(line.get("ts", "")) >= since
+                     and (line.get("verb") or line.get("level") in ("WARNING", "ERROR",
+                                                                    "warning", "error"))),
+                    key=lambda line: str(line.get("ts", "")))
+    return "\n".join([*(json.dumps(line)[:400] for line in logged[-12:]),
+                      f"pending: {_pending_migrations(node)}",
+                      f"this node advertises {_advertised(node, admin, node.node_name)}",
+                      f"the source advertises {source.prefixes()}"])
+
+
+def _schedule_agent(admin: Kube, selector: dict[str, str] | None) -> None:
+    """The DaemonSet's Pods only on nodes with these labels (None: on every node again)."""
+    namespace, name = deploy.DAEMONSET
+    admin.request("PATCH", f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}",
+                  {"spec": {"template": {"spec": {"nodeSelector": selector}}}},
+                  content_type="application/merge-patch+json")
+
+
+def _agent_answers(node: Node) -> bool:
+    """Whether anything accepts on the node's agent socket."""
+    path = _on_host(node, _host_settings(node).get("agentSocket", DEFAULT_AGENT_SOCKET))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(2.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass
+class SimulatedSource:
+    """The VM's source node: a namespace of its own, its BGPRouter, the plugin with its name."""
+
+    name: str
+    admin: Kube
+    node: Node
+
+    def prefixes(self) -> set[str]:
+        """What its advertisement of the VM network announces."""
+        return _advertised(self.node, self.admin, self.name)
+
+
+@contextlib.contextmanager
+def _simulated_source(node: Node, admin: Kube, cni_bin: Path, directory: Path,
+                      conflist: dict[str, Any], claim: str,
+                      vm: str) -> Iterator[SimulatedSource]:
+    """The VM running on another node, simulated (no kubelet there): its virt-launcher Pod
+    (Pending, bound to that node) attached by the test as that node's runtime would, and
+    announced; DEL and its objects removed afterwards."""
+    # A Node object for it: PodGC deletes a Pod bound to no Node (after 40 s), and the
+    # garbage collector an advertisement whose owner Node does not exist.
+    with node_objects(admin, 1, prefix="src-node") as (name,):
+        source = SimulatedSource(name, admin, node)
+        router = create_router(admin, source.name)
+        locks, data_root = directory / "src-locks", directory / "src-ipam"
+        locks.mkdir()
+        data_root.mkdir()
+        with node_namespace(api_port(node.cluster.server)) as netns, \
+                temporary_netns("vpa-src") as pod_netns:
+            plugin = Plugin(cni_bin, locks, prefix=in_node(netns), environ={
+                "VPC_ATTACH_NODE_NAME": source.name,
+                "VPC_ATTACH_KUBECONFIG": str(node.cluster.plugin_kubeconfig),
+                "VPC_ATTACH_IPAM_DATA_ROOT": str(data_root)})
+            pod, uid = kubevirt_starts_launcher(admin, "default", source.name, claim, vm,
+                                                interface="eth0")
+            conf = {"cniVersion": conflist["cniVersion"], "name": conflist["name"],
+                    **conflist["plugins"][0]}
+            calls = {"container_id": f"ctr-{pod}", "netns": pod_netns,
+                     "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod};"
+                                 f"K8S_POD_UID={uid}"}
+            result = plugin.ok("ADD", conf, **calls)
+            try:
+                assert len(source.prefixes()) == 2, source.prefixes()
+                yield source
+            finally:
+                plugin.ok("DEL", with_prev(conf, result), **calls)
+                admin.delete(f"/api/v1/namespaces/default/pods/{pod}", grace_period_seconds=0)
+                admin.delete(f"{BGP_API}/namespaces/{node.cluster.bgp_namespace}/bgprouters/"
+                             f"{router}")
+                admin.delete(f"{BGP_API}/namespaces/{node.cluster.bgp_namespace}/bgpvrfinstances/"
+                             f"{naming.vrf_instance_name('21', source.name)}")
