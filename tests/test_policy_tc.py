@@ -1,5 +1,6 @@
 """A tap's policy as tc filters (cni_plugin/policy/tc.py) and their netlink encoding
-(cni_plugin/kernel/flower.py), pure. The kernel's reading of them is proven with real packets
+(cni_plugin/kernel/flower.py), pure, and what the enforcer does with a kernel that refuses
+some of them (netlink stood in for). The kernel's reading of them is proven with real packets
 in the full-kernel VM (e2e)."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import ipaddress
 import struct
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -106,3 +108,46 @@ def test_a_drop_is_a_gact_shot() -> None:
     gact = parse_attrs(actions[0][flower.TCA_ACT_OPTIONS])
     assert struct.unpack("=IIiii", gact[flower.TCA_GACT_PARMS])[2] == flower.TC_ACT_SHOT
     assert struct.unpack("=I", options[flower.TCA_FLOWER_KEY_CT_MARK_MASK]) == (1,)
+
+
+def test_a_tap_whose_kernel_refuses_some_filters_keeps_none_of_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The full-kernel VM's case (issue 39): the batch took the gact filters and refused the
+    act_ct ones; what it took is deleted again and the tap is reported."""
+    import contextlib
+    import errno
+
+    from cni_plugin.core.deadline import Deadline
+    from cni_plugin.kernel import netns
+    from cni_plugin.kernel import tc as kernel_tc
+    from cni_plugin.kernel.rtnl import NetlinkError
+    from cni_plugin.kube.networks import NetworkName
+    from cni_plugin.policy import enforce
+    from cni_plugin.policy.networks import PodKey
+    from cni_plugin.policy.records import LocalAttachment
+
+    class Link:
+        index = 7
+
+    class Rtnl:
+        def get_link(self, *, name: str) -> Link:
+            return Link()
+
+    deleted: list[tuple[int, int, int, int]] = []
+
+    def refuse_ct(rtnl: object, ifindex: int, filters: list[flower.FlowerFilter]) -> None:
+        raise NetlinkError(errno.ENOENT)
+
+    monkeypatch.setattr(netns, "open_netlink", lambda *a, **k: contextlib.nullcontext(Rtnl()))
+    monkeypatch.setattr(kernel_tc, "ensure_clsact", lambda rtnl, ifindex: False)
+    monkeypatch.setattr(flower, "dump_handles", lambda rtnl, ifindex, hook: set())
+    monkeypatch.setattr(flower, "add_filters", refuse_ct)
+    monkeypatch.setattr(flower, "delete_filters",
+                        lambda rtnl, ifindex, handles: deleted.extend(handles))
+    tap = LocalAttachment("c1", "net1", "tap", "", "G1H", "v", "1", 300, PodKey("ns", "vm", "u"),
+                          NetworkName("default", "n"))
+    compiled = Compiled(ingress=Direction(True, ()))
+    done = enforce._apply_tap(tap, compiled, Deadline(10))
+    assert done.unenforced == enforce.NO_STATEFUL_TC
+    assert sorted(deleted) == sorted((f.hook, f.priority, f.protocol, f.handle)
+                                     for f in tc.render(compiled, 300))

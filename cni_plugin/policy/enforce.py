@@ -128,11 +128,17 @@ def _apply_tap(attachment: LocalAttachment, compiled: Compiled, deadline: Deadli
                    for priority, protocol, handle in flower.dump_handles(rtnl, link.index, hook)
                    if priority in tc_policy.PRIORITIES}
         keep = {(f.hook, f.priority, f.protocol, f.handle) for f in wanted}
+        added = sorted(keep - present)
         try:
             flower.add_filters(rtnl, link.index,
                                [f for f in wanted
-                                if (f.hook, f.priority, f.protocol, f.handle) not in present])
+                                if (f.hook, f.priority, f.protocol, f.handle) in added])
         except NetlinkError as exc:
+            # The batch adds every filter the kernel takes: without act_ct, the drops (gact)
+            # go in and the lookups do not, so a half policy drops what it allows (their
+            # ct_state comes from the node's conntrack) and passes what it denies. This pass's
+            # filters are taken back: the tap keeps what it had.
+            flower.delete_filters(rtnl, link.index, added)
             if exc.code in _MISSING_MODULE:
                 log.warning("policy on %s: %s (%s)", attachment.host_link, NO_STATEFUL_TC, exc)
                 return Enforced(0, NO_STATEFUL_TC)
