@@ -1,6 +1,6 @@
-"""`python -m e2e.bench.galactic [--runs N] [--seconds S] [--rounds R]` (as root): what
-galactic's datapath costs (issue 30 item 7), in the full-kernel VM (galactic's programs need
-BTF, VRF and cls_bpf: the VM boots by itself where this kernel lacks them).
+"""`python -m e2e.bench.galactic [--runs N] [--seconds S] [--rounds R] [--only ROWS]` (as
+root): what galactic's datapath costs (issue 30 item 7), in the full-kernel VM (galactic's
+programs need BTF, VRF and cls_bpf: the VM boots by itself where this kernel lacks them).
 
 Two simulated nodes running galactic-cni and galactic-router (`e2e.harness.galactic.datapath`)
 against a local control plane, in one run, interleaved:
@@ -12,7 +12,10 @@ against a local control plane, in one run, interleaved:
   the wall clock of the runtime's exec (the node prefix's `ip netns exec` included for every
   row alike) and, for vpc-attach, the agent's own `durationMs`.
 - TCP throughput (iperf3) from a Pod on node 1 to a Pod on node 2 of one VPC through galactic's
-  eBPF path, against two network namespaces joined by one veth pair in the same VM, alternating.
+  eBPF path, against two network namespaces joined by one veth pair in the same VM, alternating;
+  each row also divided round by round by the veth pair's rate in the same round (the host's
+  load drifts between rounds), and the veth pair with the client's TSO off (the cost of
+  segmenting every MSS, which the galactic rows pay).
 
 Emulated CPU: only the ratios mean anything, and they only on the machine reported. Writes
 `galactic.md` into the results dir and prints it; asserts nothing.
@@ -143,14 +146,22 @@ def measure_adds(subjects: list[Subject], runs: int) -> None:
 
 
 def tcp_paths(stack: contextlib.ExitStack, datapath: Datapath, cluster: Cluster,
-              cni_bin: Path, kube: Kube, work: Path) -> list[TcpPath]:
-    """Every TCP row's client and server, made once for all rounds."""
+              cni_bin: Path, kube: Kube, work: Path, only: set[str]) -> list[TcpPath]:
+    """Every TCP row's client and server, made once for all rounds (`only`: these rows and
+    the veth pair, when not empty)."""
     first, second = datapath.nodes
     underlays = ([first.netns, second.netns], [first.underlay_link, second.underlay_link],
                  [first.pin_dir, second.pin_dir])
     left, right, veth_address = stack.enter_context(paths.veth_pair())
     paths_made = [TcpPath("veth", "two netns, one veth pair, same VM", left, right,
-                          veth_address, *underlays)]
+                          veth_address, *underlays),
+                  # What segmenting every MSS costs by itself (the galactic rows must).
+                  TcpPath("veth-no-tso", "the same veth pair, the client's TSO/USO off",
+                          left, right, veth_address, *underlays,
+                          before=lambda: paths.ethtool_set(left, "tso", "off",
+                                                           "tx-udp-segmentation", "off"),
+                          after=lambda: paths.ethtool_set(left, "tso", "on",
+                                                          "tx-udp-segmentation", "on"))]
     client, server, address = stack.enter_context(paths.plain_routing(first, second))
     paths_made.append(TcpPath("plain", "plain routing over the same two nodes (no SRv6)",
                               client, server, address, *underlays))
@@ -186,13 +197,14 @@ def tcp_paths(stack: contextlib.ExitStack, datapath: Datapath, cluster: Cluster,
              lambda: paths.gro(first, second, True), lambda: paths.gro(first, second, False),
              ours),
     ]
-    kernel = stack.enter_context(paths.kernel_nodes(kube, cluster, work / "kernel-nodes"))
-    pair = stack.enter_context(paths.kernel_pair(kernel, cluster, kube, cni_bin, work))
-    paths_made.append(TcpPath(
-        "kernel", "kernel End.DT46 (no galactic; a hand-made `encap seg6` sender)",
-        pair[0].netns, pair[1].netns, pair[1].address, [n.netns for n in kernel],
-        [n.underlay_link for n in kernel], []))
-    return paths_made
+    if not only or "kernel" in only:
+        kernel = stack.enter_context(paths.kernel_nodes(kube, cluster, work / "kernel-nodes"))
+        pair = stack.enter_context(paths.kernel_pair(kernel, cluster, kube, cni_bin, work))
+        paths_made.append(TcpPath(
+            "kernel", "kernel End.DT46 (no galactic; a hand-made `encap seg6` sender)",
+            pair[0].netns, pair[1].netns, pair[1].address, [n.netns for n in kernel],
+            [n.underlay_link for n in kernel], []))
+    return [p for p in paths_made if not only or p.key in only | {"veth"}]
 
 
 def add_report(subjects: list[Subject], runs: int) -> list[str]:
@@ -251,7 +263,8 @@ def run_inside(options: argparse.Namespace) -> str:
                     stack.enter_context(bound(kube, subject.conf["vpc"]))
                 measure_adds(subjects, options.runs)
                 lines += [*add_report(subjects, options.runs), ""]
-            measured = tcp_paths(stack, datapath, cluster, cni_bin, kube, work)
+            measured = tcp_paths(stack, datapath, cluster, cni_bin, kube, work,
+                                 set(filter(None, options.only.split(","))))
             paths.measure_all(measured, options.seconds, options.rounds)
             lines += tcp_report(measured, options.seconds)
             return "\n".join(lines) + "\n"
@@ -270,6 +283,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--only", default="", help="TCP rows by key, comma-separated (the "
+                        "veth pair always): veth-no-tso, plain, galactic-bgp, vpc-attach, "
+                        "no-gso, segs1, mtu, gro, kernel")
     parser.add_argument("--inside", action="store_true", help="already on a full kernel")
     options = parser.parse_args()
     from e2e.harness.vm.pytest_plugin import kernel_lacks
@@ -283,7 +299,7 @@ def main() -> None:
     load_before = _load()
     argv = [sys.executable, "-m", "e2e.bench.galactic", "--inside", "--runs", str(options.runs),
             "--seconds", str(options.seconds), "--rounds", str(options.rounds),
-            "--results", str(share)]
+            "--only", options.only, "--results", str(share)]
     result = run(argv, cwd=Path(__file__).resolve().parents[2], share=share,
                  timeout=3600, on_output=lambda text: print(text, end="", file=sys.stderr))
     produced = share / "galactic.md"

@@ -300,26 +300,30 @@ def kernel_pair(nodes: list[DatapathNode], cluster: Cluster, kube: Kube, cni_bin
         yield client, server
 
 
-def summary(path: TcpPath, base: float) -> str:
-    """One markdown row."""
+def summary(path: TcpPath, base: TcpPath) -> str:
+    """One markdown row: against the veth pair's median, and round by round (each round's rate
+    over the veth pair's in the same round: the host's load drifts between rounds)."""
     if path.unavailable or not path.rates:
-        return f"| {path.label} | n/a: {path.unavailable or 'not measured'} ||||||||"
+        return f"| {path.label} | n/a: {path.unavailable or 'not measured'} |||||||||"
     drops = list(zip(*path.drops, strict=True)) if path.drops else []
     dropped = " / ".join(f"{int(median(list(d)))} ({max(d)})" for d in drops)
     claimed = f"{int(median(path.claimed))} ({max(path.claimed)})" if path.pin_dirs else "-"
+    paired = [rate / ref for rate, ref in zip(path.rates, base.rates, strict=False) if ref]
     return (f"| {path.label} | {path.offloads} | {len(path.rates)} | "
             f"{median(path.rates):.3f} | {min(path.rates):.3f} | {max(path.rates):.3f} | "
-            f"{median(path.rates) / base:.2f}x | {int(median(path.retransmits))} "
+            f"{median(path.rates) / median(base.rates):.2f}x | {median(paired):.2f}x "
+            f"({min(paired):.2f}-{max(paired):.2f}) | {int(median(path.retransmits))} "
             f"({min(path.retransmits)}-{max(path.retransmits)}) | {dropped} | {claimed} |")
 
 
 def table(paths: list[TcpPath]) -> list[str]:
     """The markdown table of every path, in the order given."""
-    base = median(next(p for p in paths if p.key == "veth").rates)
+    base = next(p for p in paths if p.key == "veth")
     return ["| TCP, 1 stream, node 1 → node 2 | client's offloads | rounds | median Gbit/s | "
-            "min | max | x veth pair | retransmits median (min-max) | underlay tx_dropped "
-            "node 1 / node 2 median (max) | dropped by usid_egress/usid_ingress median (max) |",
-            "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+            "min | max | x veth pair (medians) | x veth pair, same round: median (min-max) | "
+            "retransmits median (min-max) | underlay tx_dropped node 1 / node 2 median (max) "
+            "| dropped by usid_egress/usid_ingress median (max) |",
+            "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
             *(summary(path, base) for path in paths)]
 
 
