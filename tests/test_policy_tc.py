@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cni_plugin.kernel import flower
-from cni_plugin.kernel.rtnl import iter_attrs, parse_attrs
+from cni_plugin.kernel.rtnl import NLA_F_NESTED, iter_attrs, parse_attrs
 from cni_plugin.kernel.tc import TC_H_EGRESS_HOOK, TC_H_INGRESS_HOOK, TCA_OPTIONS, TCMSG
 from cni_plugin.policy import tc
 from cni_plugin.policy.compile import Allow, Compiled, Direction, PortRange
@@ -97,6 +97,20 @@ def test_a_filter_encodes_its_keys_and_actions() -> None:
     assert struct.unpack("=H", ct[flower.TCA_CT_ZONE]) == (9,)
     assert struct.unpack("=H", ct[flower.TCA_CT_ACTION]) == (flower.TCA_CT_ACT_COMMIT,)
     assert struct.unpack("=IIiii", ct[flower.TCA_CT_PARMS])[2] == flower.TC_ACT_UNSPEC
+    # act_ct parses its options strictly: without the flag Debian's 6.1 refuses the filter
+    # (EINVAL, "NLA_F_NESTED is missing"; found in the full-kernel VM, issue 39).
+    [(_, action)] = iter_attrs(options[flower.TCA_FLOWER_ACT])
+    kinds = [struct.unpack_from("=HH", action, offset)[1] for offset in _offsets(action)]
+    assert flower.TCA_ACT_OPTIONS | NLA_F_NESTED in kinds
+
+
+def _offsets(data: bytes) -> list[int]:
+    """Where each netlink attribute of data starts (their raw types are read there)."""
+    found, offset = [], 0
+    while offset + 4 <= len(data):
+        found.append(offset)
+        offset += (struct.unpack_from("=H", data, offset)[0] + 3) & ~3
+    return found
 
 
 def test_a_drop_is_a_gact_shot() -> None:

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from cni_plugin.kernel.rtnl import (
+    NLA_F_NESTED,
     NLM_F_CREATE,
     NLM_F_EXCL,
     NetlinkError,
@@ -173,8 +174,10 @@ def _actions(flt: FlowerFilter) -> bytes:
             if ct.mark_mask:
                 options += [attr_u32(TCA_CT_MARK, ct.mark), attr_u32(TCA_CT_MARK_MASK,
                                                                      ct.mark_mask)]
+        # act_ct parses its options strictly (nla_parse_nested): the nest must say it is one,
+        # or the kernel refuses the filter with EINVAL "NLA_F_NESTED is missing" (gact does not).
         actions.append(nested(len(actions) + 1, attr_str(TCA_ACT_KIND, "ct"),
-                              nested(TCA_ACT_OPTIONS, *options)))
+                              nested(TCA_ACT_OPTIONS | NLA_F_NESTED, *options)))
     if flt.conntrack is None or flt.verdict != "continue":
         actions.append(nested(len(actions) + 1, attr_str(TCA_ACT_KIND, "gact"), nested(
             TCA_ACT_OPTIONS, attr(TCA_GACT_PARMS, _TC_GEN.pack(
