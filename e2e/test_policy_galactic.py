@@ -4,11 +4,11 @@ no packet passes a netfilter hook of either node (galactic's `usid_egress` redir
 host link's TC ingress; `usid_ingress` hands a VPC of veth Pods straight into the Pod's netns,
 `bpf_redirect_peer`, past the host end of its veth): a veth Pod is guarded in its own netns,
 which every packet of it passes whichever path brought it (docs/architecture.md, "Policy
-inside a VPC"). Run once, in the in-process pass's VM boot: each node's own agent keeps its
-policies.
+inside a VPC"); a label change of a Pod on the other node is followed. Run once, in the
+in-process pass's VM boot: each node's own agent keeps its policies.
 
 Not here yet (issue 39): VMs on taps (their tc filters did not hold in the VM: taps stay
-reported, `TAPS_FILTERED`), and a label change of a Pod on the other node.
+reported, `TAPS_FILTERED`).
 
 Multus does not run here: the scene writes the NADs and the Pods' networks annotation as a
 user would and calls the plugin as Multus would.
@@ -64,10 +64,12 @@ def nodes(datapath: Datapath, cluster: Any, cni_bin: Path, own_agents: OwnAgents
             for node in datapath.nodes]
 
 
-def test_veth_pods_of_a_vpc_without_taps_across_two_galactic_nodes(
+def test_veth_pods_of_a_vpc_without_taps_across_two_galactic_nodes_and_a_remote_label_change(
         kube: Kube, nodes: list[PolicyNode], tmp_path: Path) -> None:
     """No tap in the VPC: usid_ingress redirects straight into the Pod's netns (past the host
-    end of its veth), where its rules are."""
+    end of its veth), where its rules are. Then a Pod on node 1 gets the label the policy on
+    node 2 admits: node 2's agent follows it (the Pod from the API, its addresses from the
+    EndpointSlice node 1 published)."""
     node1, node2 = nodes
     namespace, vpc = f"policy-galactic-veth-{os.urandom(2).hex()}", random_vpc()
     with bound(kube, vpc), contextlib.ExitStack() as stack:
@@ -86,3 +88,10 @@ def test_veth_pods_of_a_vpc_without_taps_across_two_galactic_nodes(
         settle(workloads, [("a", "b", ALLOWED, True), ("a", "b", DENIED, False),
                            ("o", "b", ALLOWED, False), ("b", "a", ALLOWED, True)],
                "a VPC of veth Pods across two galactic nodes", SETTLE_S)
+        # o (node 1) becomes a client: node 2's agent admits it from the label change alone.
+        kube.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/o",
+                     {"metadata": {"labels": {"role": "client"}}},
+                     content_type="application/merge-patch+json")
+        settle(workloads, [("o", "b", ALLOWED, True), ("o", "b", DENIED, False),
+                           ("a", "b", ALLOWED, True)],
+               "o on node 1 labelled a client", SETTLE_S)
