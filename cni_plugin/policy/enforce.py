@@ -26,9 +26,9 @@ log = logging.getLogger(__name__)
 _MISSING_MODULE = (errno.ENOENT, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOTSUP)
 NO_STATEFUL_TC = ("this kernel has no stateful tc (cls_flower, act_ct, act_gact): a tap's "
                   "traffic is not filtered")
-# A tap's stateful filters are not proven on a kernel that has them (issue 39: the full-kernel
-# VM's test): until they are, a policy selecting a tap is reported, and nothing is written.
-TAPS_FILTERED = False
+# A tap's stateful filters, proven with real packets on one node in the full-kernel VM
+# (e2e/test_policy_taps.py). Off: a policy selecting a tap is reported, nothing is written.
+TAPS_FILTERED = True
 TAPS_NOT_YET = ("policy on a VM's tap is not enforced by this release yet: its traffic is not "
                 "filtered")
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from e2e.harness.packets import Listener, listener, send
 from e2e.harness.policyscene import PolicyNode, Scene, manifest_pod
@@ -29,6 +30,8 @@ class Workload:
     address: str
     ears: dict[int, Listener]
     node: str
+    host_link: str = ""  # a VM's tap (on its node), where its filters are
+    prefix: list[str] = field(default_factory=list)  # runs a process of its node
 
 
 @contextlib.contextmanager
@@ -44,10 +47,11 @@ def workload(scene: Scene, namespace: str, name: str, kind: str, labels: dict[st
                        {port: pod.ears[("tcp", port)] for port in (ALLOWED, DENIED)},
                        node.name)
         return
+    tap = pod.attached[0].result["interfaces"][0]["name"]
     with scene.guest(namespace, name) as guest, contextlib.ExitStack() as ears:
         yield Workload(name, kind, guest.netns, guest.ip(4), {
             port: ears.enter_context(listener(guest.netns, "tcp", port, scene.work))
-            for port in (ALLOWED, DENIED)}, node.name)
+            for port in (ALLOWED, DENIED)}, node.name, tap, node.prefix)
 
 
 def connects(src: Workload, dst: Workload, port: int, timeout: float = 1.0) -> bool:
@@ -74,10 +78,22 @@ def settle(workloads: dict[str, Workload], rows: list[Row], what: str, bound_s: 
         return all(seen[(s, d, p)] == expected for s, d, p, expected in rows)
 
     wait_until(f"{what} to hold", holds, bound_s, interval=0.5,
-               detail=lambda: "\n".join(f"{s}->{d}:{p} connected {seen.get((s, d, p))}, "
-                                        f"expected {e}" for s, d, p, e in rows))
+               detail=lambda: "\n".join([f"{s}->{d}:{p} connected {seen.get((s, d, p))}, "
+                                         f"expected {e}" for s, d, p, e in rows] +
+                                        [tap_filters(w) for w in workloads.values()
+                                         if w.host_link]))
     print(f"\n{what}:\n| from | to | port | connects (expected) |\n|---|---|---|---|")
     for src, dst, port, expected in rows:
         a, b = workloads[src], workloads[dst]
         print(f"| {src} ({a.kind}, {a.node}) | {dst} ({b.kind}, {b.node}) | {port} | "
               f"{seen[(src, dst, port)]} ({expected}) |")
+
+
+def tap_filters(vm: Workload) -> str:
+    """What a VM's tap carries, with each filter's counters (a failure's evidence)."""
+    shown = [f"{vm.name}'s tap {vm.host_link} on {vm.node}:"]
+    for hook in ("ingress", "egress"):
+        done = subprocess.run([*vm.prefix, "tc", "-s", "filter", "show", "dev", vm.host_link,
+                               hook], capture_output=True, text=True, timeout=60)
+        shown.append(f"tc {hook}:\n{done.stdout}{done.stderr}")
+    return "\n".join(shown)
