@@ -4,14 +4,16 @@ no packet passes a netfilter hook of either node (galactic's `usid_egress` redir
 host link's TC ingress; `usid_ingress` hands a VPC of veth Pods straight into the Pod's netns,
 `bpf_redirect_peer`, past the host end of its veth): a veth Pod is guarded in its own netns,
 which every packet of it passes whichever path brought it (docs/architecture.md, "Policy
-inside a VPC"); a label change of a Pod on the other node is followed. Run once, in the
-in-process pass's VM boot: each node's own agent keeps its policies.
+inside a VPC"); a label change of a Pod on the other node is followed. A VM is guarded on
+its tap's TC hooks: its packets to other nodes pass the policy's filters before `usid_egress`
+(attached after them on a tap) redirects them, and packets for it leave the tap's TC egress
+after `usid_ingress` redirected them there (a VPC with a tap on the node gets galactic's plain
+redirect, which reaches its veth Pods too). Run once, in the in-process pass's VM boot: each
+node's own agent keeps its policies.
 
-Not here yet (issue 39): VMs on taps (their tc filters did not hold in the VM: taps stay
-reported, `TAPS_FILTERED`).
-
-Multus does not run here: the scene writes the NADs and the Pods' networks annotation as a
-user would and calls the plugin as Multus would.
+Multus and KubeVirt do not run here: the scene writes the NADs and the Pods' networks
+annotation as a user would and calls the plugin as Multus would; a VM is a guest netns on the
+tap (e2e/harness/tapguest.py), as qemu's tap backend relays a virtio NIC.
 """
 
 from __future__ import annotations
@@ -95,3 +97,43 @@ def test_veth_pods_of_a_vpc_without_taps_across_two_galactic_nodes_and_a_remote_
         settle(workloads, [("o", "b", ALLOWED, True), ("o", "b", DENIED, False),
                            ("a", "b", ALLOWED, True)],
                "o on node 1 labelled a client", SETTLE_S)
+
+
+def test_vms_on_taps_and_veth_pods_across_two_galactic_nodes_both_ways(
+        kube: Kube, nodes: list[PolicyNode], tmp_path: Path) -> None:
+    """Servers on node 2 (a veth Pod b, a VM u) admit clients on ALLOWED only and send only to
+    clients (a veth Pod a and a VM t on node 1), never to c (node 1, no policy). u's packets
+    to node 1 pass its filters before usid_egress (0xC000) redirects them; packets for u
+    leave the tap's TC egress after usid_ingress redirected them there."""
+    node1, node2 = nodes
+    namespace, vpc = f"policy-galactic-{os.urandom(2).hex()}", random_vpc()
+    with bound(kube, vpc), contextlib.ExitStack() as stack:
+        scene = Scene(kube, node1, vpc, tmp_path, isolation="vrf", bgp=True)
+        stack.callback(scene.close)
+        scene.namespace(manifest_namespace(namespace))
+        scene.nad(manifest_nad("pg-veth", "10.71.0.0/24"))
+        scene.nad(manifest_nad("pg-tap", "10.71.1.0/24"), attachment="tap")
+        scene.policy(manifest_policy("servers", namespace, "default/pg-veth,default/pg-tap", {
+            "podSelector": {"matchLabels": {"role": "server"}},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}],
+                         "ports": [{"port": ALLOWED}]}],
+            "egress": [{"to": [{"podSelector": {"matchLabels": {"role": "client"}}}]}]}))
+        workloads = {}
+        for name, kind, role, node in (("a", "veth", "client", node1),
+                                       ("t", "tap", "client", node1),
+                                       ("c", "veth", "other", node1),
+                                       ("b", "veth", "server", node2),
+                                       ("u", "tap", "server", node2)):
+            workloads[name] = stack.enter_context(workload(
+                scene, namespace, name, kind, {"role": role}, f"pg-{kind}", node))
+        settle(workloads, [
+            ("a", "b", ALLOWED, True), ("a", "b", DENIED, False),
+            ("a", "u", ALLOWED, True), ("a", "u", DENIED, False),
+            ("t", "b", ALLOWED, True), ("t", "b", DENIED, False),
+            ("t", "u", ALLOWED, True), ("t", "u", DENIED, False),
+            ("b", "a", ALLOWED, True), ("b", "t", ALLOWED, True),
+            ("u", "a", ALLOWED, True), ("u", "t", ALLOWED, True),
+            ("b", "c", ALLOWED, False), ("u", "c", ALLOWED, False),
+            ("c", "b", ALLOWED, False), ("c", "u", ALLOWED, False)],
+            "VMs and veth Pods across two galactic nodes", SETTLE_S)

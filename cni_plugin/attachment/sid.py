@@ -66,9 +66,17 @@ def answer_sid(attachment: AttachmentRef, host_link: Link, table: int, vpc_sid: 
                 locator=vpc_sid.locator, node_id=vpc_sid.node_id, argument=vpc_sid.vrf_id,
                 table_id=table, prefixes=addressing.advertised(host_only=False),
                 nat66_shard_sids=settings.nat66_shard_sids,
-                pod_netns=attachment.netns if attachment.kind == "veth" else ""),
+                pod_netns=attachment.netns if attachment.kind == "veth" else "",
+                filter_priority=_filter_priority(attachment)),
             rollback, lock_dir, settings.underlay_interfaces,
             lambda undo_deadline: host_lock(lock_dir, undo_deadline))
+
+
+def _filter_priority(attachment: AttachmentRef) -> int:
+    """usid_egress's priority on the host link: galactic's own on a veth (the Pod's netns
+    filters it), after the policy's tc filters on a tap (cni_plugin/policy/tc.py)."""
+    return layout.TAP_EGRESS_FILTER_PRIORITY if attachment.kind == "tap" \
+        else layout.EGRESS_FILTER_PRIORITY
 
 
 def _egress_kind(rtnl: Rtnl, vpc: str, *, tap: bool) -> int:
@@ -132,4 +140,5 @@ def sid_differences(attachment: AttachmentRef, vpc_sid: VpcSid, addressing: Addr
             ifname=attachment.ifname, host_link=link.name, host_ifindex=link.index,
             egress_kind=layout.EGRESS_KIND_VETH, locator=vpc_sid.locator,
             node_id=vpc_sid.node_id, argument=vpc_sid.vrf_id, table_id=table,
-            prefixes=addressing.advertised(host_only=False)))
+            prefixes=addressing.advertised(host_only=False),
+            filter_priority=_filter_priority(attachment)))

@@ -20,6 +20,10 @@ USID_EGRESS_PIN = "usid_egress_prog"  # attach.UsidEgressPinName
 USID_EGRESS_PROGRAM = "usid_egress"  # its name as loaded (the kernel keeps 15 characters)
 EGRESS_FILTER_NAME = "galactic_usid_egress"  # attach.egressFilterName
 EGRESS_FILTER_PRIORITY = 1  # attach.defaultFilterPriority
+# On a tap, after the policy's stateful filters (cni_plugin/policy/tc.py, priorities 100-106):
+# a VM's packets to other nodes pass them before usid_egress redirects them (galactic's own
+# attach takes its priority from GALACTIC_CNI_EBPF_FILTER_PRIORITY for the same reason).
+TAP_EGRESS_FILTER_PRIORITY = 0xC000
 EGRESS_FILTER_HANDLE = 1  # netlink.MakeHandle(0, 1)
 
 BLOCK_BITS = 48

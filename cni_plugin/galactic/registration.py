@@ -71,6 +71,8 @@ class Registration:
     prefixes: tuple[Network, ...]
     nat66_shard_sids: tuple[str, ...] = ()  # the VRF's default egress: the first reachable
     pod_netns: str = ""  # a veth's: where its Pod end `ifname` is (doctor reads its offloads)
+    # usid_egress's TC priority on the host link: galactic's on a veth, after policy on a tap
+    filter_priority: int = layout.EGRESS_FILTER_PRIORITY
 
     @property
     def block(self) -> int:
@@ -216,8 +218,9 @@ def register(datapath: Datapath, rtnl: Rtnl, registration: Registration, rollbac
     map_layout, key, value = reg.attachment_rows()[-1]
     writer.write(map_layout, key, value)
     rollback.created(f"usid_egress on {reg.host_link}",
-                     lambda d: _detach(reg.host_link, reg.host_ifindex, d))
-    attach_usid_egress(datapath, rtnl, reg.host_link, reg.host_ifindex)
+                     lambda d: _detach(reg.host_link, reg.host_ifindex, d,
+                                       reg.filter_priority))
+    attach_usid_egress(datapath, rtnl, reg.host_link, reg.host_ifindex, reg.filter_priority)
     _write_node_rows(writer, rtnl, underlay_interfaces)
 
 
@@ -249,25 +252,26 @@ def _write_vrf_row(writer: RowWriter, reg: Registration, clock: Callable[[], int
     writer.write(VRF_TABLE, key, row.encode())
 
 
-def attach_usid_egress(datapath: Datapath, rtnl: Rtnl, host_link: str, ifindex: int) -> None:
+def attach_usid_egress(datapath: Datapath, rtnl: Rtnl, host_link: str, ifindex: int,
+                       priority: int = layout.EGRESS_FILTER_PRIORITY) -> None:
     """galactic's pinned `usid_egress` as the host link's TC ingress filter (attach.AttachEgress:
-    clsact, priority 1, handle 1, all protocols, direct action, replacing what is there)."""
+    clsact, priority 1 (a tap's: after policy), handle 1, all protocols, direct action,
+    replacing what is there)."""
     with datapath.program() as program, kernel_errors("attach usid_egress to", host_link):
         tc.ensure_clsact(rtnl, ifindex)
         tc.replace_bpf_filter(rtnl, ifindex, program.fd, layout.EGRESS_FILTER_NAME,
-                              priority=layout.EGRESS_FILTER_PRIORITY,
-                              handle=layout.EGRESS_FILTER_HANDLE)
+                              priority=priority, handle=layout.EGRESS_FILTER_HANDLE)
 
 
-def _detach(host_link: str, ifindex: int, deadline: Deadline) -> None:
+def _detach(host_link: str, ifindex: int, deadline: Deadline,
+            priority: int = layout.EGRESS_FILTER_PRIORITY) -> None:
     from cni_plugin.kernel import netns
     with netns.open_netlink(None, deadline=deadline) as rtnl:
         link = next((link for link in rtnl.links() if link.index == ifindex), None)
         if link is None or link.name != host_link:
             return  # gone with its link (or the index is someone else's now)
         with kernel_errors("detach usid_egress from", host_link):
-            tc.delete_filter(rtnl, ifindex, layout.EGRESS_FILTER_PRIORITY,
-                             layout.EGRESS_FILTER_HANDLE)
+            tc.delete_filter(rtnl, ifindex, priority, layout.EGRESS_FILTER_HANDLE)
 
 
 def _write_node_rows(writer: RowWriter, rtnl: Rtnl, configured: tuple[str, ...]) -> None:
@@ -318,8 +322,10 @@ def differences(datapath: Datapath, rtnl: Rtnl, reg: Registration) -> list[str]:
                      f"{VrfRow.decode(vrf_row).table_id}, the VPC's VRF has {reg.table_id}")
     with kernel_errors("list the TC filters of", reg.host_link):
         filters = tc.bpf_filters(rtnl, reg.host_ifindex)
-        # By name: after galactic-cni restarts, the filter runs the program it had.
-        if not any(f.name == layout.EGRESS_FILTER_NAME
-                   and f.priority == layout.EGRESS_FILTER_PRIORITY for f in filters):
+        # By name: after galactic-cni restarts, the filter runs the program it had. A tap an
+        # earlier release registered has it at galactic's priority: attached all the same
+        # (that it runs before a policy's filters is policy's to report, not CHECK's).
+        if not any(f.name == layout.EGRESS_FILTER_NAME and f.priority in
+                   (reg.filter_priority, layout.EGRESS_FILTER_PRIORITY) for f in filters):
             diffs.append(f"galactic's usid_egress is not attached to {reg.host_link}")
     return diffs

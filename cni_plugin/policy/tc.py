@@ -37,7 +37,7 @@ from cni_plugin.policy.compile import Allow, Compiled, Direction
 from cni_plugin.policy.nft import merged_ranges
 
 # Priorities on the tap's hooks: all before galactic's usid_egress, which vpc-attach attaches
-# at USID_EGRESS_PRIORITY on a tap whose VM a policy may isolate.
+# on a tap at galactic/layout.py's TAP_EGRESS_FILTER_PRIORITY.
 ND_PRIORITY = 100
 LOOKUP_PRIORITY = {ETH_P_IP: 101, ETH_P_IPV6: 102}
 ALLOW_PRIORITY = {ETH_P_IP: 103, ETH_P_IPV6: 104}
