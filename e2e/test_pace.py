@@ -139,10 +139,14 @@ def test_an_answer_is_late_only_if_past_the_margin_at_the_pace_measured_again(
         assert pace.pace_now() == first
     finally:
         pace.pace.cache_clear()
-    monkeypatch.setattr(matrix, "pace", lambda: pace.Pace(1.0))  # late after 6 + 2 x 1 s
-    monkeypatch.setattr(matrix, "pace_now", lambda: pace.Pace(1.0))
-    assert matrix.is_late(9.0)  # the machine as it was: 1 s past the margin is late
-    assert not matrix.is_late(7.9)
-    monkeypatch.setattr(matrix, "pace_now", lambda: pace.Pace(2.0))  # twice as slow now
-    assert not matrix.is_late(9.0)
-    assert matrix.is_late(10.1)
+    monkeypatch.setattr(matrix, "pace", lambda: pace.Pace(3.0))  # late after 6 + 2 x 3 s
+    monkeypatch.setattr(matrix, "pace_now", lambda: pace.Pace(3.0))
+    assert matrix.is_late(13.0)  # the machine as it was: 1 s past the margin is late
+    assert not matrix.is_late(11.9)
+    monkeypatch.setattr(matrix, "pace_now", lambda: pace.Pace(6.0))  # twice as slow now
+    assert not matrix.is_late(13.0)
+    assert matrix.is_late(18.1)
+    monkeypatch.setattr(matrix, "pace", lambda: pace.Pace(0.4))  # an idle machine: the floor
+    monkeypatch.setattr(matrix, "pace_now", lambda: pace.Pace(0.4))
+    assert not matrix.is_late(matrix.TIMEOUT_S + matrix.MARGIN_S - 0.1)
+    assert matrix.is_late(matrix.TIMEOUT_S + matrix.MARGIN_S + 0.1)
