@@ -6,7 +6,9 @@ GC keeping an L2-only tap's instance, and a node reboot.
 After each case: objects that did not exist before a failed ADD are gone; shared objects keep
 their spec and other annotations byte for byte; a retried ADD converges, CHECK passes and DEL
 leaves nothing (no link, IPAM reservation, annotation or slice); every answer came within the
-deadline plus its margin (`late_after`). The matrix and a case are the scene of
+deadline plus its margin (`late_after`). The deadline cases run with the short deadline
+(`TIMEOUT_S`); every other call with a roomy one (`ROOMY_TIMEOUT_S`), as its deadline is not
+what it tests. The matrix and a case are the scene of
 `e2e.harness.faults.matrix`.
 What the cases did is counted (`Figures`) and reported at the end of the module: printed, and
 written to `fault-matrix-<path>.json` in pytest's base temp dir.
@@ -42,6 +44,8 @@ from e2e.harness.faults import Fault, Rule
 from e2e.harness.faults.matrix import (
     ATT,
     FOREIGN_NOTE,
+    ROOMY_TIMEOUT_S,
+    TIMEOUT_S,
     Case,
     Figures,
     Matrix,
@@ -113,7 +117,9 @@ def test_fault_matrix(case: Case, write: Write, fault: str, then: str) -> None:
     verb = "DEL" if write.verb == "DEL" else "ADD"
     try:
         with proxy.rules(rule):
-            faulted = case.call(verb, result if verb == "DEL" else None)
+            faulted = case.call(verb, result if verb == "DEL" else None,
+                                VPC_ATTACH_TIMEOUT_SECONDS=str(
+                                    TIMEOUT_S if then == "deadline" else ROOMY_TIMEOUT_S))
     finally:
         if denied:
             case.matrix.denials.deny()
