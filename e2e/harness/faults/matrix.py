@@ -172,6 +172,7 @@ class Figures:
     cases: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     plugin_calls: int = 0
     answer_seconds: list[float] = dataclasses.field(default_factory=list)
+    overrun_seconds: list[float] = dataclasses.field(default_factory=list)  # past each deadline
     deadline_overruns: list[str] = dataclasses.field(default_factory=list)
     started: float = dataclasses.field(default_factory=time.monotonic)
 
@@ -179,6 +180,7 @@ class Figures:
         """One plugin call and how long its answer took; whether it was late (`is_late`)."""
         self.plugin_calls += 1
         self.answer_seconds.append(seconds)
+        self.overrun_seconds.append(seconds - deadline)
         late = is_late(seconds, deadline)
         if late:
             self.deadline_overruns.append(f"{what}: {seconds:.2f} s")
@@ -194,9 +196,10 @@ class Figures:
             "objects_leaked": sum(len(c["leaked"]) for c in self.cases),
             "shared_objects_changed": sum(len(c["changed"]) for c in self.cases),
             "deadline_overruns": len(self.deadline_overruns),
-            "max_overrun_s": round(max(0.0, slowest - TIMEOUT_S), 3),
+            "max_overrun_s": round(max([0.0, *self.overrun_seconds]), 3),
             "slowest_answer_s": round(slowest, 3),
             "deadline_s": TIMEOUT_S,
+            "roomy_deadline_s": ROOMY_TIMEOUT_S,
             "margin_s": round(late_after() - TIMEOUT_S, 2),
             "plugin_calls": self.plugin_calls,
             "rollbacks_reported_incomplete": sum(c["rollback_incomplete"] for c in self.cases),
