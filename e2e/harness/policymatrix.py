@@ -36,10 +36,12 @@ class Workload:
 
 @contextlib.contextmanager
 def workload(scene: Scene, namespace: str, name: str, kind: str, labels: dict[str, str],
-             nad: str, node: PolicyNode | None = None) -> Iterator[Workload]:
-    """A Pod on `nad` (veth) or a VM on its tap, listening on ALLOWED and DENIED."""
+             nad: str, node: PolicyNode | None = None,
+             networks: str | None = None) -> Iterator[Workload]:
+    """A Pod on `nad` (veth) or a VM on its tap, listening on ALLOWED and DENIED; `networks`:
+    its networks annotation as written (e.g. with `ips`), else `default/<nad>`."""
     node = node or scene.node
-    pod = scene.pod(manifest_pod(name, namespace, labels, f"default/{nad}",
+    pod = scene.pod(manifest_pod(name, namespace, labels, networks or f"default/{nad}",
                                  listen=(("tcp", ALLOWED), ("tcp", DENIED))
                                  if kind == "veth" else ()), node=node)
     if kind == "veth":
