@@ -111,6 +111,15 @@ def test_a_marked_create_is_repeated_after_a_lost_answer(
     assert [method for method, _ in server.seen] == ["POST", "POST"]
 
 
+def test_a_dry_run_create_is_repeated_after_a_lost_answer_it_stored_nothing(
+        serve: Callable[[list[Action]], tuple[Scripted, KubeClient]]) -> None:
+    server, client = serve([("drop",), (201, {}, {"metadata": {"name": "x"}})])
+    answer = client.create(MAPS, {"metadata": {"name": "x"}}, namespace="a",
+                           deadline=Deadline(10), dry_run=True)
+    assert answer == {"metadata": {"name": "x"}}
+    assert server.seen == [("POST", "/api/v1/namespaces/a/configmaps?dryRun=All")] * 2
+
+
 def test_retry_after_is_honoured_when_it_fits_in_the_deadline(
         serve: Callable[[list[Action]], tuple[Scripted, KubeClient]],
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -157,6 +166,7 @@ def test_an_unmarked_write_refused_with_429_is_repeated_the_server_did_not_act(
 def test_only_writes_a_second_copy_cannot_harm_are_repeatable(
         method: str, body: dict[str, Any] | None, safe: bool) -> None:
     assert repeatable(method, body) is safe
+    assert repeatable(method, body, {"dryRun": "All"}), "a dry run changes nothing"
 
 
 MAPS = Resource("", "v1", "configmaps", "ConfigMap")

@@ -36,6 +36,7 @@ pause_between_tries: Callable[[float], None] = time.sleep
 CREATED_BY_ANNOTATION = "vpc-attach.datum.net/created-by"
 # Kinds whose create stores nothing (reviews): repeating one is harmless.
 UNSTORED_KINDS = frozenset({"SelfSubjectAccessReview"})
+DRY_RUN = "All"  # the `dryRun` query of a write the API server validates and does not store
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -205,7 +206,7 @@ class KubeClient:
         if query:
             path += "?" + urllib.parse.urlencode(query)
         payload = json.dumps(body).encode() if body is not None else None
-        safe = repeatable(method, body)
+        safe = repeatable(method, body, query)
         attempt = 0
         last = ""
         while True:
@@ -288,9 +289,13 @@ class KubeClient:
         return items
 
     def create(self, resource: Resource, body: dict[str, Any], *,
-               namespace: str | None = None, deadline: Deadline) -> Any:
-        """POST body to resource's collection (in namespace); the answer."""
-        return self.request("POST", Target(resource, namespace), deadline, body=body)
+               namespace: str | None = None, deadline: Deadline,
+               dry_run: bool = False) -> Any:
+        """POST body to resource's collection (in namespace); the answer. `dry_run`: validated
+        and admitted as a create would be, stored nowhere (safe to repeat)."""
+        query = {"dryRun": DRY_RUN} if dry_run else None
+        return self.request("POST", Target(resource, namespace), deadline, body=body,
+                            query=query)
 
     def put_unless_changed(self, resource: Resource, body: dict[str, Any], *,
                            deadline: Deadline) -> bool:
@@ -323,11 +328,12 @@ class KubeClient:
             raise
 
 
-def repeatable(method: str, body: Any) -> bool:
-    """Whether sending this request twice does no harm: reads; creates that carry
-    CREATED_BY_ANNOTATION (the second one's 409 is recognised) or store nothing; updates with a
-    resourceVersion and deletes with preconditions (the second one fails cleanly)."""
-    if method == "GET":
+def repeatable(method: str, body: Any, query: Mapping[str, str] | None = None) -> bool:
+    """Whether sending this request twice does no harm: reads and dry runs (they change
+    nothing); creates that carry CREATED_BY_ANNOTATION (the second one's 409 is recognised) or
+    store nothing; updates with a resourceVersion and deletes with preconditions (the second
+    one fails cleanly)."""
+    if method == "GET" or (query or {}).get("dryRun") == DRY_RUN:
         return True
     if not isinstance(body, dict):
         return False
