@@ -1,7 +1,8 @@
 """Fault injection for e2e tests, reusable by any test (issue 10).
 
 - `proxy`: `FaultProxy`, a TLS-terminating proxy in front of the real kube-apiserver, and the
-  `Rule`s that pick requests by method / resource / name / ordinal and apply a `Fault`
+  `Rule`s that pick requests by method / resource / name / dry run / ordinal and apply a
+  `Fault`
   (forward-then-drop, reset-before-forward, delay, a 429/503 with Retry-After, close mid-body),
   optionally calling a hook at that moment (pause the API server, kill the agent);
 - `admission`: `Denials`, refusals by the real API server (a ValidatingAdmissionPolicy whose

@@ -3,8 +3,9 @@
 Clients (the plugin, through a kubeconfig naming the proxy) connect over TLS to 127.0.0.1 with a
 certificate issued by the cluster's own CA; every request is forwarded to the API server over a
 fresh TLS connection (the CA verified) with the client's own headers, so the API server sees the
-client's credentials. `Rule`s pick requests by method, resource (plural), object name and
-ordinal (the n-th request the rule matched) and decide what happens to them (`Fault`).
+client's credentials. `Rule`s pick requests by method, resource (plural), object name, whether
+it is a dry run, and ordinal (the n-th request the rule matched) and decide what happens to them
+(`Fault`).
 
 Everything is bounded: each socket has a timeout, each delay is cut short by `stop`, and `stop`
 closes every connection and joins every thread it started.
@@ -68,6 +69,7 @@ class Seen:
     fault: Fault | None  # None: forwarded untouched
     status: int | None  # the API server's answer, when forwarded and answered
     connection: int = 0  # which client connection carried it: 1 for the first accepted, …
+    dry_run: bool = False  # a write the API server validates and does not store
 
 
 @dataclasses.dataclass
@@ -79,6 +81,7 @@ class Rule:
     method: str | None = None
     resource: str | None = None  # plural, e.g. "bgpadvertisements"
     name: str | None = None  # object name (collections have none)
+    dry_run: bool | None = None  # True: dry runs only; False: real requests only; None: any
     nth: int = 1
     times: int = 1
     delay: float = 0.0  # DELAY_ANSWER / DELAY_FORWARD
@@ -88,11 +91,13 @@ class Rule:
     matched: int = 0  # requests it picked so far
     fired: int = 0  # of those, the ones it applied its fault to
 
-    def picks(self, method: str, resource: str | None, name: str | None) -> bool:
+    def picks(self, method: str, resource: str | None, name: str | None,
+              dry_run: bool = False) -> bool:
         """Whether this request meets every criterion."""
         return (self.method is None or self.method == method) \
             and (self.resource is None or self.resource == resource) \
-            and (self.name is None or self.name == name)
+            and (self.name is None or self.name == name) \
+            and (self.dry_run is None or self.dry_run == dry_run)
 
     def due(self) -> bool:
         """Count a picked request; whether the fault applies to it."""
@@ -102,6 +107,7 @@ class Rule:
 
     def __str__(self) -> str:
         what = " ".join(p for p in (self.method, self.resource, self.name) if p) or "any"
+        what += {True: " (dry run)", False: " (not a dry run)", None: ""}[self.dry_run]
         return f"{self.fault.value} on {what} #{self.nth}" + \
             (f"x{self.times}" if self.times != 1 else "")
 
@@ -283,7 +289,8 @@ class FaultProxy:
     def _handle(self, client: ssl.SSLSocket, request: _Request, connection: int) -> str:
         """Serve one request; what becomes of the connection (KEEP, CLOSE or RESET)."""
         resource, name = resource_of(request.target)
-        rule = self._due_rule(request.method, resource, name)
+        dry_run = is_dry_run(request.target)
+        rule = self._due_rule(request.method, resource, name, dry_run)
         fault = rule.fault if rule is not None else None
         busy = 0 if _is_watch(request.target) else 1
         with self._lock:
@@ -312,13 +319,15 @@ class FaultProxy:
                 self._seen.append(Seen(time.monotonic(), request.method, request.target,
                                        resource, name, fault if fault is not Fault.FORWARD
                                        else None, answered[0] if answered else None,
-                                       connection))
+                                       connection, dry_run))
 
-    def _due_rule(self, method: str, resource: str | None, name: str | None) -> Rule | None:
+    def _due_rule(self, method: str, resource: str | None, name: str | None,
+                  dry_run: bool) -> Rule | None:
         with self._lock:
             chosen = None
             for rule in self._rules:
-                if rule.picks(method, resource, name) and rule.due() and chosen is None:
+                if rule.picks(method, resource, name, dry_run) and rule.due() and \
+                        chosen is None:
                     rule.fired += 1
                     chosen = rule
             return chosen
@@ -372,6 +381,12 @@ class FaultProxy:
     def _untrack(self, sock: socket.socket) -> None:
         with self._lock:
             self._sockets.discard(sock)
+
+
+def is_dry_run(target: str) -> bool:
+    """Whether a request's target asks for a dry run (`dryRun=All`)."""
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(target).query)
+    return query.get("dryRun", [""])[0] == "All"
 
 
 def _is_watch(target: str) -> bool:
