@@ -91,10 +91,12 @@ def test_the_ingress_sidecar_routes_each_pods_slice_to_the_sid_its_node_announce
 def test_an_add_reads_its_node_once_and_a_steady_add_asks_only_its_budget(
         deployment: Deployment) -> None:
     """A steady ADD asks one request fewer than before per-node advertisements (it read the
-    advertisement twice: 10 in-process, 5 through the agent). The first ADD on a node reads
-    its Node once for both objects it creates. In-process, an ADD creating the advertisement
-    reads the shared form too; the agent lists the namespace's advertisements once instead and
-    reads no shared form that holds none of its node's containers."""
+    advertisement twice: 10 in-process, 5 through the agent), plus, in-process, the dry run of
+    the instance its wide route target costs (the agent asked it on its first ADD). The first
+    ADD on a node reads its Node once for both objects it creates, after that dry run. In-process,
+    an ADD creating the advertisement reads the shared form too; the agent lists the namespace's
+    advertisements once instead and reads no shared form that holds none of its node's
+    containers."""
     calls = deployment.requests.calls
     assert calls[STEADY] == STEADY_ADD, calls[STEADY]
     if not VIA_AGENT:  # through the agent, its second ADD may still be warming its caches
@@ -104,7 +106,7 @@ def test_an_add_reads_its_node_once_and_a_steady_add_asks_only_its_budget(
         assert first.count("GET nodes 200") == 1, first
         assert advertisement_requests(first) == FIRST_ADVERTISEMENT_READS, first
         assert [c for c in first if c.startswith("POST bgp")] == \
-            ["POST bgpvrfinstances 201", "POST bgpadvertisements 201"], first
+            [ASKED_FIRST, "POST bgpvrfinstances 201", "POST bgpadvertisements 201"], first
 
 
 def test_scaling_a_node_down_withdraws_only_the_deleted_pods_prefixes(
@@ -282,13 +284,19 @@ def _annotations(obj: dict[str, Any] | None) -> dict[str, str]:
 
 # The requests each verb may ask ------------------------------------------------------------------
 
+# The deployment's VPC has a wide route target (a side of 10 digits): before anything is made,
+# each ADD asks the CRD with a dry run of the instance (201 where it does not exist yet, 409
+# where it does, after validation); through the agent, only its first ADD asks.
+ASKED_FIRST = "POST bgpvrfinstances (dry run) 201"
 # The requests of an ADD of the attachment on a node whose VRF instance and advertisement exist,
 # as many as before per-node advertisements (the shared form is read only by the ADD creating
-# this node's). The agent answers VPCBindings, namespaces, the router, the router's instances
-# and the Pod from its watch caches; the instance itself is read fresh before it is written.
-# The advertisement is read once: its PUT is conditional on that read's resourceVersion.
+# this node's), and in-process the dry run. The agent answers VPCBindings, namespaces, the
+# router, the router's instances and the Pod from its watch caches; the instance itself is read
+# fresh before it is written. The advertisement is read once: its PUT is conditional on that
+# read's resourceVersion.
 STEADY_ADD = {
     "in-process": ["LIST vpcbindings 200", "GET namespaces 200", "LIST bgprouters 200",
+                   "POST bgpvrfinstances (dry run) 409",
                    "GET bgpvrfinstances 200", "LIST bgpvrfinstances 200",
                    "GET bgpadvertisements 200", "PUT bgpadvertisements 200", "GET pods 200",
                    "POST endpointslices 201"],

@@ -1,13 +1,14 @@
 """Which route targets galactic's own BGPVRFInstance CRD accepts: its CEL rule, as shipped
-in datum-cloud/network's config/crd, against the route targets vpc-attach computes; and its
-refusal of the instance's write told apart from an admission policy's."""
+in datum-cloud/network's config/crd, against the route targets vpc-attach computes; its
+refusal of the instance's write told apart from an admission policy's; and the dry run ADD
+sends first only for a wide route target (once per agent)."""
 
 from __future__ import annotations
 
 import json
 import re
 from types import SimpleNamespace
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from hypothesis import given
@@ -16,7 +17,8 @@ from hypothesis import strategies as st
 from cni_plugin.core import naming
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.core.rollback import Rollback
-from cni_plugin.kube.client import ApiError, _api_error
+from cni_plugin.kube.client import ApiError, Resource, _api_error
+from cni_plugin.kube.session import ColdSession
 from cni_plugin.publish.bgp import instance
 from cni_plugin.publish.bgp.crd_fit import fits_galactic_crd, refuses_route_target
 from cni_plugin.publish.context import PublishContext, Router
@@ -96,3 +98,85 @@ def test_a_refused_instance_write_is_code_7_only_when_the_crd_refused_its_route_
         "BGPVRFInstance CRD, which accepts at most 9 digits on each side of the colon "
         "(galactic's CRD)")
     assert "packaging/crds" in (caught.value.details or "")
+
+
+# Asked before anything is made ----------------------------------------------------------------
+
+WIDE, NARROW = encode_base62(4_000_000_062), encode_base62(999_000_062)
+
+
+class DryRuns:
+    """A client that records each create and answers it with `answer` (an ApiError raised)."""
+
+    def __init__(self, answer: ApiError | None = None) -> None:
+        self.answer = answer
+        self.creates: list[tuple[dict[str, Any], bool]] = []
+
+    def create(self, resource: Resource, body: dict[str, Any], *, namespace: str,
+               deadline: Deadline, dry_run: bool = False) -> dict[str, Any]:
+        self.creates.append((body, dry_run))
+        if self.answer is not None:
+            raise self.answer
+        return body
+
+
+def asking(vpc: str, client: DryRuns, session: ColdSession) -> PublishContext:
+    inv = SimpleNamespace(conf=SimpleNamespace(vpc=vpc), namespace="galactic-system")
+    ctx = cast(PublishContext, SimpleNamespace(inv=inv, client=client, session=session,
+                                               namespace="galactic-system",
+                                               instance_name=f"i-{vpc}"))
+    return ctx
+
+
+class Remembering(ColdSession):
+    """A session that outlives its verb, as the agent's does."""
+
+    def __init__(self) -> None:
+        super().__init__("unused")
+        self.fitting: set[str] = set()
+
+    def route_target_fits(self, target: str) -> bool:
+        return target in self.fitting
+
+    def remember_route_target_fits(self, target: str) -> None:
+        self.fitting.add(target)
+
+
+ROUTER = Router("r", 65000, None, None)
+
+
+def test_a_route_target_that_fits_galactics_crd_asks_nothing() -> None:
+    client = DryRuns()
+    instance.ask_crd_first(asking(NARROW, client, Remembering()), ROUTER, Deadline(5))
+    assert client.creates == []
+
+
+def test_a_wide_route_target_is_asked_once_by_a_dry_run_of_the_instance_as_add_makes_it(
+) -> None:
+    client, session = DryRuns(), Remembering()
+    instance.ask_crd_first(asking(WIDE, client, session), ROUTER, Deadline(5))
+    [(body, dry_run)] = client.creates
+    assert dry_run and body["metadata"]["name"] == f"i-{WIDE}"
+    assert body["spec"]["importRouteTargets"] == body["spec"]["exportRouteTargets"] == [
+        {"value": "65000:4000000062"}]
+    assert session.fitting == {"65000:4000000062"}
+    instance.ask_crd_first(asking(WIDE, client, session), ROUTER, Deadline(5))
+    assert len(client.creates) == 1, "remembered where the session outlives the verb"
+
+
+def test_an_existing_instance_was_validated_before_its_409() -> None:
+    client, session = DryRuns(_api_error(409, b"{}", "POST", PATH, None)), Remembering()
+    instance.ask_crd_first(asking(WIDE, client, session), ROUTER, Deadline(5))
+    assert session.fitting == {"65000:4000000062"}
+
+
+def test_the_crds_refusal_is_code_7_before_anything_and_a_policys_denial_is_left_to_the_write(
+) -> None:
+    session = Remembering()
+    with pytest.raises(CniError) as caught:
+        instance.ask_crd_first(asking(WIDE, DryRuns(refused(CRD_REFUSAL)), session), ROUTER,
+                               Deadline(5))
+    assert caught.value.code == INVALID_CONFIG and "at most 9 digits" in caught.value.msg
+    instance.ask_crd_first(asking(WIDE, DryRuns(refused(POLICY_DENIAL)), session), ROUTER,
+                           Deadline(5))
+    assert session.fitting == set(), "not known to fit: asked again next time"

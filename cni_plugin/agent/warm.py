@@ -71,6 +71,8 @@ class WarmCluster:
         # (kubeconfig, namespace, node): advertisements holding the node's containers, listed once
         self._holders: dict[tuple[str, str, str], frozenset[str]] = {}
         self._cutovers: dict[tuple[str, str], MigrationCutovers] = {}
+        # (kubeconfig, route target): targets the cluster's BGPVRFInstance CRD took
+        self._fitting: set[tuple[str, str]] = set()
 
     def _credentials(self, kubeconfig: str) -> KubeCredentials:
         mtime = os.stat(kubeconfig).st_mtime
@@ -148,6 +150,17 @@ class WarmCluster:
                           if recorded_containers(item["metadata"].get("annotations") or {}, node))
         with self._lock:
             return self._holders.setdefault(key, found)
+
+    def route_target_fits(self, kubeconfig: str, target: str) -> bool:
+        """Whether a verb of this agent found that kubeconfig's cluster's BGPVRFInstance CRD
+        takes this route target (a CRD replaced since is caught by the instance's write)."""
+        with self._lock:
+            return (kubeconfig, target) in self._fitting
+
+    def remember_route_target_fits(self, kubeconfig: str, target: str) -> None:
+        """The CRD took this route target: not asked again while the agent runs."""
+        with self._lock:
+            self._fitting.add((kubeconfig, target))
 
     def session(self, kubeconfig: str) -> WarmSession:
         """A `WarmSession`: a pooled client and the watch caches for kubeconfig."""
@@ -296,6 +309,14 @@ class WarmSession:
                                deadline: Deadline) -> frozenset[str] | None:
         """The agent's one listing of the advertisements holding node's containers."""
         return self._cluster.holders(self._kubeconfig, namespace, node, self.client(), deadline)
+
+    def route_target_fits(self, target: str) -> bool:
+        """Known to fit from an earlier verb of this agent."""
+        return self._cluster.route_target_fits(self._kubeconfig, target)
+
+    def remember_route_target_fits(self, target: str) -> None:
+        """Kept by the agent."""
+        self._cluster.remember_route_target_fits(self._kubeconfig, target)
 
     def close(self) -> None:
         """Hand the client back to the pool."""

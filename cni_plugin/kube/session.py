@@ -58,6 +58,14 @@ class ClusterSession(Protocol):
         """Names of the BGPAdvertisements in namespace that hold containers of node, from a
         listing the source keeps, or None (not known: read each)."""
 
+    def route_target_fits(self, target: str) -> bool:
+        """Whether an earlier verb of this source found that the cluster's BGPVRFInstance CRD
+        takes this route target (`remember_route_target_fits`)."""
+
+    def remember_route_target_fits(self, target: str) -> None:
+        """The CRD took this route target: later verbs need not ask again (where the source
+        outlives one verb)."""
+
     def close(self) -> None:
         """Done with the client (closed, or kept for the next verb)."""
 
@@ -111,6 +119,13 @@ class ColdSession:
                                deadline: Deadline) -> frozenset[str] | None:
         """Not known: read each."""
         return None
+
+    def route_target_fits(self, target: str) -> bool:
+        """Not known: a verb alone asks."""
+        return False
+
+    def remember_route_target_fits(self, target: str) -> None:
+        """Forgotten with the verb."""
 
     def close(self) -> None:
         """Close the client, if one was made."""

@@ -1,6 +1,7 @@
 """ADD's publishing: `Publisher.api_find_router` runs before any kernel change (it checks the
-settings, code 7, reaches the API, code 11 when unreachable, and finds this node's BGPRouter, so
-an ADD that cannot publish changes nothing); its `api_settle_instance_thread` block settles the
+settings, code 7, reaches the API, code 11 when unreachable, finds this node's BGPRouter, and
+asks whether the cluster's CRD takes a wide route target, code 7, so an ADD that cannot
+publish changes nothing); its `api_settle_instance_thread` block settles the
 VPC's BGPVRFInstance on a thread while IPAM and the kernel work run, and yields the
 `Publication` that alone can `api_publish` the attachment (or hold it back, not announced)."""
 
@@ -182,13 +183,17 @@ class Publisher:
     @classmethod
     def api_find_router(cls, inv: Invocation, cluster: VerbCluster) -> Publisher:
         """On the verb's session (held by the verb until its rollback, if any, is done): the
-        publishing settings checked and this node's router read from the API server."""
+        publishing settings checked, this node's router read from the API server and, for a
+        route target wider than galactic's CRD takes, the cluster's CRD asked
+        (`instance.ask_crd_first`)."""
         with connected(inv, cluster) as ctx:
             router = None
             if ctx is not None and inv.conf.publish.bgp:
                 from cni_plugin.publish.bgp.router import find_router
                 with api_boundary(f"find the BGPRouter of node {ctx.node!r}"):
                     router = find_router(ctx, inv.deadline)
+                from cni_plugin.publish.bgp.instance import ask_crd_first
+                ask_crd_first(ctx, router, inv.deadline)
             return cls(ctx, router)
 
     @contextmanager

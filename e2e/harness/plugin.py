@@ -102,6 +102,13 @@ def random_vpc() -> str:
     return base62.encode_base62(secrets.randbelow(base62.VPC_LIMIT - 10**6) + 10**6)
 
 
+def random_wide_vpc() -> str:
+    """A `random_vpc` whose route target is wider than galactic's CRD takes: its low 32 bits
+    have 10 digits (so an ADD asks the CRD first: cni_plugin/publish/bgp/crd_fit.py)."""
+    low = 10**9 + secrets.randbelow(2**32 - 10**9)
+    return base62.encode_base62(secrets.randbelow(base62.VPC_LIMIT >> 32) << 32 | low)
+
+
 def base_conf(vpc: str, att: str = "1", **overrides: Any) -> dict[str, Any]:
     """A valid veth stanza with publishing off and `table` isolation (works on any kernel)."""
     conf: dict[str, Any] = {

@@ -1,9 +1,10 @@
 """Whether the cluster's BGPVRFInstance CRD took the VPC's route target: galactic's own CRD
 accepts at most 9 digits on each side of the colon, the CRDs vpc-attach ships accept 10
-(SPEC §8), and a VPC's route target takes the low 32 bits of its id (up to 10 digits). The
-instance's own create (or the update adding our target) is the question: a 422 whose causes
-name the route-target fields is the CRD's answer, told as code 7 naming its limit. Nothing
-was written by it; what the ADD made meanwhile is rolled back."""
+(SPEC §8), and a VPC's route target takes the low 32 bits of its id (up to 10 digits). A 422
+whose causes name the route-target fields is the CRD's answer, told as code 7 naming its
+limit: to the dry run ADD sends first for a wide route target (`instance.ask_crd_first`,
+nothing made yet), or to the instance's own write (the CRD replaced since; the rollback
+undoes what the ADD made)."""
 
 from __future__ import annotations
 

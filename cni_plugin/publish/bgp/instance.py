@@ -78,6 +78,44 @@ def _precedence(obj: dict[str, Any]) -> tuple[str, str]:
     return (meta.get("creationTimestamp") or "", meta["name"])
 
 
+def ask_crd_first(ctx: PublishContext, router: Router, deadline: Deadline) -> None:
+    """Before ADD makes anything, and only for a route target wider than galactic's CRD takes
+    (any other ADD asks nothing more): a dry-run create of the VPC's instance as ADD would make
+    it; code 7 naming the limit when the cluster's CRD refuses its route target (`crd_fit`).
+    Any other refusal is left to the instance's own write, where it keeps its meaning (an
+    admission policy's denial stays code 104). Through the agent, a route target the CRD took
+    is not asked again."""
+    target = naming.route_target(router.local_asn, ctx.inv.conf.vpc)
+    if crd_fit.fits_galactic_crd(target) or ctx.session.route_target_fits(target):
+        return
+    # No ownerReferences: reading the Node for them would be one more request.
+    body = _instance_body(ctx, router, target, VRF_ID_MIN, owners=[])
+    try:
+        ctx.client.create(VRF_INSTANCES, body, namespace=ctx.namespace, deadline=deadline,
+                          dry_run=True)
+    except ApiError as exc:
+        if crd_fit.refuses_route_target(exc):
+            raise crd_fit.does_not_fit(ctx.inv.conf.vpc, target, exc) from None
+        if exc.status != 409:  # 409: it exists, and was validated before that was looked at
+            log.info("dry run of BGPVRFInstance %s: %s; its own write will tell",
+                     ctx.instance_name, exc)
+            return
+    ctx.session.remember_route_target_fits(target)
+
+
+def _instance_body(ctx: PublishContext, router: Router, target: str, vrf: int,
+                   owners: list[dict[str, Any]]) -> dict[str, Any]:
+    """The VPC's BGPVRFInstance on this node as ADD creates it."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "BGPVRFInstance",
+        "metadata": {"name": ctx.instance_name, "namespace": ctx.namespace,
+                     "ownerReferences": owners},
+        "spec": {"routerRef": {"name": router.name}, "vrfID": vrf,
+                 "importRouteTargets": [{"value": target}],
+                 "exportRouteTargets": [{"value": target}]},
+    }
+
+
 def ensure_vrf_instance(ctx: PublishContext, router: Router, rollback: Rollback,
                         deadline: Deadline) -> int:
     """The VRF ID of this VPC on this node, creating or completing its BGPVRFInstance; code 7
@@ -131,14 +169,7 @@ def _create_instance(ctx: PublishContext, router: Router, target: str, rollback:
 def _create_instance_locked(ctx: PublishContext, router: Router, target: str,
                             rollback: Rollback, deadline: Deadline) -> dict[str, Any] | None:
     free = _lowest_free(vrf_id(i) for i in _router_instances(ctx, router, deadline))
-    body = {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "BGPVRFInstance",
-        "metadata": {"name": ctx.instance_name, "namespace": ctx.namespace,
-                     "ownerReferences": ctx.node_owner(deadline)},
-        "spec": {"routerRef": {"name": router.name}, "vrfID": free,
-                 "importRouteTargets": [{"value": target}],
-                 "exportRouteTargets": [{"value": target}]},
-    }
+    body = _instance_body(ctx, router, target, free, ctx.node_owner(deadline))
 
     def undo(found: dict[str, Any], d: Deadline) -> None:
         _undo_instance(ctx, router, found["metadata"]["uid"], d)

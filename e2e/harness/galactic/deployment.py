@@ -37,7 +37,7 @@ from e2e.harness.galactic.sites import (
 )
 from e2e.harness.kernel import remove_vpc_objects, temporary_netns
 from e2e.harness.kube import Kube
-from e2e.harness.plugin import VIA_AGENT, Answer, host_local, random_vpc, with_prev
+from e2e.harness.plugin import VIA_AGENT, Answer, host_local, random_wide_vpc, with_prev
 from e2e.harness.publishing import advertisements_of, create_pod, vrf_instance
 from e2e.harness.tenancy import bound
 from e2e.harness.wait import wait_until
@@ -126,12 +126,14 @@ def start_chain_pod(stack: contextlib.ExitStack, kube: Kube, site: GalacticSite,
 # What each verb asked the API server ------------------------------------------------------------
 
 def request_label(seen: Seen) -> str:
-    """`VERB resource status` of a request, LIST and WATCH told apart from GET."""
+    """`VERB resource status` of a request, LIST and WATCH told apart from GET, a dry run
+    marked (`VERB resource (dry run) status`)."""
     verb = seen.method
     if verb == "GET" and seen.name is None:
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(seen.path).query)
         verb = "WATCH" if query.get("watch", ["false"])[0] in ("1", "true") else "LIST"
-    return f"{verb} {seen.resource} {seen.status if seen.status is not None else '-'}"
+    dry = " (dry run)" if seen.dry_run else ""
+    return f"{verb} {seen.resource}{dry} {seen.status if seen.status is not None else '-'}"
 
 
 @dataclass
@@ -292,7 +294,7 @@ def spread_deployment(kube: Kube, cluster: Any, cni_bin: Path, own_agents: OwnAg
     requests measured (`FIRST_ADD`, `SECOND_ADD`, `STEADY`). Before each measured ADD the
     routers' status writes are done (none costs it a conflict). What the tests left attached
     is deleted afterwards; a DEL that fails then fails the teardown."""
-    vpc = random_vpc()
+    vpc = random_wide_vpc()  # its ADDs ask the CRD first: the budgets count that request
     with contextlib.ExitStack() as stack:
         stack.callback(remove_vpc_objects, [vpc])
         stack.enter_context(bound(kube, vpc))
