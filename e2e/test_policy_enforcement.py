@@ -364,9 +364,8 @@ def test_a_port_range_opens_each_of_its_ports_and_no_other(
         kube: Kube, enforcing_node: PolicyNode, tmp_path: Path) -> None:
     """`endPort` (SPEC §17), both directions, its ends included: the server admits 5500-5700,
     the client sends to 5600-5800; a port only one of them allows stays closed. NetworkPolicy
-    (on the conflist attachment, where the node enforces it), since the MultiNetworkPolicy CRD
-    vpc-attach ships serves v1beta1 without `endPort` (the API server drops it: see the
-    upstream cases' module); one compiler serves both kinds."""
+    (on the conflist attachment, where the node enforces it); a MultiNetworkPolicy's range is
+    upstream's iptables/port-range (the upstream cases' module); one compiler serves both."""
     namespace, client_ns = unique("range"), unique("range-client")
     ports = {5550: False, 5600: True, 5650: True, 5700: True, 5750: False}
     with scene(kube, enforcing_node, tmp_path) as made:

@@ -22,16 +22,12 @@ runs `THROUGH_AGENT` (every check kind: ingress and egress, IPv4 and IPv6, ipBlo
 except, stacked policies, protocol-only ports, namespace selectors, several namespaces and
 networks) and `IN_PROCESS` (ADD's own enforcement); `VPC_ATTACH_POLICY_CASES=all` runs every
 case both ways (the closing note's table). The others pass both ways (issue 39 holds the
-last full run) except the two in `LEFT_OUT`.
+last full run) except the one in `LEFT_OUT`.
 
-iptables/port-range cannot run against the CRD vpc-attach ships (packaging/crds: upstream's
-scheme.yml at f1873dc329c6, unchanged): its served version, v1beta1, has no `endPort` in its
-schema (only v1beta2, not served, has it), so the API server prunes it and the policy stored
-allows ports 5000 and 6000 alone (the scene says so: `Scene.policy` fails on a dropped
-field). multi-networkpolicy's Go types have `endPort` in v1beta1 since v1.0.1 (what
-multi-networkpolicy-iptables vendors); a CRD with it is the lead's call (SPEC: "the upstream
-CRD unchanged"). `endPort` itself is proven with real packets through NetworkPolicy, the same
-compiler (e2e/test_policy_enforcement.py, the port range test).
+iptables/port-range runs against the CRD vpc-attach ships (packaging/crds: upstream's scheme.yml
+at v1.0.1, unchanged), whose served v1beta1 has `endPort` (the one at f1873dc329c6 shipped
+before had it only in v1beta2, not served, and the API server pruned it); `Scene.policy` fails
+on a dropped field, so the range reached the rules.
 
 iptables/simple-v4-egress DIVERGES from SPEC §17 by design, and the upstream projects diverge
 from each other on it. Its policy has egress rules and no `policyTypes`: multi-networkpolicy-
@@ -63,15 +59,14 @@ pytestmark = [pytest.mark.root, pytest.mark.cluster]
 
 # Not run, and why (see the module's docstring).
 LEFT_OUT = {"iptables/simple-v4-egress": "diverges: SPEC §17 defaults policyTypes as "
-            "NetworkPolicy and multi-networkpolicy-nftables do",
-            "iptables/port-range": "the shipped CRD's v1beta1 prunes endPort"}
+            "NetworkPolicy and multi-networkpolicy-nftables do"}
 ALL = os.environ.get("VPC_ATTACH_POLICY_CASES") == "all"
 THROUGH_AGENT = ["iptables/ingress-ns-selector-no-pods", "iptables/ipblock-stacked",
                  "iptables/protocol-only-ports",
                  "iptables/simple-v4-ingress-list", "iptables/simple-v6-ingress",
                  "iptables/stacked", "nftables/deny-all-with-specific-allow",
                  "nftables/multi-namespace-multinet"]
-IN_PROCESS = ["iptables/ipblock", "iptables/simple-v4-ingress"]
+IN_PROCESS = ["iptables/ipblock", "iptables/port-range", "iptables/simple-v4-ingress"]
 
 
 @pytest.mark.parametrize("case", sorted(set(CASES) - set(LEFT_OUT)) if ALL else THROUGH_AGENT)
