@@ -87,7 +87,10 @@ def _environ(tmp_path: Path, cni_bin: Path, netns: str, container_id: str,
             # Events are due (a Pod, a kubeconfig and a node), though no API server listens:
             # the recorder gives the write up after the count.
             "VPC_ATTACH_KUBECONFIG": str(tmp_path / "absent.kubeconfig"),
-            "VPC_ATTACH_NODE_NAME": "node-1", "VPC_ATTACH_TENANCY": "off"}
+            "VPC_ATTACH_NODE_NAME": "node-1", "VPC_ATTACH_TENANCY": "off",
+            # MultiNetworkPolicy (on by default) reads the Pod before any kernel change, and
+            # no API server is here: this ADD asks none (policy: e2e/test_policy_enforcement)
+            "VPC_ATTACH_MULTI_NETWORK_POLICY": "off"}
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ HEALTHY_NODE_CHECKS = {
     "agent.health", "agent.socket", "api.rbac", "api.server", "bgp.router", "cni.conflist",
     "datapath.dropped", "datapath.galactic", "datapath.protection", "ipam.claims", "kernel.tun",
     "leftovers.ipam", "leftovers.links", "migration.targets", "policy.agent", "policy.kernel",
-    "policy.unenforced", "settings.agentSocket",
+    "policy.mode", "policy.unenforced", "settings.agentSocket",
     "settings.ipamDataRoot", "settings.kubeconfig", "settings.lockDir", "settings.logBackups",
     "settings.logFile", "settings.logLevel", "settings.logMaxBytes", "settings.namespace",
     "settings.nodeName", "settings.tenancy", "settings.timeoutSeconds", "state.formats",

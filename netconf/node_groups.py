@@ -68,7 +68,7 @@ class PolicySettings:
 
     network_policy: bool = node_setting("networkPolicy", "VPC_ATTACH_NETWORK_POLICY",
                                         network_policy_mode, False)
-    # SPEC §17 has it on; off in this release until issue 39 is done (taps, paths between
-    # nodes): a node turns it on, and ADD, the agent and doctor leave policy alone otherwise.
+    # On, as SPEC §17 has it; `off` is the node operator's alone (never a network config's):
+    # doctor then warns on every node, so a tenant's policies are never silently ignored.
     multi_network_policy: bool = node_setting(
-        "multiNetworkPolicy", "VPC_ATTACH_MULTI_NETWORK_POLICY", network_policy_mode, False)
+        "multiNetworkPolicy", "VPC_ATTACH_MULTI_NETWORK_POLICY", network_policy_mode, True)

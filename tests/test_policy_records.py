@@ -96,13 +96,14 @@ def test_one_pass_compiles_every_attachment_and_names_what_it_could_not_enforce(
 
 
 def test_doctor_says_later_changes_are_not_followed_without_an_agent(tmp_path: Path) -> None:
-    off = Node(environ={}, cni_conf_dir="", cni_bin_dir="", metrics_address="",
-               ipam_data_dirs=[], settings=HostSettings(lock_dir=str(tmp_path)))
-    node = Node(environ={"VPC_ATTACH_MULTI_NETWORK_POLICY": "enforce"}, cni_conf_dir="",
-                cni_bin_dir="", metrics_address="", ipam_data_dirs=[],
-                settings=HostSettings(lock_dir=str(tmp_path)))
+    off = Node(environ={"VPC_ATTACH_MULTI_NETWORK_POLICY": "off"}, cni_conf_dir="",
+               cni_bin_dir="", metrics_address="", ipam_data_dirs=[],
+               settings=HostSettings(lock_dir=str(tmp_path)))
+    node = Node(environ={}, cni_conf_dir="", cni_bin_dir="", metrics_address="",
+                ipam_data_dirs=[], settings=HostSettings(lock_dir=str(tmp_path)))
     records.write(str(tmp_path), attachment())
     found = {f.check: f for f in doctor_policy(off)}
+    assert found.pop("policy.mode").status == "warn"  # the operator's off: never silent
     assert {f.status for f in found.values()} == {"ok"} and "off" in found["policy.agent"].detail
     found = {f.check: f for f in doctor_policy(node)}
     assert found["policy.agent"].status == "warn"
@@ -115,3 +116,20 @@ def test_doctor_says_later_changes_are_not_followed_without_an_agent(tmp_path: P
     assert found["policy.agent"].status == "ok"
     assert found["policy.unenforced"].status == "warn"
     assert "Pod ns1/vm" in found["policy.unenforced"].detail
+
+
+def test_doctor_reports_multi_network_policy_on_by_default_and_warns_of_taps_only_where_one_is(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cni_plugin.doctor import policy as doctor_module
+    monkeypatch.setattr(doctor_module, "_module_available", lambda name: name != "act_ct")
+    node = Node(environ={}, cni_conf_dir="", cni_bin_dir="", metrics_address="",
+                ipam_data_dirs=[], settings=HostSettings(lock_dir=str(tmp_path)))
+    found = {f.check: f for f in doctor_policy(node)}
+    assert found["policy.mode"].status == "ok"
+    assert found["policy.mode"].detail.startswith("MultiNetworkPolicy: enforce (the default)")
+    assert found["policy.kernel"].status == "ok" and "act_ct" in found["policy.kernel"].detail
+    records.write(str(tmp_path), attachment("vm", kind="tap"))
+    found = {f.check: f for f in doctor_policy(node)}
+    assert found["policy.kernel"].status == "warn" and "act_ct" in found["policy.kernel"].detail
+    monkeypatch.setattr(doctor_module, "_module_available", lambda name: True)
+    assert {f.check: f for f in doctor_policy(node)}["policy.kernel"].status == "ok"

@@ -1,6 +1,6 @@
 """The node's `networkPolicy` and `multiNetworkPolicy` (SPEC §17): each kind of policy only
-where the node's operator says `enforce`; off by default in this release, never from a network
-config."""
+where the node's operator says so: MultiNetworkPolicy enforced unless turned off, NetworkPolicy
+off unless turned on; never from a network config."""
 
 from __future__ import annotations
 
@@ -31,8 +31,9 @@ def test_network_policy_is_a_setting_of_the_node_alone() -> None:
     assert node_only_keys()["networkPolicy"] == "VPC_ATTACH_NETWORK_POLICY"
 
 
-def test_multi_network_policy_is_off_until_the_node_turns_it_on() -> None:
-    assert NodeSettings({}, {}).policy.multi_network_policy is False
-    on = NodeSettings({"VPC_ATTACH_MULTI_NETWORK_POLICY": "enforce"}, {}).policy
-    assert on.multi_network_policy is True and on.network_policy is False
+def test_multi_network_policy_is_on_unless_the_nodes_operator_turns_it_off() -> None:
+    assert NodeSettings({}, {}).policy.multi_network_policy is True  # SPEC §17
+    off = NodeSettings({"VPC_ATTACH_MULTI_NETWORK_POLICY": "off"}, {}).policy
+    assert off.multi_network_policy is False and off.network_policy is False
+    assert NodeSettings({}, {"multiNetworkPolicy": "off"}).policy.multi_network_policy is False
     assert node_only_keys()["multiNetworkPolicy"] == "VPC_ATTACH_MULTI_NETWORK_POLICY"

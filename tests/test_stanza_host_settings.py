@@ -47,6 +47,8 @@ NODE_ONLY: dict[str, tuple[str, Any]] = {
     "stanzaHostSettings": ("VPC_ATTACH_STANZA_HOST_SETTINGS", "allow"),
     "ipamDataRoot": ("VPC_ATTACH_IPAM_DATA_ROOT", "/"),
     "tenancy": ("VPC_ATTACH_TENANCY", "off"),
+    # a tenant's NAD turning policy off for its own attachments (SPEC §17)
+    "multiNetworkPolicy": ("VPC_ATTACH_MULTI_NETWORK_POLICY", "off"),
 }
 VERBS = ("ADD", "DEL", "CHECK", "STATUS", "GC")
 STANZA: dict[str, Any] = {

@@ -17,6 +17,7 @@ from cni_plugin.policy import records
 from cni_plugin.policy.enforce import TAPS_FILTERED
 from netconf.errors import CniError
 from netconf.host import NodeSettings
+from netconf.node_groups import PolicySettings
 
 STATUS_FILE = "status.json"  # written by the agent's keeper after every pass
 STALE_SECONDS = 180.0  # a keeper rewrites it at least every minute
@@ -25,22 +26,42 @@ SHOWN = 5
 
 
 def policy(node: Node) -> list[Finding]:
-    """policy.kernel, policy.agent, policy.unenforced (each ok, saying so, where the node
-    enforces neither MultiNetworkPolicy nor NetworkPolicy)."""
+    """policy.mode, policy.kernel, policy.agent, policy.unenforced. MultiNetworkPolicy is
+    enforced unless the node's operator turned it off, which policy.mode warns of (a tenant's
+    policies would be ignored here); with both kinds off the others say so."""
     try:
         settings = NodeSettings(node.environ, host_file_of(node)).policy
     except CniError:
         settings = None  # reported by host_settings; checked as if on
+    mode = _mode(settings)
     if settings is not None and not (settings.network_policy or settings.multi_network_policy):
         off = ("policy inside a VPC is off on this node (host settings multiNetworkPolicy, "
                "networkPolicy)")
-        return [Finding(name, OK, off)
-                for name in ("policy.kernel", "policy.agent", "policy.unenforced")]
+        return [mode, *(Finding(name, OK, off)
+                        for name in ("policy.kernel", "policy.agent", "policy.unenforced"))]
     attachments = list(records.read_all(node.settings.lock_dir))
-    return [_kernel(), _agent(node, len(attachments)), *_unenforced(node, attachments)]
+    taps = sum(1 for attachment in attachments if attachment.kind == "tap")
+    return [mode, _kernel(taps), _agent(node, len(attachments)),
+            *_unenforced(node, attachments)]
 
 
-def _kernel() -> Finding:
+def _mode(settings: PolicySettings | None) -> Finding:
+    """Which kinds of policy the node enforces (SPEC §17 has no off switch for
+    MultiNetworkPolicy: an operator's `off` is a warning on every run)."""
+    if settings is None:
+        return Finding("policy.mode", OK, "as the defaults (host settings unusable)")
+    plain = "NetworkPolicy on the conflist's attachments: " + (
+        "enforce" if settings.network_policy else "off (another component's)")
+    if not settings.multi_network_policy:
+        return Finding("policy.mode", WARN, "MultiNetworkPolicy is off on this node (host "
+                       f"setting multiNetworkPolicy): tenants' policies are not enforced on "
+                       f"its attachments and nothing else reports them; {plain}",
+                       "remove multiNetworkPolicy: off from the host settings (docs/"
+                       "configuration.md, \"Policy inside a VPC\")")
+    return Finding("policy.mode", OK, f"MultiNetworkPolicy: enforce (the default); {plain}")
+
+
+def _kernel(taps: int) -> Finding:
     nft = "libnftables" if _loads(LIBRARY) else "the nft executable" if shutil.which("nft") \
         else None
     missing = [m for m in TC_MODULES if not _module_available(m)]
@@ -52,12 +73,17 @@ def _kernel() -> Finding:
         return Finding("policy.kernel", OK, f"veth Pods: nftables in their netns ({nft}); "
                        "taps: not filtered by this release (a policy selecting one is "
                        "reported: Event PolicyNotEnforced, policy.unenforced)")
-    if missing:
+    if missing and taps:
         return Finding("policy.kernel", WARN, f"veth Pods: enforced with {nft}; taps: this "
                        f"kernel lacks {', '.join(missing)} (stateful tc), so a policy "
-                       "selecting a VM's tap is not enforced (Event PolicyNotEnforced)",
+                       f"selecting one of the {taps} VM tap(s) here is not enforced (Event "
+                       "PolicyNotEnforced)",
                        f"use a kernel with {', '.join(TC_MODULES)} (modules of every "
                        "distribution kernel)")
+    if missing:  # every node has MultiNetworkPolicy on: warn where a VM is, not everywhere
+        return Finding("policy.kernel", OK, f"veth Pods: nftables in their netns ({nft}); "
+                       f"no VM tap here, and this kernel lacks {', '.join(missing)}: a policy "
+                       "selecting a tap would be reported (policy.unenforced, Event)")
     return Finding("policy.kernel", OK, f"veth Pods: nftables in their netns ({nft}); taps: "
                    f"stateful tc ({', '.join(TC_MODULES)})")
 

@@ -88,6 +88,8 @@ def _pod_choice(inv: Invocation, cluster: VerbCluster) -> tuple[str, str]:
     if pod is None:
         pod = cluster.session().client().get(PODS, name, namespace=namespace,
                                              deadline=inv.deadline)
+        if pod is not None:  # the policy step and publishing read it too: one GET
+            cluster.session().remember_pod(pod)
     return choice.from_annotation(pod, f"{namespace}/{name}")
 
 

@@ -22,6 +22,8 @@ from e2e.node.node import Node
 
 LINK_PREFIX = "G"  # vpc-attach's host links (G…H) and VRFs (G…V)
 LOCK_DIR = "/run/vpc-attach/locks"  # the node's lockDir (host file default)
+POLICY_RECORDS = "policy"  # lockDir/policy: ADD's record of each attachment (SPEC §17)
+POLICY_STATUS = f"{POLICY_RECORDS}/status.json"
 IPAM_ROOT = "/var/lib/cni/vpc-attach-ipam"  # the node's ipamDataRoot
 GALACTIC_PINS = "/sys/fs/bpf/galactic"
 COMMAND_S = 30.0
@@ -46,9 +48,12 @@ VOLATILE_METADATA = ("resourceVersion", "managedFields", "generation")
 
 def not_attachment_state(key: str) -> bool:
     """Parts that belong to no attachment, so a roll's new ADDs may change them: a pool's
-    cursor (`last_reserved`, where its next search starts), flock files (empty; kept) and a
-    directory's format marker (`.formatVersion`: written by this release where it writes)."""
-    return key.endswith(("/last_reserved", ".lock", "/lock", "/.formatVersion"))
+    cursor (`last_reserved`, where its next search starts), flock files (empty; kept), a
+    directory's format marker (`.formatVersion`: written by this release where it writes) and
+    the policy keeper's report of its last pass (`policy/status.json`, for doctor: this
+    release's agent rewrites it at every pass)."""
+    return key.endswith(("/last_reserved", ".lock", "/lock", "/.formatVersion")) or \
+        key == f"file {LOCK_DIR}/{POLICY_STATUS}"
 
 
 @dataclass(frozen=True)

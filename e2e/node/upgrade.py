@@ -63,6 +63,8 @@ from e2e.node.roll import (
     valid_attachments,
 )
 from e2e.node.state import (
+    LOCK_DIR,
+    POLICY_RECORDS,
     Comparison,
     Snapshot,
     compare,
@@ -471,18 +473,19 @@ def remove_world(up: Upgrade, world: World, stream: list[str]) -> dict[str, Any]
             "gc found": gc_found, "orphan": world.orphan.sandbox_id, "claim_uid": freed_uid}
 
 
-def left_of(up: Upgrade, needles: list[str]) -> dict[str, Any]:
+def left_of(up: Upgrade, needles: list[str], *, by_previous: bool = False) -> dict[str, Any]:
     """Until nothing mentioning `needles` (container IDs, addresses) is left on the node or in
     the API, nor anything beyond the node's baseline (or SETTLE_S): what still is, and what
-    is left by design, named (`by_design`)."""
+    is left by design, named (`by_design`; `by_previous`: the previous release removed them)."""
     left: dict[str, Any] = {}
 
     def clean() -> bool:
         now = snapshot(up.node, up.admin)
         beyond = compare(up.baseline, now).added
-        left["mentioning"] = [k for k in sorted(now.keys_of(*needles)) if not by_design(k, now)]
-        left["beyond baseline"] = [key for key in beyond if not by_design(key, now)]
-        left["by_design"] = [key for key in beyond if by_design(key, now)]
+        left["mentioning"] = [k for k in sorted(now.keys_of(*needles))
+                              if not by_design(k, now, by_previous)]
+        left["beyond baseline"] = [key for key in beyond if not by_design(key, now, by_previous)]
+        left["by_design"] = [key for key in beyond if by_design(key, now, by_previous)]
         left["nft rules as in the baseline"] = \
             nft_without_handles(up.baseline) == nft_without_handles(now)
         return not left["mentioning"] and not left["beyond baseline"] and \
@@ -493,9 +496,14 @@ def left_of(up: Upgrade, needles: list[str]) -> dict[str, Any]:
     return left
 
 
-def by_design(key: str, now: Snapshot) -> bool:
+def by_design(key: str, now: Snapshot, by_previous: bool = False) -> bool:
     """Left on purpose, by either release, and named:
-    - flock files and pool cursors: no attachment's state (`not_attachment_state`);
+    - flock files, pool cursors, the policy keeper's status: no attachment's state
+      (`not_attachment_state`);
+    - `by_previous`: the policy record (lockDir/policy/<container>-<interface>.json) of an
+      attachment of this release that the previous release deleted: 041aa67 predates policy
+      (SPEC §17) and knows no such file; this release's GC of the network removes it once
+      the node rolls forward again (`agent_killed_mid_add` shows it);
     - `inet vpc_attach`'s objects: compared without their handles (the previous release
       rewrites the table at every start: same rules, new handles);
     - the BGPVRFInstance of a VPC with no attachment left on the node: DEL never deletes one
@@ -503,6 +511,8 @@ def by_design(key: str, now: Snapshot) -> bool:
       records name, which DEL removed with the VPC's last attachment (both releases: a gap of
       GC, not of the upgrade)."""
     if not_attachment_state(key) or key.startswith("nft "):
+        return True
+    if by_previous and key.startswith(f"file {LOCK_DIR}/{POLICY_RECORDS}/"):
         return True
     prefix = f"api BGPVRFInstance {GALACTIC_NAMESPACE}/"
     if not key.startswith(prefix):
@@ -538,11 +548,13 @@ def world_rolled(up: Upgrade, made_by: str, to: Release, first: int, key: str) -
     return Phase(world, done, traffic)
 
 
-def world_removed(up: Upgrade, phase: Phase, key: str) -> dict[str, Any]:
-    """The phase's attachments checked, deleted and collected by the release now running;
-    what each step answered and what was left, under `key` of the figures."""
+def world_removed(up: Upgrade, phase: Phase, key: str, *, by_previous: bool = False
+                  ) -> dict[str, Any]:
+    """The phase's attachments checked, deleted and collected by the release now running
+    (`by_previous`: the previous one); what each step answered and what was left, under
+    `key` of the figures."""
     removed = remove_world(up, phase.world, phase.done.stream)
-    removed["left"] = left_of(up, phase.world.needles())
+    removed["left"] = left_of(up, phase.world.needles(), by_previous=by_previous)
     up.figures[key] = removed
     return removed
 
@@ -570,7 +582,9 @@ def agent_killed_mid_add(up: Upgrade) -> dict[str, Any]:
     leaked = {key for key in snapshot(node, admin).keys_of(killed_sandbox)
               if not shared_instance(key)}
     delete_pod(admin, name)
+    stale = policy_records(node)  # the rolled-back VM's: the previous release's DEL left it
     call(node, "GC", valid_attachments(plugin_stanza(node_conflist()), []))
+    call(node, "GC", valid_attachments(vm_network(), []))
     calls = [line for line in verb_lines(node) if line.get("pod") == f"default/{name}"]
     found = {"killed_pids": killed, "killed_sandbox": killed_sandbox,
              "retried_sandbox": pod.sandbox_id, "calls": calls,
@@ -578,9 +592,17 @@ def agent_killed_mid_add(up: Upgrade) -> dict[str, Any]:
                  line for line in calls if line["verb"] == "DEL" and line["outcome"] != "ok"
                  and line["containerID"] == killed_sandbox],
              "left by the killed sandbox": sorted(leaked),
-             "left after": left_of(up, [pod.sandbox_id, killed_sandbox, *pod.addresses])}
+             "left after": left_of(up, [pod.sandbox_id, killed_sandbox, *pod.addresses]),
+             "stale policy records collected by GC": sorted(stale - policy_records(node))}
     up.figures["killed mid-ADD"] = found
     return found
+
+
+def policy_records(node: Node) -> set[str]:
+    """The policy records (SPEC §17) in the node's lockDir, by file name (the keeper's status
+    aside)."""
+    directory = node.host_path("/run") / LOCK_DIR.removeprefix("/run/") / POLICY_RECORDS
+    return {path.name for path in directory.glob("*.json") if path.name != "status.json"}
 
 
 def shared_instance(key: str) -> bool:
