@@ -137,3 +137,12 @@ def test_a_watch_on_its_first_list_is_not_reported_out_of_sync_until_the_grace_e
         finally:
             cluster.close()
 
+
+
+def test_an_absent_kubeconfig_is_code_7_through_the_agent_as_in_process(tmp_path: Path) -> None:
+    from netconf.errors import INVALID_CONFIG, CniError
+    absent = str(tmp_path / "absent.kubeconfig")
+    with pytest.raises(CniError) as refused:
+        WarmCluster().client(absent)
+    assert refused.value.code == INVALID_CONFIG
+    assert refused.value.msg == f"cannot read kubeconfig {absent!r}"

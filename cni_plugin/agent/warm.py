@@ -19,7 +19,7 @@ from cni_plugin.kube.watch import WatchCache
 from cni_plugin.kubevirt.cutovers import MigrationCutovers
 from cni_plugin.publish.bgp.spec import recorded_containers
 from cni_plugin.publish.resources import ADVERTISEMENTS, ROUTERS, VRF_INSTANCES
-from netconf.errors import TRY_AGAIN_LATER, CniError
+from netconf.errors import INVALID_CONFIG, TRY_AGAIN_LATER, CniError
 
 log = logging.getLogger(__name__)
 # Idle API clients kept per kubeconfig: about the verbs that publish at once.
@@ -75,7 +75,11 @@ class WarmCluster:
         self._fitting: set[tuple[str, str]] = set()
 
     def _credentials(self, kubeconfig: str) -> KubeCredentials:
-        mtime = os.stat(kubeconfig).st_mtime
+        try:
+            mtime = os.stat(kubeconfig).st_mtime
+        except OSError as exc:  # code 7 as in-process (load_kubeconfig's), never a 199
+            raise CniError(INVALID_CONFIG, f"cannot read kubeconfig {kubeconfig!r}",
+                           str(exc)) from None
         with self._lock:
             known = self._creds.get(kubeconfig)
             if known is not None and known[0] == mtime:
