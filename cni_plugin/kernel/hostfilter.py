@@ -45,12 +45,12 @@ MARK_CHAIN = "vpc_mark"
 ACCESS_CHAIN = "host_access"
 COUNTERS = ("source_dropped", "host_dropped", "escape_dropped")
 MARK_RULE_LISTED = "meta mark set iifgroup"  # how nft lists the rule it cannot parse
-NFT_TIMEOUT = 10.0
+NFT_TIMEOUT = 10.0  # an nft run outside a verb (installer, doctor); inside one, its deadline
 
 # nfnetlink (linux/netfilter/nf_tables.h)
 NFNL_SUBSYS_NFTABLES = 10
 NFNL_MSG_BATCH_BEGIN, NFNL_MSG_BATCH_END = 0x10, 0x11
-NFT_MSG_GETTABLE, NFT_MSG_NEWRULE, NFT_MSG_GETRULE = 1, 6, 7
+NFT_MSG_GETTABLE, NFT_MSG_DELTABLE, NFT_MSG_NEWRULE, NFT_MSG_GETRULE = 1, 2, 6, 7
 NFPROTO_INET, NFPROTO_UNSPEC = 1, 0
 NFTA_TABLE_NAME = 1
 NFTA_RULE_TABLE, NFTA_RULE_CHAIN, NFTA_RULE_EXPRESSIONS = 1, 2, 4
@@ -203,11 +203,31 @@ def _comparable(listed: str) -> str:
 def ensure(settings_of: Callable[[], DatapathSettings], deadline: Deadline | None = None
            ) -> bool:
     """Install the table unless it is complete already (settings read only then); whether it
-    was installed."""
-    if state(deadline).complete:
+    was installed. An install that fails where there was no table takes back the table it may
+    have left: nft can commit and still miss its bound, or the mark rule can fail after it, and
+    a table without its mark rule would stay until the next ADD."""
+    found = state(deadline)
+    if found.complete:
         return False
-    install(settings_of(), deadline)
+    try:
+        install(settings_of(), deadline)
+    except CniError:
+        if not found.table:
+            _delete_table()
+        raise
     return True
+
+
+def _delete_table() -> None:
+    """Delete our table over nfnetlink, bounded on its own (the verb's deadline may be what
+    ran out); absent already is fine, and a failure here leaves the install's error to say."""
+    body = _nfgen(NFPROTO_INET) + attr_str(NFTA_TABLE_NAME, TABLE)
+    try:
+        with _nfnl(None) as nfnl:
+            nfnl.batch(NFNL_MSG_BATCH_BEGIN, NFNL_MSG_BATCH_END, _nfgen(NFPROTO_UNSPEC,
+                       NFNL_SUBSYS_NFTABLES), _msg(NFT_MSG_DELTABLE), 0, body)
+    except (NetlinkError, CniError):
+        return
 
 
 def remove(deadline: Deadline | None = None) -> bool:
@@ -300,13 +320,16 @@ def nft_path() -> str:
 
 
 def _nft(args: list[str], stdin: str | None, deadline: Deadline | None) -> str:
-    timeout = min(NFT_TIMEOUT, deadline.remaining()) if deadline is not None else NFT_TIMEOUT
+    # Inside a verb its deadline is the bound: a constant sized on a fast CPU failed a busy
+    # machine's emulated VM, where one nft run took over 10 s with the verb's 271 s far from spent.
+    timeout = deadline.remaining() if deadline is not None else NFT_TIMEOUT
     try:
         done = subprocess.run([nft_path(), *args], input=stdin, capture_output=True,
                               text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
+        bound = "the verb's deadline" if deadline is not None else "its bound"
         raise CniError(KERNEL_FAILURE, f"nft {' '.join(args)} did not finish within "
-                       f"{timeout:.1f}s") from None
+                       f"{timeout:.1f}s ({bound})") from None
     if done.returncode != 0:
         raise CniError(KERNEL_FAILURE, f"nft {' '.join(args)} failed",
                        (done.stderr or done.stdout).strip()[:2000])

@@ -20,7 +20,7 @@ from cni_plugin.kernel import netns
 from netconf.errors import KERNEL_FAILURE, CniError
 
 LIBRARY = "libnftables.so.1"
-NFT_TIMEOUT = 10.0
+NFT_TIMEOUT = 10.0  # an nft run outside a verb; inside one, the verb's deadline is the bound
 _loaded: list[Any] = []  # [library or None], loaded once per process
 _load_lock = threading.Lock()
 
@@ -103,8 +103,7 @@ class Nft:
         return output
 
     def _run_process(self, script: str, where: str) -> str:
-        timeout = NFT_TIMEOUT if self._deadline is None else \
-            max(0.1, min(NFT_TIMEOUT, self._deadline.remaining()))
+        timeout = NFT_TIMEOUT if self._deadline is None else self._deadline.remaining(0.1)
         argv = [shutil.which("nft") or "nft", "-f", "-"]
         try:
             if self.netns_path is None:
