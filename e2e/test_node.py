@@ -637,15 +637,19 @@ def test_containerds_own_status_poll_cuts_a_live_migration_over_with_no_agent_on
                    detail=lambda: _cut_over_seen(node, admin, source, mark_ts))
         cut_over = time.monotonic() - marked
         # Only a STATUS could cut it over here: no agent answers, and an ADD cuts over only
-        # its own container (the target's came before the timestamp). Its line is written as
-        # the verb ends, after the advertisements it wrote are seen: wait for it.
+        # its own container (the target's came before the timestamp). It forgets the pending
+        # record after the advertisements are written, and writes its line as the verb ends:
+        # wait for both (a STATUS that ended in the mark's second without cutting over has a
+        # line too, so the line alone does not say the cut over ended; a busy run saw that).
+        wait_until("the STATUS that cut over to forget the pending target",
+                   lambda: _pending_migrations(node) == [], SETTLE_S, interval=0.2,
+                   detail=lambda: _cut_over_seen(node, admin, source, mark_ts))
         wait_until("the STATUS that cut over in the node's log", lambda: any(
             line["ts"] >= mark_ts for line in verb_lines(node, "STATUS")), SETTLE_S,
             interval=0.2, detail=lambda: _cut_over_seen(node, admin, source, mark_ts))
         polled = [line for line in verb_lines(node, "STATUS") if line["ts"] >= mark_ts]
         assert all(line["outcome"] == "ok" for line in polled), \
             [json.dumps(line)[:300] for line in polled if line["outcome"] != "ok"][:5]
-        assert _pending_migrations(node) == []
         assert deploy.agent_pod(admin, node.node_name) is None and not _agent_answers(node)
         real_node.figures["cut_over_by_containerds_status"] = {
             "seconds_after_the_timestamp": round(cut_over, 2),
