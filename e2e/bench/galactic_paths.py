@@ -15,7 +15,6 @@ writes into the kernel).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import subprocess
@@ -26,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from e2e.bench.stats import median
+from e2e.harness import srv6_nodes
 from e2e.harness.cluster import Cluster
-from e2e.harness.galactic.datapath import Datapath, DatapathNode, datapath_node, link_underlay
+from e2e.harness.galactic.datapath import Datapath, DatapathNode
 from e2e.harness.galactic.transfer import claimed_drops, offloads, set_offloads, transfer
 from e2e.harness.kernel import run_ip, temporary_netns
 from e2e.harness.kube import Kube
@@ -241,34 +241,10 @@ def gro(sender: DatapathNode, receiver: DatapathNode, on: bool) -> None:
 
 # Kernel End.DT46 mode: two more nodes, no galactic ---------------------------------------
 
-@contextlib.contextmanager
-def kernel_nodes(kube: Kube, cluster: Cluster, work: Path) -> Iterator[list[DatapathNode]]:
-    """Nodes 3 and 4 (their own BGPRouters, locators and underlay; IPv6 forwarding on, as a
-    node's operator sets it), no galactic-cni, no galactic-router: vpc-attach finds no pins."""
-    with datapath_node(kube, cluster, work, 3) as third, \
-            datapath_node(kube, cluster, work, 4) as fourth:
-        link_underlay(third, fourth)
-        for node in (third, fourth):  # the outer packets are forwarded (galactic's nodes: too)
-            subprocess.run(in_netns(node.netns, "sysctl", "-qw",
-                                    "net.ipv6.conf.all.forwarding=1"), check=True, timeout=30)
-        yield [third, fourth]
-
-
-def vrf_table(node: DatapathNode, vpc: str) -> int:
-    """The Linux table of the VPC's VRF on the node."""
-    from cni_plugin.core import naming
-    shown = json.loads(run_ip("-n", node.netns, "-d", "-j", "link", "show",
-                              naming.vrf_name(vpc)))
-    return int(shown[0]["linkinfo"]["info_data"]["table"])
-
-
-def end_dt46_sid(node: DatapathNode, table: int) -> str:
-    """The SID the node answers with End.DT46 into `table` (the route vpc-attach made)."""
-    for line in run_ip("-n", node.netns, "-6", "route", "show").splitlines():
-        if f"action End.DT46 vrftable {table} " in line + " ":
-            return line.split()[0].split("/")[0]
-    raise RuntimeError(f"no End.DT46 route into table {table} on {node.name}: "
-                       f"{run_ip('-n', node.netns, '-6', 'route', 'show')}")
+def kernel_nodes(kube: Kube, cluster: Cluster, work: Path
+                 ) -> contextlib.AbstractContextManager[list[DatapathNode]]:
+    """Nodes 3 and 4 (nodes 1 and 2 are galactic's in the same run): e2e/harness/srv6_nodes."""
+    return srv6_nodes.kernel_nodes(kube, cluster, work, (3, 4))
 
 
 @contextlib.contextmanager
@@ -287,14 +263,7 @@ def kernel_pair(nodes: list[DatapathNode], cluster: Cluster, kube: Kube, cni_bin
             attached_pod(second, cluster, cni_bin, work, vpc, "2", "10.196.2.0/24",
                          mtu=POD_MTU) as server:
         for node, pod, other in ((first, server, second), (second, client, first)):
-            table = vrf_table(node, vpc)
-            sid = end_dt46_sid(other, vrf_table(other, vpc))
-            # encap.red: one segment, no SRH; 40 bytes, the room the Pods' MTU leaves.
-            run_ip("-n", node.netns, "route", "add", f"{pod.address}/32", "encap", "seg6",
-                   "mode", "encap.red", "segs", sid, "dev", node.underlay_link, "table",
-                   str(table))
-            run_ip("-n", node.netns, "-6", "route", "add", other.locator, "via",
-                   other.underlay_address, "dev", node.underlay_link, "table", str(table))
+            srv6_nodes.route_toward(node, other, vpc, [pod.address])
         wait_until(f"Pods of VPC {vpc} to reach each other through kernel SRv6",
                    lambda: reachable(client.netns, server.address), REACH_TIMEOUT_S)
         yield client, server
