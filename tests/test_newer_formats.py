@@ -20,7 +20,10 @@ from cni_plugin.install.manifest import Manifest
 from cni_plugin.ipam.plugin import claimed
 from cni_plugin.ipam.plugin.store import Attachment, PoolState
 from cni_plugin.kernel import tableids
+from cni_plugin.kube.networks import NetworkName
 from cni_plugin.kubevirt import migration
+from cni_plugin.policy import records as policy_records
+from cni_plugin.policy.networks import PodKey
 from cni_plugin.tenancy import choice
 from netconf.errors import NEWER_FORMAT, CniError
 from netconf.formats import FORMAT_VERSION, check_format
@@ -99,6 +102,68 @@ def test_an_install_manifest_of_a_newer_release_is_refused(tmp_path: Path) -> No
     path.write_text(json.dumps({"formatVersion": NEWER, "version": 1, "files": {}}))
     with pytest.raises(InstallError, match=f"newer vpc-attach install .formatVersion {NEWER}"):
         Manifest.load(path)
+
+
+def test_a_policy_record_of_a_newer_release_is_refused_and_a_current_one_read(
+        tmp_path: Path) -> None:
+    """Every reader of the records (ADD's peers, the agent's pass, GC, doctor: read_all) and
+    GC's removal refuse; a record of this release beside it was read before it came."""
+    current = policy_attachment("c1")
+    policy_records.write(str(tmp_path), current)
+    assert list(policy_records.read_all(str(tmp_path))) == [current]  # the positive control
+    record = Path(policy_records.record_path(str(tmp_path), "c2", "net1"))
+    body = json.loads(Path(policy_records.record_path(str(tmp_path), "c1", "net1")).read_text())
+    record.write_text(json.dumps(body | {"formatVersion": NEWER, "container_id": "c2"}))
+    refused(record, lambda: list(policy_records.read_all(str(tmp_path))))
+    refused(record, lambda: policy_records.remove_except(str(tmp_path), "net-a", set()))
+    assert record.exists() and Path(policy_records.record_path(str(tmp_path), "c1", "net1")) \
+        .exists()  # never collected as unreadable, nor the others on its account
+
+
+def test_a_policy_file_without_format_version_is_damaged_not_the_previous_releases(
+        tmp_path: Path) -> None:
+    """041aa67 (packaging/upgrade-from) predates policy: every policy file any release wrote
+    carries formatVersion, so one without it is read as damaged (skipped), not as format 1."""
+    policy_records.write(str(tmp_path), policy_attachment("c1"))
+    path = Path(policy_records.record_path(str(tmp_path), "c1", "net1"))
+    body = json.loads(path.read_text())
+    assert [a.container_id for a in policy_records.read_all(str(tmp_path))] == ["c1"]
+    path.write_text(json.dumps({k: v for k, v in body.items() if k != "formatVersion"}))
+    assert list(policy_records.read_all(str(tmp_path))) == []
+    policy_records.write_status(str(tmp_path), {"syncedAt": 1.0, "rules": 0})
+    assert policy_records.read_status(str(tmp_path)) is not None  # the positive control
+    Path(policy_records.status_path(str(tmp_path))).write_text('{"syncedAt": 1.0}')
+    assert policy_records.read_status(str(tmp_path)) is None
+
+
+def test_the_policy_keepers_status_of_a_newer_release_is_refused_and_a_current_one_read(
+        tmp_path: Path) -> None:
+    policy_records.write_status(str(tmp_path), {"syncedAt": 1.0, "rules": 3})
+    assert policy_records.read_status(str(tmp_path)) == {"formatVersion": FORMAT_VERSION,
+                                                          "syncedAt": 1.0, "rules": 3}
+    path = Path(policy_records.status_path(str(tmp_path)))
+    path.write_text(newer({"syncedAt": 1.0, "rules": 3}))
+    refused(path, lambda: policy_records.read_status(str(tmp_path)))
+    assert list(policy_records.read_all(str(tmp_path))) == []  # the status is no record
+
+
+def test_the_agents_policy_pass_stops_at_a_newer_record_and_says_so_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """No pass acts on the node's records without the newer one (the rules stay as they
+    are); the keeper logs it once, not at every retry."""
+    from cni_plugin.agent.policies import PolicyKeeper
+    from cni_plugin.kube.config import KubeCredentials
+    creds = KubeCredentials("https://127.0.0.1:1", None, True, "t", None, None, None)
+    keeper = PolicyKeeper(creds, str(tmp_path), "w1", network_policy=False)  # never started
+    policy_records.write(str(tmp_path), policy_attachment("c1"))
+    assert keeper.sync_once(None) is None  # read, then no pass: its caches never listed
+    record = Path(policy_records.record_path(str(tmp_path), "c2", "net1"))
+    record.write_text(newer({}))
+    error = refused(record, lambda: keeper.sync_once(None))
+    for _ in range(2):
+        keeper._refused(error)  # type: ignore[arg-type]
+    said = [r.getMessage() for r in caplog.records if "not kept current" in r.getMessage()]
+    assert len(said) == 1 and str(record) in said[0], said
 
 
 @pytest.mark.parametrize("version", [0, -1, "1", 1.5, True, None])
@@ -195,6 +260,12 @@ def test_fields_of_a_later_release_are_ignored(tmp_path: Path) -> None:
         assert state.find(Attachment("c1", "eth0")) == "10.0.0.2"
 
 
+def policy_attachment(container: str) -> policy_records.LocalAttachment:
+    return policy_records.LocalAttachment(
+        container, "net1", "veth", "/var/run/netns/x", "G000000a1001H", "a1", "1", 7,
+        PodKey("ns1", container, "uid"), NetworkName("ns1", "nad"), ("10.0.0.5",), "net-a")
+
+
 def pending() -> migration.PendingTarget:
     return migration.PendingTarget(
         network="n", container_id="c1", ifname="net1", pod_namespace="ns", pod_name="p",
@@ -223,3 +294,36 @@ def test_doctor_names_the_files_a_newer_release_wrote(tmp_path: Path) -> None:
     marker = mark_newer(lock_dir / tableids.DIRECTORY)
     (failed,) = state_formats(node)
     assert failed.status == FAIL and str(marker) in failed.detail
+
+
+def test_doctor_names_the_policy_files_a_newer_release_wrote(tmp_path: Path) -> None:
+    """state.formats counts the policy records and the keeper's status of this release (the
+    positive control), never a policy file without formatVersion as the previous release's
+    (it predates policy), and names a newer one; policy.agent says what it stops."""
+    from cni_plugin.doctor.policy import policy as doctor_policy
+    lock_dir = tmp_path / "locks"
+    node = DoctorNode({"VPC_ATTACH_IPAM_DATA_ROOT": str(tmp_path / "ipam"),
+                       "VPC_ATTACH_HOST_CONFIG": str(tmp_path / "none.json")},
+                      "/etc/cni/net.d", "/opt/cni/bin", "", [],
+                      HostSettings(lock_dir=str(lock_dir)))
+    policy_records.write(str(lock_dir), policy_attachment("c1"))
+    policy_records.write_status(str(lock_dir), {"syncedAt": 1.0, "rules": 0})
+    (lock_dir / policy_records.DIRECTORY / "c0-net1.json").write_text("{}")  # no release's
+    (ok,) = state_formats(node)
+    assert (ok.status, ok.detail) == (OK, "2 file(s) of formatVersion 1, 0 of the previous "
+                                           "release's format (no formatVersion)")
+    agent = {f.check: f for f in doctor_policy(node)}["policy.agent"]
+    assert agent.status != FAIL, agent
+    status = Path(policy_records.status_path(str(lock_dir)))
+    status.write_text(newer({"syncedAt": 1.0}))
+    (failed,) = state_formats(node)
+    assert failed.status == FAIL and str(status) in failed.detail
+    agent = {f.check: f for f in doctor_policy(node)}["policy.agent"]
+    assert agent.status == "warn" and str(status) in agent.detail, agent
+    record = Path(policy_records.record_path(str(lock_dir), "c2", "net1"))
+    record.write_text(newer({}))
+    (failed,) = state_formats(node)
+    assert failed.status == FAIL and str(record) in failed.detail
+    agent = {f.check: f for f in doctor_policy(node)}["policy.agent"]
+    assert agent.status == FAIL and str(record) in agent.detail and \
+        f"formatVersion {NEWER}" in agent.detail, agent

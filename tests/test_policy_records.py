@@ -20,7 +20,8 @@ from cni_plugin.policy.model import parse_policy
 from cni_plugin.policy.networks import PodKey
 from cni_plugin.policy.records import LocalAttachment
 from cni_plugin.policy.sync import sync
-from netconf.errors import CniError
+from netconf.errors import NEWER_FORMAT, CniError
+from netconf.formats import FORMAT_VERSION
 from netconf.host import HostSettings
 
 
@@ -39,13 +40,13 @@ def test_a_record_reads_back_as_written(tmp_path: Path) -> None:
     assert sorted(records.read_all(str(tmp_path)), key=lambda a: a.container_id) == \
         [written, primary]
     body = json.loads(Path(records.record_path(str(tmp_path), "c1", "net1")).read_text())
-    assert body["formatVersion"] == records.FORMAT_VERSION
+    assert body["formatVersion"] == FORMAT_VERSION
 
 
 def test_a_newer_format_is_refused_and_a_damaged_record_skipped(tmp_path: Path) -> None:
     with pytest.raises(CniError) as refused:
-        records.parse({"formatVersion": records.FORMAT_VERSION + 1})
-    assert refused.value.code == 7
+        records.parse({"formatVersion": FORMAT_VERSION + 1}, "/x.json")
+    assert refused.value.code == NEWER_FORMAT  # more: tests/test_newer_formats.py
     records.write(str(tmp_path), attachment())
     (tmp_path / records.DIRECTORY / "broken.json").write_text("{")
     assert [a.container_id for a in records.read_all(str(tmp_path))] == ["c1"]

@@ -17,16 +17,13 @@ selecting the attachment (once per agent and cause), the gauges, and a status fi
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from cni_plugin.core.deadline import Deadline
-from cni_plugin.core.records import write_record
 from cni_plugin.kube.client import ApiError, ApiObserver, KubeClient, Resource, Target
 from cni_plugin.kube.config import KubeCredentials
 from cni_plugin.kube.events import EVENTS, object_event_body
@@ -48,12 +45,12 @@ from cni_plugin.policy.source import (
 from cni_plugin.policy.sync import SyncResult, sync
 from cni_plugin.policy.world import build_world
 from cni_plugin.publish.resources import ENDPOINT_SLICES
+from netconf.formats import NewerFormat
 
 log = logging.getLogger(__name__)
 COALESCE_SECONDS = 0.02  # after a change, wait this long for the rest of its burst
 RESYNC_SECONDS = 60.0  # every table rewritten whole (repairs what was changed behind us)
 SYNC_DEADLINE_SECONDS = 30.0
-STATUS_FILE = "status.json"  # doctor/policy.py reads it
 NOT_ENFORCED, INVALID = "PolicyNotEnforced", "PolicyInvalid"
 API_VERSIONS = {MULTI: "k8s.cni.cncf.io/v1beta1", NETWORK_POLICY: "networking.k8s.io/v1"}
 
@@ -74,6 +71,7 @@ class PolicyKeeper:
         self._stop = threading.Event()
         self._last_full = 0.0
         self._reported: set[tuple[str, str, str]] = set()
+        self._refusal = ""  # the newer release's file the last pass stopped at, if any
         self.multi = self._watch(MULTI_POLICIES, absent_ok=True)
         self.plain = self._watch(NETWORK_POLICIES) if network_policy else None
         self.pods = self._watch(PODS)
@@ -161,6 +159,11 @@ class PolicyKeeper:
                 since, self._pending_since = self._pending_since, None
             try:
                 self.sync_once(since)
+                self._refusal = ""
+            except NewerFormat as exc:
+                # A newer release's record: no pass acts without it, the rules stay as they
+                # are, and the next change or resync tries again (no retry every second).
+                self._refused(exc)
             except Exception:  # a bug must not end the keeper: the next change retries
                 log.exception("policy sync failed")
                 self.changed()
@@ -189,6 +192,13 @@ class PolicyKeeper:
         self._report(result, policies or [])
         return result
 
+    def _refused(self, exc: NewerFormat) -> None:
+        """Say once per file that a newer release's record stops every pass (doctor's
+        state.formats and policy.agent name it too)."""
+        if exc.path != self._refusal:
+            log.warning("policy not kept current on this node: %s; %s", exc.msg, exc.details)
+            self._refusal = exc.path
+
     def _report(self, result: SyncResult, policies: list[Policy]) -> None:
         by_key = {policy.key: policy for policy in policies}
         for unenforced in result.unenforced:
@@ -203,13 +213,12 @@ class PolicyKeeper:
             if policy.problems:
                 self._event(policy, INVALID, "refused, matches nothing: " +
                             "; ".join(policy.problems), "|".join(policy.problems))
-        status = {"formatVersion": 1, "syncedAt": time.time(), "rules": result.rules,
+        status = {"syncedAt": time.time(), "rules": result.rules,
                   "enforced": result.enforced,
                   "unenforced": [{"attachment": u.attachment.describe(), "reason": u.reason,
                                   "policies": list(u.policies)} for u in result.unenforced]}
         try:
-            write_record(os.path.join(self.lock_dir, records.DIRECTORY, STATUS_FILE),
-                         json.dumps(status, sort_keys=True), "the policy status")
+            records.write_status(self.lock_dir, status)
         except Exception as exc:  # the status is doctor's; the rules are written already
             log.warning("policy status not written: %s", exc)
 

@@ -15,12 +15,16 @@ from cni_plugin.ipam.plugin.claimed import CLAIMS_DIR
 from cni_plugin.ipam.plugin.store import pool_directories
 from cni_plugin.kernel.tableids import DIRECTORY as TABLES
 from cni_plugin.kubevirt.migration import RECORDS_DIR as MIGRATIONS
+from cni_plugin.policy.records import DIRECTORY as POLICY
 from cni_plugin.tenancy.choice import RECORDS_DIR as CHOICES
 from netconf.errors import CniError
 from netconf.formats import FORMAT_KEY, FORMAT_VERSION, check_format
 from netconf.host import ipam_data_root
 
 SHOWN = 5  # newer files named in one line
+# Directories of formats the previous release (041aa67) never wrote, which have carried
+# formatVersion from their start: a file there without it is damaged, no release's format.
+SINCE_PREVIOUS = (POLICY,)
 
 
 def state_formats(node: Node) -> list[Finding]:
@@ -28,6 +32,7 @@ def state_formats(node: Node) -> list[Finding]:
     of this release's format and how many of the previous one's (no formatVersion)."""
     newer: list[str] = []
     counts = {"this": 0, "previous": 0}
+    since_previous = {os.path.join(node.settings.lock_dir, d) for d in SINCE_PREVIOUS}
     for path in _state_files(node):
         try:
             with open(path, encoding="utf-8") as handle:
@@ -39,8 +44,10 @@ def state_formats(node: Node) -> list[Finding]:
         except CniError:
             newer.append(path)
             continue
-        if isinstance(data, dict):
-            counts["this" if FORMAT_KEY in data else "previous"] += 1
+        if isinstance(data, dict) and FORMAT_KEY in data:
+            counts["this"] += 1
+        elif isinstance(data, dict) and os.path.dirname(path) not in since_previous:
+            counts["previous"] += 1
     if newer:
         return [Finding("state.formats", FAIL,
                         f"{len(newer)} file(s) written by a newer vpc-attach (this release reads "
@@ -56,7 +63,7 @@ def state_formats(node: Node) -> list[Finding]:
 def _state_files(node: Node) -> Iterator[str]:
     """The JSON files and directory markers under the node's lockDir and IPAM data dirs."""
     lock_dir = node.settings.lock_dir
-    for directory in (CHOICES, REGISTRATIONS):
+    for directory in (CHOICES, REGISTRATIONS, POLICY):
         yield from _json_files(os.path.join(lock_dir, directory))
     for directory in (MIGRATIONS, TABLES):
         yield os.path.join(lock_dir, directory, DIRECTORY_FORMAT)

@@ -4,7 +4,6 @@ what its last pass could not enforce."""
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shutil
@@ -19,7 +18,6 @@ from netconf.errors import CniError
 from netconf.host import NodeSettings
 from netconf.node_groups import PolicySettings
 
-STATUS_FILE = "status.json"  # written by the agent's keeper after every pass
 STALE_SECONDS = 180.0  # a keeper rewrites it at least every minute
 TC_MODULES = ("cls_flower", "act_ct", "act_gact")
 SHOWN = 5
@@ -39,10 +37,18 @@ def policy(node: Node) -> list[Finding]:
                "networkPolicy)")
         return [mode, *(Finding(name, OK, off)
                         for name in ("policy.kernel", "policy.agent", "policy.unenforced"))]
-    attachments = list(records.read_all(node.settings.lock_dir))
+    try:
+        attachments = list(records.read_all(node.settings.lock_dir))
+    except CniError as exc:  # a newer release's record (code 108): state.formats names it too
+        return [mode, Finding("policy.agent", FAIL, "neither the agent's passes nor an ADD a "
+                              f"policy selects act without it: {exc.msg}", exc.details)]
     taps = sum(1 for attachment in attachments if attachment.kind == "tap")
-    return [mode, _kernel(taps), _agent(node, len(attachments)),
-            *_unenforced(node, attachments)]
+    try:
+        status = records.read_status(node.settings.lock_dir)
+    except CniError as exc:  # a newer release's report: this release's next pass replaces it
+        return [mode, _kernel(taps), Finding("policy.agent", WARN, exc.msg, exc.details),
+                Finding("policy.unenforced", OK, "no agent pass to read")]
+    return [mode, _kernel(taps), _agent(status, len(attachments)), *_unenforced(status)]
 
 
 def _mode(settings: PolicySettings | None) -> Finding:
@@ -88,8 +94,7 @@ def _kernel(taps: int) -> Finding:
                    f"stateful tc ({', '.join(TC_MODULES)})")
 
 
-def _agent(node: Node, attachments: int) -> Finding:
-    status = _status(node)
+def _agent(status: dict[str, Any] | None, attachments: int) -> Finding:
     if status is None:
         detail = (f"{attachments} attachment(s) here could be selected by a policy; "
                   if attachments else "")
@@ -109,8 +114,7 @@ def _agent(node: Node, attachments: int) -> Finding:
                    f"attachment(s) isolated, last pass {age:.0f} s ago")
 
 
-def _unenforced(node: Node, attachments: list[records.LocalAttachment]) -> list[Finding]:
-    status = _status(node)
+def _unenforced(status: dict[str, Any] | None) -> list[Finding]:
     raw = (status or {}).get("unenforced")
     found: list[dict[str, Any]] = [i for i in raw if isinstance(i, dict)] \
         if isinstance(raw, list) else []
@@ -122,16 +126,6 @@ def _unenforced(node: Node, attachments: list[records.LocalAttachment]) -> list[
     return [Finding("policy.unenforced", WARN, f"{len(found)} attachment(s) a policy selects "
                     f"are not enforced on every path: {listed}",
                     "docs/operations.md, \"Policy: why a packet was dropped or was not\"")]
-
-
-def _status(node: Node) -> dict[str, Any] | None:
-    path = os.path.join(node.settings.lock_dir, records.DIRECTORY, STATUS_FILE)
-    try:
-        with open(path, encoding="utf-8") as handle:
-            found = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    return found if isinstance(found, dict) else None
 
 
 def _loads(library: str) -> bool:

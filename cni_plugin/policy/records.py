@@ -1,6 +1,13 @@
 """The node's attachments as policy sees them: one record per attachment, written by ADD
 (whichever path ran it) before it answers, removed by DEL and GC; the agent reads them to keep
-the rules current after ADD answered (a restarted agent, too)."""
+the rules current after ADD answered (a restarted agent, too). Beside them, the agent's report
+of its last pass (STATUS_FILE), which doctor reads.
+
+Both carry formatVersion (SPEC §18, netconf/formats.py) and always have: release 041aa67, the
+previous one, predates policy, so a file here without it is no release's and read as damaged.
+One a newer release wrote is refused with code 108 naming it, never skipped as damaged: no ADD,
+agent pass or GC acts on the node's records without it (docs/architecture.md, "On-node
+formats")."""
 
 from __future__ import annotations
 
@@ -16,13 +23,15 @@ from typing import TYPE_CHECKING, Any
 from cni_plugin.core.records import write_record
 from cni_plugin.kube.networks import NetworkName
 from cni_plugin.policy.networks import PRIMARY, NetworkRef, PodKey
-from netconf.errors import INVALID_CONFIG, CniError
+from netconf.formats import FORMAT_KEY, check_format, versioned
 
 if TYPE_CHECKING:
     from cni_plugin.policy.compile import Endpoint, Target
 
 DIRECTORY = "policy"
-FORMAT_VERSION = 1
+STATUS_FILE = "status.json"  # the agent's report of its last pass, for doctor
+RECORD = "the policy record of an attachment"
+STATUS = "the policy keeper's status"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -76,7 +85,7 @@ def write(lock_dir: str, attachment: LocalAttachment) -> None:
     body = asdict(attachment)
     body["network"] = None if attachment.network is None else str(attachment.network)
     write_record(record_path(lock_dir, attachment.container_id, attachment.ifname),
-                 json.dumps({"formatVersion": FORMAT_VERSION, **body}, sort_keys=True),
+                 json.dumps(versioned(body), sort_keys=True),
                  "the attachment's policy record")
 
 
@@ -87,28 +96,41 @@ def remove(lock_dir: str, container_id: str, ifname: str) -> None:
 
 
 def read_all(lock_dir: str) -> Iterator[LocalAttachment]:
-    """Every readable record (a damaged one is skipped: GC removes what it does not list)."""
+    """Every readable record; a damaged one is skipped (GC removes what it does not list), one
+    a newer release wrote is code 108 naming it."""
     directory = os.path.join(lock_dir, DIRECTORY)
     try:
         names = sorted(os.listdir(directory))
     except FileNotFoundError:
         return
     for name in names:
-        if not name.endswith(".json"):
+        if not name.endswith(".json") or name == STATUS_FILE:
             continue
+        path = os.path.join(directory, name)
         try:
-            with open(os.path.join(directory, name), encoding="utf-8") as handle:
-                yield parse(json.load(handle))
-        except (OSError, ValueError, KeyError, TypeError, CniError):
-            continue
+            with open(path, encoding="utf-8") as handle:
+                body = json.load(handle)
+        except (OSError, ValueError):
+            continue  # removed meanwhile (a DEL), or damaged
+        attachment = _readable(body, path)
+        if attachment is not None:
+            yield attachment
 
 
-def parse(body: dict[str, Any]) -> LocalAttachment:
-    """A record's body; a newer format than this release reads is code 7."""
-    version = body.get("formatVersion")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise CniError(INVALID_CONFIG, f"policy record of format {version!r}",
-                       f"this release reads format {FORMAT_VERSION}")
+def _readable(body: object, path: str) -> LocalAttachment | None:
+    """The record's attachment; None when it is damaged (code 108 passes)."""
+    try:
+        return parse(body, path)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def parse(body: object, path: str) -> LocalAttachment:
+    """A record's body (ValueError, KeyError or TypeError when damaged, as one without
+    formatVersion is); code 108 naming `path` when a newer release wrote it."""
+    check_format(body, path, RECORD)
+    if not isinstance(body, dict) or FORMAT_KEY not in body:
+        raise ValueError(f"{path}: no {FORMAT_KEY} (every release writing it wrote one)")
     network = body.get("network")
     namespace, _, name = str(network or "").partition("/")
     pod = body["pod"]
@@ -129,3 +151,28 @@ def remove_except(lock_dir: str, network_name: str, valid: set[tuple[str, str]])
             remove(lock_dir, attachment.container_id, attachment.ifname)
             removed += 1
     return removed
+
+
+def status_path(lock_dir: str) -> str:
+    """Where the agent reports its last pass."""
+    return os.path.join(lock_dir, DIRECTORY, STATUS_FILE)
+
+
+def write_status(lock_dir: str, status: dict[str, Any]) -> None:
+    """The agent's report of its last pass (whole or not at all). Rewritten by every pass:
+    a report, no state, so one a newer release left is replaced, not refused."""
+    write_record(status_path(lock_dir), json.dumps(versioned(status), sort_keys=True),
+                 "the policy status")
+
+
+def read_status(lock_dir: str) -> dict[str, Any] | None:
+    """The agent's last report; None when there is none or it is damaged (as one without
+    formatVersion is); code 108 naming the file when a newer release wrote it."""
+    path = status_path(lock_dir)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            found = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    check_format(found, path, STATUS)
+    return found if isinstance(found, dict) and FORMAT_KEY in found else None
