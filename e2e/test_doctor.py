@@ -4,6 +4,7 @@ condition exit 1 with the failing check saying what is wrong and how to fix it."
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -129,6 +130,14 @@ def _broken_host_file(node: DoctorNode, kube: Kube, cluster: Any) -> None:
     node.host_file.write_text('{"nodeName": ')
 
 
+def _newer_policy_record(node: DoctorNode, kube: Kube, cluster: Any) -> None:
+    """A policy record as a newer release writes one (SPEC §18): after a rollback past a
+    format change."""
+    records = node.tmp / "locks" / "policy"
+    records.mkdir(parents=True, exist_ok=True)
+    (records / "newer-ctr-net1.json").write_text(json.dumps({"formatVersion": 2}))
+
+
 BROKEN: dict[str, tuple[Callable[[DoctorNode, Kube, Any], None], str, str]] = {
     "no-router": (_no_router, "bgp.router", "0 BGPRouters target node"),
     "two-routers": (_two_routers, "bgp.router", "2 BGPRouters target node"),
@@ -138,6 +147,8 @@ BROKEN: dict[str, tuple[Callable[[DoctorNode, Kube, Any], None], str, str]] = {
     "ipam-leftover": (_ipam_leftover, "leftovers.ipam", "ghost-contai/eth0"),
     "invalid-conflist": (_invalid_conflist, "cni.conflist", "unknown config key 'mtuu'"),
     "broken-host-file": (_broken_host_file, "settings.hostFile", "cannot read host settings"),
+    "newer-policy-record": (_newer_policy_record, "state.formats",
+                            "/policy/newer-ctr-net1.json"),
 }
 
 

@@ -22,10 +22,12 @@ from typing import Any
 import pytest
 
 from e2e.harness.agentproc import OwnAgents
+from e2e.harness.kernel import links_in
 from e2e.harness.kube import Kube
 from e2e.harness.packets import in_netns
 from e2e.harness.plugin import VIA_AGENT, random_vpc
 from e2e.harness.policyscene import (
+    AddRefused,
     PolicyNode,
     Scene,
     manifest_nad,
@@ -201,6 +203,37 @@ def test_bad_policies_open_nothing(kube: Kube, node: PolicyNode, tmp_path: Path)
             src, dst, "tcp", 6666, timeout=0.5), SETTLE_S)
         assert not made.reaches(src, dst, "tcp", 5555)
         assert not made.reaches(src, dst, "udp", 5555)
+
+
+@pytest.mark.both_paths
+def test_a_policy_record_of_a_newer_release_stops_the_adds_a_policy_selects(
+        kube: Kube, node: PolicyNode, tmp_path: Path) -> None:
+    """SPEC §18: after a rollback past a format change, a policy record is of a newer format
+    than this release reads. An ADD that reads the records (a policy selects its Pod, whose
+    peers they hold) refuses with code 108 naming the file, and leaves nothing; once the record
+    is of this release's format again, the next Pod's ADD reads it (the positive control)."""
+    nad, namespace = unique("newer"), unique("newer-format")
+    with scene(kube, node, tmp_path) as made:
+        made.nad(manifest_nad(nad, "10.68.0.0/24"))
+        made.namespace(manifest_namespace(namespace))
+        made.policy(manifest_policy("deny-all", namespace, f"default/{nad}", DENY_ALL))
+        first = made.pod(manifest_pod("first", namespace, {}, f"default/{nad}"))
+        [record] = node.lock_dir.glob(f"policy/{first.netns}-*.json")
+        current = record.read_text()
+        newer = json.loads(current)["formatVersion"] + 1
+        record.write_text(json.dumps({**json.loads(current), "formatVersion": newer}))
+        with pytest.raises(AddRefused) as refused:
+            made.pod(manifest_pod("second", namespace, {}, f"default/{nad}"))
+        answer = refused.value.answer
+        assert answer.code == 108, answer.body
+        assert str(record) in answer.body["msg"] and f"formatVersion {newer}" in \
+            answer.body["msg"], answer.body
+        second = made.pods[(namespace, "second")]
+        assert links_in(second.netns) == {"lo"}, "the refused ADD left a link"
+        assert list(node.lock_dir.glob(f"policy/{second.netns}-*")) == []
+        record.write_text(current)
+        made.pod(manifest_pod("third", namespace, {}, f"default/{nad}"))
+        assert record.read_text() == current, "a reader rewrote the record"
 
 
 def bad_rules() -> list[tuple[str, dict[str, Any]]]:

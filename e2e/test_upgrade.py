@@ -50,6 +50,7 @@ from e2e.node.upgrade import (
     world_removed,
     world_rolled,
 )
+from netconf.formats import FORMAT_VERSION
 
 pytestmark = [pytest.mark.root, pytest.mark.cluster]
 
@@ -251,3 +252,7 @@ def test_an_agent_killed_in_the_middle_of_an_add_during_the_roll_leaks_nothing(
     # The VM's policy record the previous release's DEL left (it predates policy): this
     # release's GC of the VM network removed it.
     assert found["stale policy records collected by GC"], found
+    # Written by this release before the rollback, kept across 041aa67 (which predates policy
+    # and reads no policy file), read by this release's GC through its format check (SPEC §18).
+    assert set(found["formatVersion of the stale policy records"].values()) == \
+        {FORMAT_VERSION}, found

@@ -44,7 +44,7 @@ from e2e.harness.kernel import run_ip
 from e2e.harness.kube import Kube, crd_established
 from e2e.harness.nodes import api_port, node_namespace
 from e2e.harness.packets import Listener, in_netns, listener, send
-from e2e.harness.plugin import Plugin, with_prev
+from e2e.harness.plugin import Answer, Plugin, with_prev
 from e2e.harness.tapguest import Guest, guest_on_tap
 from e2e.harness.wait import wait_until
 
@@ -166,6 +166,14 @@ def nc_listeners(pod: dict[str, Any]) -> list[tuple[str, int]]:
     return found
 
 
+class AddRefused(AssertionError):
+    """An ADD of the scene answered an error (`answer`: what the plugin said)."""
+
+    def __init__(self, answer: Answer) -> None:
+        super().__init__(f"ADD failed: {answer.stdout} {answer.stderr}")
+        self.answer = answer
+
+
 class Scene:
     """One case on one node: what it created, so it can all be removed again."""
 
@@ -282,9 +290,11 @@ class Scene:
         args = (f"IgnoreUnknown=1;K8S_POD_NAMESPACE={run.namespace};K8S_POD_NAME={run.name};"
                 f"K8S_POD_INFRA_CONTAINER_ID={run.netns};K8S_POD_UID={run.uid}")
         node = self.node_of[(run.namespace, run.name)]
-        result = node.plugin.ok("ADD", net, container_id=run.netns, netns=run.path,
-                                ifname=ifname, CNI_ARGS=args)
-        run.attached.append(Attached(ifname, net, result, args))
+        answer = node.plugin.call("ADD", net, container_id=run.netns, netns=run.path,
+                                  ifname=ifname, CNI_ARGS=args)
+        if answer.status != 0:
+            raise AddRefused(answer)
+        run.attached.append(Attached(ifname, net, answer.body, args))
 
     def _create(self, collection: str, body: dict[str, Any], path: str) -> dict[str, Any]:
         created = self.kube.create(collection, body)

@@ -583,6 +583,8 @@ def agent_killed_mid_add(up: Upgrade) -> dict[str, Any]:
               if not shared_instance(key)}
     delete_pod(admin, name)
     stale = policy_records(node)  # the rolled-back VM's: the previous release's DEL left it
+    stale_formats = {name: json.loads((policy_directory(node) / name).read_text()).get(
+        "formatVersion") for name in stale}  # this release's, read by its GC below
     call(node, "GC", valid_attachments(plugin_stanza(node_conflist()), []))
     call(node, "GC", valid_attachments(vm_network(), []))
     calls = [line for line in verb_lines(node) if line.get("pod") == f"default/{name}"]
@@ -593,7 +595,8 @@ def agent_killed_mid_add(up: Upgrade) -> dict[str, Any]:
                  and line["containerID"] == killed_sandbox],
              "left by the killed sandbox": sorted(leaked),
              "left after": left_of(up, [pod.sandbox_id, killed_sandbox, *pod.addresses]),
-             "stale policy records collected by GC": sorted(stale - policy_records(node))}
+             "stale policy records collected by GC": sorted(stale - policy_records(node)),
+             "formatVersion of the stale policy records": stale_formats}
     up.figures["killed mid-ADD"] = found
     return found
 
@@ -601,8 +604,13 @@ def agent_killed_mid_add(up: Upgrade) -> dict[str, Any]:
 def policy_records(node: Node) -> set[str]:
     """The policy records (SPEC §17) in the node's lockDir, by file name (the keeper's status
     aside)."""
-    directory = node.host_path("/run") / LOCK_DIR.removeprefix("/run/") / POLICY_RECORDS
-    return {path.name for path in directory.glob("*.json") if path.name != "status.json"}
+    return {path.name for path in policy_directory(node).glob("*.json")
+            if path.name != "status.json"}
+
+
+def policy_directory(node: Node) -> Path:
+    """lockDir/policy on the node, as the host sees it."""
+    return node.host_path("/run") / LOCK_DIR.removeprefix("/run/") / POLICY_RECORDS
 
 
 def shared_instance(key: str) -> bool:
