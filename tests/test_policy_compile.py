@@ -15,9 +15,11 @@ from cni_plugin.kube.networks import NetworkName
 from cni_plugin.policy.compile import (
     PRIMARY,
     Compiled,
+    Compiler,
     Endpoint,
     NetworkRef,
     PodFacts,
+    PortRange,
     Target,
     World,
     compile_target,
@@ -314,6 +316,58 @@ def test_compiled_allows_match_networkpolicy_semantics(
         table = render("net1", compiled)
         assert table.name == table_name("net1")
         assert all(name in table.structure for name in table.elements)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(specs, st.sampled_from(["ns1", "ns2"]),
+                          st.sampled_from(["default/net-a", "other/net-b"])),
+                min_size=1, max_size=4),
+       st.lists(st.tuples(st.sampled_from(LABELS), st.sampled_from(["ns1", "ns2"]),
+                          st.sampled_from([NAD_A, NAD_B]), st.sampled_from(["v1", "v2"]),
+                          st.sampled_from(ADDRESSES)),
+                min_size=1, max_size=6),
+       st.randoms(use_true_random=False))
+def test_one_compiler_for_every_attachment_compiles_each_as_if_alone(
+        made: list[tuple[dict[str, Any], str, str]],
+        others: list[tuple[str, str, NetworkRef, str, str]], order: Any) -> None:
+    """The agent's pass shares one Compiler (its memo) across the node's attachments: what it
+    gives each must be what a compiler of that attachment alone gives."""
+    policies = [parse_policy(mnp(f"p{i}", spec, networks, namespace))
+                for i, (spec, namespace, networks) in enumerate(made)]
+    pods, endpoints, targets = {}, [], []
+    for i, (label, namespace, network, vpc, address) in enumerate(others):
+        port = 7001 + i  # each Pod names its own
+        pods[(namespace, f"pod{i}")] = PodFacts(namespace, f"pod{i}", {"app": label},
+                                                {("http", "TCP"): port, ("sql", "TCP"): port})
+        endpoints.append(Endpoint(namespace, f"pod{i}", network, vpc,
+                                  (ipaddress.ip_address(address),)))
+        # Every Pod as the target on both networks in both VPCs (attachments of one Pod).
+        targets += [Target(namespace, f"pod{i}", on, in_vpc)
+                    for on in (NAD_A, NAD_B) for in_vpc in ("v1", "v2")]
+    world = World(policies, pods, {"ns1": {"app": "web"}, "ns2": {"app": "db"}}, endpoints)
+    order.shuffle(targets)
+    shared = Compiler(world)
+    for target in targets:
+        assert shared.compile(target) == Compiler(world).compile(target), target
+
+
+def test_one_compiler_keeps_each_attachments_vpc_and_named_ports_its_own() -> None:
+    policy = parse_policy(mnp("p", {"podSelector": {}, "ingress": [
+        {"from": [{"podSelector": {}}], "ports": [{"port": "http"}]}]}))
+    pods = {("ns1", name): PodFacts("ns1", name, {}, {("http", "TCP"): port})
+            for name, port in (("a", 8080), ("b", 9090))}
+    world = World([policy], pods, {"ns1": {}},
+                  [Endpoint("ns1", "a", NAD_A, "v1", (ipaddress.ip_address("10.9.0.1"),)),
+                   Endpoint("ns1", "b", NAD_A, "v2", (ipaddress.ip_address("10.9.0.1"),)),
+                   Endpoint("ns1", "b", NAD_A, "v1", (ipaddress.ip_address("10.9.0.2"),))])
+    compiler = Compiler(world)
+    in_v1, in_v2 = (compiler.compile(Target("ns1", "b", NAD_A, vpc)) for vpc in ("v1", "v2"))
+    a_in_v1 = compiler.compile(Target("ns1", "a", NAD_A, "v1"))
+    assert [[str(net) for net in allow.peers or ()]
+            for allow in (*in_v1.ingress.allows, *in_v2.ingress.allows)] == \
+        [["10.9.0.1/32", "10.9.0.2/32"], ["10.9.0.1/32"]]  # each VPC's peers alone
+    assert [allow.ports for allow in (*in_v1.ingress.allows, *a_in_v1.ingress.allows)] == \
+        [(PortRange("TCP", 9090, 9090),), (PortRange("TCP", 8080, 8080),)]  # each Pod's port
 
 
 def test_peers_changing_rewrite_sets_not_rules() -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.kernel.netns import NetnsGone
-from cni_plugin.policy.compile import World, compile_target
+from cni_plugin.policy.compile import Compiler, World
 from cni_plugin.policy.enforce import Enforcer
 from cni_plugin.policy.records import LocalAttachment
 from netconf.errors import CniError
@@ -41,8 +41,9 @@ def sync(world: World, attachments: Sequence[LocalAttachment], enforcer: Enforce
          deadline: Deadline) -> SyncResult:
     """Every attachment made to enforce what the world says now."""
     result = SyncResult()
+    compiler = Compiler(world)  # what the attachments share, resolved once
     for attachment in attachments:
-        compiled = compile_target(world, attachment.target())
+        compiled = compiler.compile(attachment.target())
         try:
             enforced = enforcer.apply(attachment, compiled, deadline)
         except NetnsGone:
