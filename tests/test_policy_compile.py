@@ -370,6 +370,26 @@ def test_one_compiler_keeps_each_attachments_vpc_and_named_ports_its_own() -> No
         [(PortRange("TCP", 9090, 9090),), (PortRange("TCP", 8080, 8080),)]  # each Pod's port
 
 
+def test_one_compiler_keeps_each_pod_selectors_pods_its_own() -> None:
+    policies = [parse_policy(mnp(name, {"podSelector": {"matchLabels": {"app": "db"}},
+                                        "ingress": [{"from": [{"podSelector": peers}],
+                                                     "ports": [{"port": port}]}]}))
+                for name, peers, port in (
+                    ("from-web", {"matchLabels": {"app": "web"}}, 80),
+                    ("from-cache", {"matchExpressions": [
+                        {"key": "app", "operator": "In", "values": ["cache"]}]}, 81),
+                    ("from-any", {}, 82))]
+    world = _world(policies, pods={"db": {"app": "db"}, "web": {"app": "web"},
+                                   "cache": {"app": "cache"}},
+                   endpoints={"web": ["10.9.0.1"], "cache": ["10.9.0.2"], "db": ["10.9.0.3"]})
+    compiled = Compiler(world).compile(Target("ns1", "db", NAD_A, "v1"))
+    assert {allow.origin: [str(net) for net in allow.peers or ()]
+            for allow in compiled.ingress.allows} == {
+        "ns1/from-any ingress[0]": ["10.9.0.1/32", "10.9.0.2/32", "10.9.0.3/32"],
+        "ns1/from-cache ingress[0]": ["10.9.0.2/32"],
+        "ns1/from-web ingress[0]": ["10.9.0.1/32"]}
+
+
 def test_peers_changing_rewrite_sets_not_rules() -> None:
     policy = parse_policy(mnp("p", {"podSelector": {"matchLabels": {"app": "db"}},
                                     "ingress": [{"from": [{"podSelector": {}}],

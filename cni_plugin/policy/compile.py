@@ -14,11 +14,12 @@ that does not resolve matches nothing.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cni_plugin.policy.model import MULTI, Network, Peer, Policy, PortSpec, Rule
 from cni_plugin.policy.networks import PRIMARY, NetworkRef
+from cni_plugin.tenancy.bindings import Selector
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 __all__ = ["PRIMARY", "NetworkRef"]  # the compiler's names for them too
@@ -131,10 +132,10 @@ _RuleKey = tuple[int, str, int, str, tuple[str, str] | None]
 
 
 class Compiler:
-    """`compile_target` for every attachment of a node against one world. What targets share
-    is worked out once per world, not once per target: the policies a set of labels selects,
-    each rule's peers in a VPC, each peer's networks (a node of 100 Pods under 100 policies
-    resolved each rule's selectors once per attachment before: most of a pass's time).
+    """`compile_target` for every attachment of a node against one world: what targets share
+    is worked out once per world, not once per target — the policies a set of labels selects,
+    the Pods a pod selector selects in a namespace, each rule's allows in a VPC, each peer's
+    networks (per target, 100 Pods under 100 policies spent most of an agent pass there).
     `world.policies` keeps every policy alive as long as the compiler: their ids are keys."""
 
     def __init__(self, world: World) -> None:
@@ -144,6 +145,7 @@ class Compiler:
         self._for_network: dict[tuple[str, NetworkRef], list[Policy]] = {}
         self._rules: dict[_RuleKey, list[Allow]] = {}
         self._pods_in: dict[str, list[tuple[tuple[str, str], PodFacts]]] = {}
+        self._selected: dict[tuple[str, Hashable], list[tuple[str, str]]] = {}
         for key, pod in world.pods.items():
             self._pods_in.setdefault(key[0], []).append((key, pod))
         self._in_vpc: dict[str, list[tuple[Endpoint, tuple[Network, ...]]]] = {}
@@ -266,10 +268,19 @@ class Compiler:
                 namespaces = [name for name, labels in self.world.namespaces.items()
                               if selector.matches(labels)]
             for namespace in namespaces:
-                selected.update(key for key, pod in self._pods_in.get(namespace, ())
-                                if peer.pod_selector is None or
-                                peer.pod_selector.matches(pod.labels))
+                selected.update(self._selected_in(namespace, peer.pod_selector))
         return self._endpoints_on(target, _networks_of(policy), selected)
+
+    def _selected_in(self, namespace: str, selector: Selector | None) -> list[tuple[str, str]]:
+        """The Pods of a namespace a pod selector selects (None: every Pod)."""
+        key = (namespace, None if selector is None else (
+            tuple(sorted(selector.match_labels.items())), selector.requirements))
+        found = self._selected.get(key)
+        if found is None:
+            found = [pod_key for pod_key, pod in self._pods_in.get(namespace, ())
+                     if selector is None or selector.matches(pod.labels)]
+            self._selected[key] = found
+        return found
 
     def _endpoints_on(self, target: Target, networks: Sequence[NetworkRef],
                       pods: set[tuple[str, str]] | None
