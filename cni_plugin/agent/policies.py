@@ -5,10 +5,12 @@ Pods, namespaces and vpc-attach's EndpointSlices. Any change marks the node dirt
 waits a moment for more (a burst is one pass, not one per event), then recompiles every
 attachment of the node (its records, written by ADD) and writes what changed: a peer coming or
 going refills sets, a policy change rewrites the attachment's table, each attachment in one
-transaction. ADDs through the agent read the same caches and write through the same
-`Enforcer`, so the pass after them has nothing left to do. A restarted agent finds the rules
-in place and replaces each table once, whole; every RESYNC_SECONDS it does so again, which also
-puts back what a Pod with NET_ADMIN may have flushed.
+transaction; an attachment whose compiled policy did not change is not written at all.
+ADDs through the agent read the same caches and write through the same `Enforcer`, so the
+pass after them has nothing left to do. A restarted agent finds the rules in place and
+replaces each table once, whole; every RESYNC_SECONDS it does so again, which also puts back
+what a Pod with NET_ADMIN may have flushed: after a pass's changes are written, one table at
+a time, giving way to any change that comes meanwhile (a change never waits for the repairs).
 
 What a pass could not enforce is reported: a Warning Event `PolicyNotEnforced` on each policy
 selecting the attachment (once per agent and cause), the gauges, and a status file for
@@ -42,7 +44,7 @@ from cni_plugin.policy.source import (
     ApiPolicyView,
     PolicyView,
 )
-from cni_plugin.policy.sync import SyncResult, sync
+from cni_plugin.policy.sync import SyncResult, repair, sync
 from cni_plugin.policy.world import build_world
 from cni_plugin.publish.resources import ENDPOINT_SLICES
 from netconf.formats import NewerFormat
@@ -69,7 +71,9 @@ class PolicyKeeper:
         self._changed = threading.Condition()
         self._pending_since: float | None = None
         self._stop = threading.Event()
-        self._last_full = 0.0
+        # A fresh enforcer writes every table whole on the first pass: repairs start after.
+        self._last_full = time.monotonic()
+        self._unrepaired: set[str] = set()  # attachments due a whole rewrite
         self._reported: set[tuple[str, str, str]] = set()
         self._refusal = ""  # the newer release's file the last pass stopped at, if any
         self.multi = self._watch(MULTI_POLICIES, absent_ok=True)
@@ -180,16 +184,20 @@ class PolicyKeeper:
                 self._pending_since = self._pending_since or since or time.monotonic()
             self._stop.wait(0.2)
             return None
+        keys = {a.key for a in attachments}
         if time.monotonic() - self._last_full >= RESYNC_SECONDS:
-            self.enforcer.close()  # forget what was written: rewrite every table whole
+            self._unrepaired = set(keys)
             self._last_full = time.monotonic()
-        result = sync(world, attachments, self.enforcer, Deadline(SYNC_DEADLINE_SECONDS))
-        for key in self.enforcer.keys() - {a.key for a in attachments}:
+        self._unrepaired &= keys
+        deadline = Deadline(SYNC_DEADLINE_SECONDS)
+        result = sync(world, attachments, self.enforcer, deadline)
+        for key in self.enforcer.keys() - keys:
             self.enforcer.forget(key)
         seconds = time.monotonic() - since if since is not None else None
         if self._synced is not None:
             self._synced(result.rules, len(result.unenforced), seconds)
         self._report(result, policies or [])
+        repair(attachments, self.enforcer, self._unrepaired, self._change_waits, deadline)
         return result
 
     def _refused(self, exc: NewerFormat) -> None:
@@ -198,6 +206,11 @@ class PolicyKeeper:
         if exc.path != self._refusal:
             log.warning("policy not kept current on this node: %s; %s", exc.msg, exc.details)
             self._refusal = exc.path
+
+    def _change_waits(self) -> bool:
+        """Whether a change is waiting for a pass (read without the lock: one that comes just
+        after is seen at the next attachment)."""
+        return self._pending_since is not None or self._stop.is_set()
 
     def _report(self, result: SyncResult, policies: list[Policy]) -> None:
         by_key = {policy.key: policy for policy in policies}

@@ -9,7 +9,9 @@ from __future__ import annotations
 import errno
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from cni_plugin.core.deadline import Deadline
 from cni_plugin.kernel import flower, netns, tc
@@ -42,34 +44,70 @@ class Enforced:
     unenforced: str | None = None
 
 
-class Enforcer:
-    """Writes attachments' compiled policy; holds the tables it wrote and the nft contexts
-    bound to their Pods' netns."""
+class NftContext(Protocol):
+    """What the enforcer asks of an nft context (`kernel.nftables.Nft`)."""
 
-    def __init__(self) -> None:
-        self._tables: dict[str, nft.Table | None] = {}
-        self._contexts: dict[str, Nft] = {}
+    def run(self, script: str) -> str:
+        """Run the script as one transaction."""
+
+    def close(self) -> None:
+        """Free the context."""
+
+
+@dataclass(frozen=True)
+class _Written:
+    """What a veth attachment was last made to enforce: the compiled policy, its table in
+    the Pod's netns (None: none), and what that enforced."""
+
+    compiled: Compiled
+    table: nft.Table | None
+    enforced: Enforced
+
+
+class Enforcer:
+    """Writes attachments' compiled policy; holds what it wrote and the nft contexts bound to
+    their Pods' netns. A veth attachment whose compiled policy is the one written last is not
+    rendered nor written again (most of a node's, on most changes): `repair` rewrites it
+    whole."""
+
+    def __init__(self, nft_in: Callable[[str, Deadline], NftContext] = Nft) -> None:
+        self._nft_in = nft_in  # an nft context bound to a netns (a stand-in in unit tests)
+        self._written: dict[str, _Written] = {}
+        self._contexts: dict[str, NftContext] = {}
         self._lock = threading.RLock()  # the agent's sync thread and its verb threads
 
     def apply(self, attachment: LocalAttachment, compiled: Compiled,
               deadline: Deadline) -> Enforced:
         """Make the attachment enforce `compiled` (remove its rules when nothing selects it)."""
         with self._lock:
-            if attachment.kind == "tap":
+            if attachment.kind == "tap":  # diffed against the kernel each time: its repair
                 if not TAPS_FILTERED:
                     return Enforced(0, TAPS_NOT_YET if compiled.enforced else None)
                 return _apply_tap(attachment, compiled, deadline)
-            return self._apply_veth(attachment, compiled, deadline)
+            known = self._written.get(attachment.key)
+            if known is not None and known.compiled == compiled:
+                return known.enforced
+            return self._apply_veth(attachment, compiled, known, deadline)
+
+    def repair(self, attachment: LocalAttachment, deadline: Deadline) -> None:
+        """Write what the attachment enforces again, whole, through a new context (puts
+        back what a Pod with NET_ADMIN may have flushed); nothing when nothing is remembered
+        of it."""
+        with self._lock:
+            known = self._written.get(attachment.key)
+            if known is not None:
+                self.forget(attachment.key)
+                self._apply_veth(attachment, known.compiled, None, deadline)
 
     def keys(self) -> set[str]:
         """The attachments it remembers something of."""
         with self._lock:
-            return set(self._tables) | set(self._contexts)
+            return set(self._written) | set(self._contexts)
 
     def forget(self, key: str) -> None:
         """Drop what is remembered of an attachment that is gone."""
         with self._lock:
-            self._tables.pop(key, None)
+            self._written.pop(key, None)
             context = self._contexts.pop(key, None)
             if context is not None:
                 context.close()
@@ -77,36 +115,36 @@ class Enforcer:
     def close(self) -> None:
         """Forget everything (the next change rewrites each table whole)."""
         with self._lock:
-            for key in list(self._tables) + list(self._contexts):
+            for key in list(self._written) + list(self._contexts):
                 self.forget(key)
 
     def _apply_veth(self, attachment: LocalAttachment, compiled: Compiled,
-                    deadline: Deadline) -> Enforced:
-        key = attachment.key
-        applied = self._tables.get(key, "unknown")
+                    known: _Written | None, deadline: Deadline) -> Enforced:
         if not compiled.enforced:
-            if applied is not None:  # written before, or unknown (a fresh agent): remove
+            if known is None or known.table is not None:  # written before, or unknown
                 self._run(attachment, nft.removal(attachment.ifname), deadline)
-                self._tables[key] = None
+            self._written[attachment.key] = _Written(compiled, None, Enforced(0))
             return Enforced(0)
         table = nft.render(attachment.ifname, compiled)
-        update = table.update_from(applied) if isinstance(applied, nft.Table) else None
+        update = table.update_from(known.table) if known is not None and \
+            known.table is not None else None
         if update is None:
             self._run(attachment, table.script(), deadline)
         elif update:
             self._run(attachment, update, deadline)
-        self._tables[key] = table
-        return Enforced(table.rules)
+        enforced = Enforced(table.rules)
+        self._written[attachment.key] = _Written(compiled, table, enforced)
+        return enforced
 
     def _run(self, attachment: LocalAttachment, script: str, deadline: Deadline) -> None:
         context = self._contexts.get(attachment.key)
         if context is None:
-            context = Nft(attachment.netns, deadline)
+            context = self._nft_in(attachment.netns, deadline)
             self._contexts[attachment.key] = context
         try:
             context.run(script)
         except NftError:
-            self._tables.pop(attachment.key, None)  # unknown now: the next change rewrites it
+            self._written.pop(attachment.key, None)  # unknown now: the next change rewrites it
             raise
 
 

@@ -1,11 +1,12 @@
 """One pass of the agent over the node's attachments: compile each against the world the
 watches hold, write what changed, and say what could not be enforced (and which policies'
-parts were refused), for the Events, the gauges and `vpc-attach doctor`."""
+parts were refused), for the Events, the gauges and `vpc-attach doctor`; then the periodic
+repair of what was written, which gives way to the next change."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from cni_plugin.core.deadline import Deadline
@@ -61,3 +62,21 @@ def sync(world: World, attachments: Sequence[LocalAttachment], enforcer: Enforce
             result.unenforced.append(Unenforced(attachment, enforced.unenforced,
                                                 compiled.policies))
     return result
+
+
+def repair(attachments: Sequence[LocalAttachment], enforcer: Enforcer, due: set[str],
+           interrupted: Callable[[], bool], deadline: Deadline) -> None:
+    """Rewrite whole each attachment whose key is `due` (taken out of it as it is done),
+    until `interrupted()`: a change waiting is written first, the rest after its pass."""
+    for attachment in attachments:
+        if attachment.key not in due:
+            continue
+        if interrupted():
+            return
+        due.discard(attachment.key)
+        try:
+            enforcer.repair(attachment, deadline)
+        except NetnsGone:
+            enforcer.forget(attachment.key)  # the Pod is going: its DEL removes the record
+        except CniError as exc:  # the enforcer forgot it: the next pass writes it whole
+            log.warning("policy of %s not repaired: %s", attachment.describe(), exc)
