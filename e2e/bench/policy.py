@@ -324,17 +324,18 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=RESULTS)
     options = parser.parse_args()
     began = machine()
-    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="vpa-bench-policy-") as tmp:
+    # The directory outlives the scene: its teardown talks to the control plane whose
+    # credentials are in it. The rows are written before any teardown can fail.
+    with tempfile.TemporaryDirectory(prefix="vpa-bench-policy-") as tmp, ExitStack() as stack:
         bench = Bench(stack, Path(tmp), options)
         rows = {"change_to_enforced": change_to_enforced(bench), "add": adds(bench),
                 "throughput": throughput(bench)}
-    ended = machine()
-    rows["machine"] = {"before": began, "after": ended}
-    text = report(rows, options)
-    options.results.mkdir(parents=True, exist_ok=True)
-    (options.results / "policy.md").write_text(text)
-    (options.results / "policy.json").write_text(json.dumps(rows, indent=2))
-    print(text)
+        rows["machine"] = {"before": began, "after": machine()}
+        text = report(rows, options)
+        options.results.mkdir(parents=True, exist_ok=True)
+        (options.results / "policy.md").write_text(text)
+        (options.results / "policy.json").write_text(json.dumps(rows, indent=2))
+        print(text, flush=True)
 
 
 def report(rows: dict[str, Any], options: argparse.Namespace) -> str:
