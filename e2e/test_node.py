@@ -282,8 +282,11 @@ def test_a_namespace_without_a_binding_is_denied_until_one_is_created(
         wait_until(f"{name}'s VPCAttachDenied event", lambda: any(
             event.get("reason") == "VPCAttachDenied" for event in pod_events(admin, name, ns)),
             RETRY_S, interval=0.5)
-        failures = sandbox_failures(admin, name, ns)
-        assert any("no VPCBinding admits it" in message for message in failures), failures
+        # kubelet's FailedCreatePodSandBox comes on its own time, after the plugin's Event.
+        wait_until(f"{name}'s sandbox failure naming the binding", lambda: any(
+            "no VPCBinding admits it" in message
+            for message in sandbox_failures(admin, name, ns)), RETRY_S, interval=0.5,
+            detail=lambda: str(sandbox_failures(admin, name, ns)))
         assert not [box.id for box in sandboxes(node, uid) if box.ready], "no sandbox runs"
         assert snapshot(node, admin).added_since(baseline) == {}, "nothing made for it"
         selector = {"matchLabels": {"kubernetes.io/metadata.name": ns}}
