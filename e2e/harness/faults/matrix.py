@@ -354,13 +354,17 @@ class Case:
         deadline = float(kw.get("VPC_ATTACH_TIMEOUT_SECONDS", TIMEOUT_S))
         began = time.monotonic()
         answer = self.plugin.call(verb, conf, netns=self.netns, CNI_ARGS=self.cni_args(), **kw)
-        self.timed(f"{verb} {kw['container_id']}", time.monotonic() - began, deadline)
+        self.timed(f"{verb} {kw['container_id']}", time.monotonic() - began, deadline,
+                   evidence=lambda: late_evidence(self, began, answer))
         return answer
 
-    def timed(self, what: str, seconds: float, deadline: float = TIMEOUT_S) -> None:
-        """Count a call; remember it if it answered after its deadline and the margin."""
+    def timed(self, what: str, seconds: float, deadline: float = TIMEOUT_S,
+              evidence: Callable[[], str] = str) -> None:
+        """Count a call; remember it if it answered after its deadline and the margin, with
+        what shows where its time went (`late_evidence`)."""
         if self.matrix.figures.timed(what, seconds, deadline):
             self.record["late"].append(f"{what}: {seconds:.2f} s")
+            self.record.setdefault("late_evidence", []).append(evidence())
 
     def ok(self, verb: str, prev: dict[str, Any] | None = None, **kw: Any) -> Any:
         """A call with no fault armed that must succeed (an arrangement, a runtime's retry);
@@ -471,7 +475,9 @@ class Case:
         """Fail the case if anything was recorded as left or changed."""
         assert not self.record["leaked"], f"left behind: {self.record['leaked']}"
         assert not self.record["changed"], f"shared objects changed: {self.record['changed']}"
-        assert not self.record["late"], f"answered after the deadline: {self.record['late']}"
+        assert not self.record["late"], \
+            f"answered after the deadline: {self.record['late']}: " \
+            f"{self.record.get('late_evidence')}"
 
     def clean_up(self) -> None:
         """Remove what the test made (and anything a failed case left)."""
@@ -495,6 +501,18 @@ def ipam_state(data_dir: Path) -> list[str]:
     files = IpamFiles.read(data_dir)
     return [f"IPAM record {key}" for key in files.records] + \
         [f"IPAM index entry {key}" for key in files.index]
+
+
+def late_evidence(case: Case, began: float, answer: Answer) -> str:
+    """Where a late call's time went, so that an overrun a busy run found can be explained from
+    its log alone: the requests the proxy read after the call began (seconds from then to their
+    reading and to their serving; one it still holds is not listed yet) and the warnings the
+    plugin wrote (timestamped)."""
+    requests = "; ".join(f"+{s.received - began:.2f}..{s.at - began:.2f} s {s.method} "
+                         f"{s.resource}/{s.name or ''} -> {s.status}"
+                         f"{' (' + s.fault.value + ')' if s.fault else ''}"
+                         for s in case.matrix.proxied.proxy.seen() if s.received >= began)
+    return f"requests: {requests or 'none'}; plugin's stderr: {answer.stderr[-3000:]!r}"
 
 
 def trace(case: Case) -> str:

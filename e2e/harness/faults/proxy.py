@@ -61,7 +61,7 @@ class Fault(enum.Enum):
 class Seen:
     """One request the proxy received, and what it did with it."""
 
-    at: float  # time.monotonic()
+    at: float  # time.monotonic() once it was served (answered, refused or dropped)
     method: str
     path: str
     resource: str | None
@@ -70,6 +70,7 @@ class Seen:
     status: int | None  # the API server's answer, when forwarded and answered
     connection: int = 0  # which client connection carried it: 1 for the first accepted, …
     dry_run: bool = False  # a write the API server validates and does not store
+    received: float = 0.0  # time.monotonic() when the proxy read it
 
 
 @dataclasses.dataclass
@@ -290,6 +291,7 @@ class FaultProxy:
         """Serve one request; what becomes of the connection (KEEP, CLOSE or RESET)."""
         resource, name = resource_of(request.target)
         dry_run = is_dry_run(request.target)
+        received = time.monotonic()
         rule = self._due_rule(request.method, resource, name, dry_run)
         fault = rule.fault if rule is not None else None
         busy = 0 if _is_watch(request.target) else 1
@@ -319,7 +321,7 @@ class FaultProxy:
                 self._seen.append(Seen(time.monotonic(), request.method, request.target,
                                        resource, name, fault if fault is not Fault.FORWARD
                                        else None, answered[0] if answered else None,
-                                       connection, dry_run))
+                                       connection, dry_run, received))
 
     def _due_rule(self, method: str, resource: str | None, name: str | None,
                   dry_run: bool) -> Rule | None:
