@@ -42,11 +42,12 @@ from e2e.harness.galactic.datapath import Datapath, galactic_datapath
 from e2e.harness.galactic.transfer import offloads, set_offloads, transfer
 from e2e.harness.galactic.vpc_nodes import (
     POD_MTU,
-    ROUTE_TIMEOUT_S,
     NamedPod,
     VpcAttachNode,
     answered_by,
     attached,
+    route_bound,
+    routes_of,
     vpc_attach_nodes,
     wait_routes,
 )
@@ -140,7 +141,8 @@ def test_a_galactic_bgp_node_and_a_vpc_attach_node_carry_one_vpc_and_keep_anothe
         for netns, address in ((pod_a.netns, pod_b.v4), (pod_b.netns, pod_a.v4),
                                (pod_x.netns, pod_y.v4)):
             datapath.wait(f"{netns} to reach {address}", functools.partial(ping, netns, address),
-                          ROUTE_TIMEOUT_S, detail=chain.log_tail)
+                          route_bound(),
+                          detail=lambda: f"{chain.log_tail()}\n{routes_of(nodes)}")
         cases = []
         pairs: list[tuple[Any, Any, Sequence[NamedPod], Any]] = [
             (pod_a, pod_b, [pod_b, pod_y], pod_b), (pod_b, pod_a, [pod_a, pod_x], pod_a),
@@ -179,7 +181,7 @@ def test_a_bulk_transfer_across_nodes_drops_nothing_where_galactic_bgps_pod_craw
                                                              "10.211.1.33")) as theirs_pod:
             datapath.wait(f"{theirs_pod.name} to reach {server.name}",
                           functools.partial(ping, theirs_pod.netns_name, server.v4),
-                          ROUTE_TIMEOUT_S)
+                          route_bound(), detail=lambda: routes_of(nodes))
             theirs = transfer(theirs_pod.netns_name, server.netns, server.v4, TRANSFER_S,
                               underlays(datapath))
     print(f"\n[{PATH}] {TRANSFER_S}-s TCP transfer {node1.name} → {node2.name}:\n"

@@ -19,15 +19,21 @@ from typing import Any, Protocol
 from cni_plugin.core import naming
 from cni_plugin.galactic import layout
 from e2e.harness.agentproc import OwnAgents
-from e2e.harness.galactic.datapath import Datapath, DatapathNode
+from e2e.harness.galactic.datapath import STATUS_REFRESH_S, Datapath, DatapathNode
 from e2e.harness.galactic.maps import EgressRoute
 from e2e.harness.kernel import temporary_netns
 from e2e.harness.kube import Kube
+from e2e.harness.pace import Bound, pace
 from e2e.harness.packets import listener, send
 from e2e.harness.plugin import VIA_AGENT, Plugin, base_conf, host_local, with_prev
 from e2e.harness.publishing import create_pod, delete_pod
 
-ROUTE_TIMEOUT_S = 120.0  # galactic-router writes what it learns; one emulated vCPU in the VM
+# Until galactic-router on a node has written what it learned from another: two of the router's
+# status refresh periods (its reconcile) and the CPU work of both routers and their BGP exchange
+# on the emulated vCPU, in the plugin's cold starts measured in the guest (120 s at the quiet
+# pace of 5 s; a cross-node ping of a busy run, guest cold start 18 s, waited longer than the
+# old fixed 120 s).
+ROUTE_STARTS = 12
 PORT = 7070
 UNDERLAY_MTU = 1500  # the harness's underlay veth
 POD_MTU = UNDERLAY_MTU - 40  # room for usid_egress's outer IPv6 header
@@ -166,8 +172,20 @@ def wait_routes(datapath: Datapath, reader: VpcAttachNode, pod: DatapathPod,
     """Until galactic-router on `reader` has written (or removed) the Pod's prefixes."""
     datapath.wait(f"galactic-router on {reader.name} to {'write' if present else 'remove'} "
                   f"the routes to {pod.name}",
-                  lambda: (len(routes_to(reader, pod)) == 2) == present, ROUTE_TIMEOUT_S,
+                  lambda: (len(routes_to(reader, pod)) == 2) == present, route_bound(),
                   detail=lambda: f"egress_route_table: {reader.galactic.egress_routes()}")
+
+
+def route_bound() -> Bound:
+    """How long galactic-router may take to write (or remove) a route it learned, here."""
+    return pace().plus(ROUTE_STARTS, 2 * STATUS_REFRESH_S, "two of the router's status "
+                       "refresh periods")
+
+
+def routes_of(nodes: Sequence[VpcAttachNode]) -> str:
+    """Each node's egress_route_table, for a failure message about reachability."""
+    return "\n".join(f"{node.name} egress_route_table: {node.galactic.egress_routes()}"
+                      for node in nodes)
 
 
 class NamedPod(Protocol):
