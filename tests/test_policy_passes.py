@@ -27,10 +27,11 @@ class SentScripts:
     def __init__(self) -> None:
         self.sent: dict[str, list[str]] = {}
         self.opened: list[str] = []
+        self.deadlines: list[Deadline | None] = []  # each run's, in order
 
     def open(self, netns: str, _deadline: Deadline) -> Context:
         self.opened.append(netns)
-        return Context(self.sent.setdefault(netns, []))
+        return Context(self.sent.setdefault(netns, []), self.deadlines)
 
     def since(self, before: dict[str, int]) -> dict[str, list[str]]:
         """What each netns was sent after `before` (counts from `counts`)."""
@@ -42,11 +43,13 @@ class SentScripts:
 
 
 class Context:
-    def __init__(self, into: list[str]) -> None:
+    def __init__(self, into: list[str], deadlines: list[Deadline | None]) -> None:
         self._into = into
+        self._deadlines = deadlines
 
-    def run(self, script: str) -> str:
+    def run(self, script: str, deadline: Deadline | None = None) -> str:
         self._into.append(script)
+        self._deadlines.append(deadline)
         return ""
 
     def close(self) -> None:
@@ -131,3 +134,15 @@ def test_the_periodic_repair_rewrites_whole_and_gives_way_to_a_change() -> None:
     before = kernel.counts()
     sync(world([policy("to-db", "db", 5432)], LABELS), nodes, enforcer, Deadline(5))
     assert kernel.since(before) == {}  # repaired is still known: nothing to write
+
+
+def test_a_context_kept_from_an_earlier_pass_runs_within_the_current_passs_deadline() -> None:
+    kernel = SentScripts()
+    enforcer = Enforcer(kernel.open)
+    nodes = [attachment("db")]
+    first, second = Deadline(5), Deadline(7)
+    sync(world([policy("to-db", "db", 5432)], LABELS), nodes, enforcer, first)
+    opened = len(kernel.opened)
+    sync(world([policy("to-db", "db", 5433)], LABELS), nodes, enforcer, second)
+    assert len(kernel.opened) == opened  # the first pass's context, kept
+    assert kernel.deadlines == [first, second]  # each write within its own pass's deadline

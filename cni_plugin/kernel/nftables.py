@@ -86,13 +86,14 @@ class Nft:
         self._lib.nft_ctx_buffer_error(ctx)
         return int(ctx)
 
-    def run(self, script: str) -> str:
+    def run(self, script: str, deadline: Deadline | None = None) -> str:
         """Run the script as one transaction; its output (e.g. a listing). NftError when nft
-        refuses it: nothing of it is applied."""
+        refuses it: nothing of it is applied. `deadline` bounds this run (the context's own,
+        given when it was made, otherwise): a context kept across passes gets each pass's."""
         where = f"in netns {self.netns_path}" if self.netns_path else "on the host"
         with self._lock:
             if self._ctx is None:
-                return self._run_process(script, where)
+                return self._run_process(script, where, deadline or self._deadline)
             failed = self._lib.nft_run_cmd_from_buffer(self._ctx, script.encode())
             error = (self._lib.nft_ctx_get_error_buffer(self._ctx) or b"").decode(
                 errors="replace")
@@ -102,8 +103,8 @@ class Nft:
             raise NftError(where, error.strip() or "no message")
         return output
 
-    def _run_process(self, script: str, where: str) -> str:
-        timeout = NFT_TIMEOUT if self._deadline is None else self._deadline.remaining(0.1)
+    def _run_process(self, script: str, where: str, deadline: Deadline | None) -> str:
+        timeout = NFT_TIMEOUT if deadline is None else deadline.remaining(0.1)
         argv = [shutil.which("nft") or "nft", "-f", "-"]
         try:
             if self.netns_path is None:

@@ -47,8 +47,8 @@ class Enforced:
 class NftContext(Protocol):
     """What the enforcer asks of an nft context (`kernel.nftables.Nft`)."""
 
-    def run(self, script: str) -> str:
-        """Run the script as one transaction."""
+    def run(self, script: str, deadline: Deadline | None = None) -> str:
+        """Run the script as one transaction, within `deadline`."""
 
     def close(self) -> None:
         """Free the context."""
@@ -142,7 +142,7 @@ class Enforcer:
             context = self._nft_in(attachment.netns, deadline)
             self._contexts[attachment.key] = context
         try:
-            context.run(script)
+            context.run(script, deadline)  # this pass's deadline: the context outlives it
         except NftError:
             self._written.pop(attachment.key, None)  # unknown now: the next change rewrites it
             raise
