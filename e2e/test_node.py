@@ -95,6 +95,7 @@ PTP_POOL = ipaddress.ip_network("fd00:33::/64")  # the publish-after-ptp example
 GC_DEL_S = 180.0  # kubelet's sandbox GC runs once a minute
 RETRY_S = 180.0  # kubelet retries a failed sandbox with backoff
 DEPLOYMENT_S = 240.0
+POD_TRIES = 3  # Pods an ADD may read from the API before one must come from the watch
 VM_NETWORK = "vpc21"  # the veth-pod example's network name: the claims' spec.network
 NOWHERE_LABEL = "vpc-attach.e2e/nowhere"  # no node carries it: the DaemonSet runs on none
 
@@ -225,25 +226,39 @@ def test_an_add_asks_the_api_server_only_what_the_agents_watches_cannot_tell(
     first, _, _ = start_pod(node, admin, "first")  # the VPC's instance exists from here on
     delete_pod(admin, first["metadata"]["name"])
     assert wait_nothing_left(node, admin, baseline) == {}
-    mark = len(real_node.proxy.seen())
-    pod, sandbox_id, _ = start_pod(node, admin, "asks")
-    name = pod["metadata"]["name"]
-    seen = [s for s in real_node.proxy.seen()[mark:] if "watch=1" not in s.path]
-    # One ADD, which succeeded: one sandbox for the Pod and no failed one.
-    assert [box.id for box in sandboxes(node, pod["metadata"]["uid"])] == [sandbox_id]
-    assert sandbox_failures(admin, name) == []
-    lists = [f"{s.method} {s.path}" for s in seen if s.method == "GET" and s.name is None
-             and s.resource in ("bgprouters", "bgpvrfinstances", "pods")]
-    assert lists == [], "answered from the agent's watches"
-    assert not [s for s in seen if s.resource == "pods" and s.name == name]
-    assert [s.method for s in seen if s.resource == "endpointslices" and
-            (s.name is None or s.name.startswith(name))] == ["POST"], \
-        "a new Pod's slice is created without reading it first"
+    # The agent's Pod watch and kubelet both hear of the Pod when it is bound; on a busy
+    # machine (busy run 9: the hog, both lanes, the VM) the ADD can come first, and then reads
+    # the Pod once, by design. Such an ADD proves nothing about the watch: another Pod is
+    # started, and one of POD_TRIES must read no Pod at all.
+    misses = []
+    for _ in range(POD_TRIES):
+        mark = len(real_node.proxy.seen())
+        pod, sandbox_id, _ = start_pod(node, admin, "asks")
+        name = pod["metadata"]["name"]
+        seen = [s for s in real_node.proxy.seen()[mark:] if "watch=1" not in s.path]
+        # One ADD, which succeeded: one sandbox for the Pod and no failed one.
+        assert [box.id for box in sandboxes(node, pod["metadata"]["uid"])] == [sandbox_id]
+        assert sandbox_failures(admin, name) == []
+        lists = [f"{s.method} {s.path}" for s in seen if s.method == "GET" and s.name is None
+                 and s.resource in ("bgprouters", "bgpvrfinstances", "pods")]
+        assert lists == [], "answered from the agent's watches"
+        reads = [f"{s.method} {s.path}" for s in seen if s.resource == "pods" and s.name == name]
+        assert len(reads) <= 1, f"the Pod is read once at most: {reads}"
+        assert [s.method for s in seen if s.resource == "endpointslices" and
+                (s.name is None or s.name.startswith(name))] == ["POST"], \
+            "a new Pod's slice is created without reading it first"
+        delete_pod(admin, name)
+        assert wait_nothing_left(node, admin, baseline) == {}
+        if not reads:
+            break
+        misses.append(name)
+    else:
+        raise AssertionError(f"every ADD read its Pod from the API ({misses}): the agent's "
+                             "Pod watch answered none")
     real_node.figures["api_requests_of_an_add"] = [
         f"{s.method} {s.resource}{'/' + s.name if s.name else ''} -> {s.status}" for s in seen
         if s.resource not in ("selfsubjectaccessreviews", "events", "leases")]
-    delete_pod(admin, name)
-    assert wait_nothing_left(node, admin, baseline) == {}
+    real_node.figures["adds_before_the_pod_watch"] = len(misses)
 
 
 def test_a_failing_add_is_the_pods_event_and_the_pod_recovers(
