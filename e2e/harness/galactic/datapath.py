@@ -323,7 +323,19 @@ class Datapath:
                   lambda: all(session_state(kube, peer) == SESSION_ESTABLISHED
                               for peer in self.peers),
                   pace().plus(SESSION_STARTS, 2 * STATUS_REFRESH_S,
-                              "two of the router's status refresh periods"))
+                              "two of the router's status refresh periods"),
+                  detail=lambda: self.peer_statuses(kube))
+
+    def peer_statuses(self, kube: Kube) -> str:
+        """Each BGPPeer's status as its router last wrote it, for a failure message."""
+        statuses = []
+        for peer in self.peers:
+            try:
+                status = (kube.get(peer) or {}).get("status")
+            except Exception as exc:  # what was seen is said, never a second failure
+                status = f"unread: {exc}"
+            statuses.append(f"{peer.rsplit('/', 1)[-1]}: {status}")
+        return "BGPPeers' status as last written: " + "; ".join(statuses)
 
 
 @contextlib.contextmanager
