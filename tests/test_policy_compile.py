@@ -281,10 +281,14 @@ specs = st.builds(
     st.one_of(st.none(), st.lists(rules, max_size=3)))
 
 
+# Policies as a test makes them: (spec, namespace, the networks it is for).
+MADE_POLICIES = st.lists(st.tuples(specs, st.sampled_from(["ns1", "ns2"]),
+                                   st.sampled_from(["default/net-a", "other/net-b"])),
+                         min_size=1, max_size=4)
+
+
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(specs, st.sampled_from(["ns1", "ns2"]),
-                          st.sampled_from(["default/net-a", "other/net-b"])),
-                min_size=1, max_size=4),
+@given(MADE_POLICIES,
        st.lists(st.tuples(st.sampled_from(LABELS), st.sampled_from(["ns1", "ns2"]),
                           st.sampled_from([NAD_A, NAD_B]), st.sampled_from(["v1", "v2"]),
                           st.sampled_from(ADDRESSES), st.integers(7001, 7006)),
@@ -319,9 +323,7 @@ def test_compiled_allows_match_networkpolicy_semantics(
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(specs, st.sampled_from(["ns1", "ns2"]),
-                          st.sampled_from(["default/net-a", "other/net-b"])),
-                min_size=1, max_size=4),
+@given(MADE_POLICIES,
        st.lists(st.tuples(st.sampled_from(LABELS), st.sampled_from(["ns1", "ns2"]),
                           st.sampled_from([NAD_A, NAD_B]), st.sampled_from(["v1", "v2"]),
                           st.sampled_from(ADDRESSES)),
